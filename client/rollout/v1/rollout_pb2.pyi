@@ -1,0 +1,326 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
+    FINISH_REASON_STOP: _ClassVar[FinishReason]
+    FINISH_REASON_LENGTH: _ClassVar[FinishReason]
+    FINISH_REASON_ABORT: _ClassVar[FinishReason]
+
+class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    D_TYPE_UNSPECIFIED: _ClassVar[DType]
+    D_TYPE_BFLOAT16: _ClassVar[DType]
+    D_TYPE_FLOAT16: _ClassVar[DType]
+    D_TYPE_FLOAT32: _ClassVar[DType]
+    D_TYPE_FLOAT8_E4M3FN: _ClassVar[DType]
+    D_TYPE_FLOAT8_E5M2: _ClassVar[DType]
+
+class PauseMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PAUSE_MODE_UNSPECIFIED: _ClassVar[PauseMode]
+    PAUSE_MODE_WAIT: _ClassVar[PauseMode]
+    PAUSE_MODE_ABORT: _ClassVar[PauseMode]
+
+class CacheKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CACHE_KIND_UNSPECIFIED: _ClassVar[CacheKind]
+    CACHE_KIND_PREFIX: _ClassVar[CacheKind]
+    CACHE_KIND_MULTIMODAL: _ClassVar[CacheKind]
+    CACHE_KIND_ENCODER: _ClassVar[CacheKind]
+FINISH_REASON_UNSPECIFIED: FinishReason
+FINISH_REASON_STOP: FinishReason
+FINISH_REASON_LENGTH: FinishReason
+FINISH_REASON_ABORT: FinishReason
+D_TYPE_UNSPECIFIED: DType
+D_TYPE_BFLOAT16: DType
+D_TYPE_FLOAT16: DType
+D_TYPE_FLOAT32: DType
+D_TYPE_FLOAT8_E4M3FN: DType
+D_TYPE_FLOAT8_E5M2: DType
+PAUSE_MODE_UNSPECIFIED: PauseMode
+PAUSE_MODE_WAIT: PauseMode
+PAUSE_MODE_ABORT: PauseMode
+CACHE_KIND_UNSPECIFIED: CacheKind
+CACHE_KIND_PREFIX: CacheKind
+CACHE_KIND_MULTIMODAL: CacheKind
+CACHE_KIND_ENCODER: CacheKind
+
+class SamplingParams(_message.Message):
+    __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "n", "logprobs", "stop", "stop_token_ids", "ignore_eos", "repetition_penalty", "presence_penalty", "frequency_penalty", "min_tokens")
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    MIN_P_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    seed: int
+    n: int
+    logprobs: int
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    ignore_eos: bool
+    repetition_penalty: float
+    presence_penalty: float
+    frequency_penalty: float
+    min_tokens: int
+    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., n: _Optional[int] = ..., logprobs: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., min_tokens: _Optional[int] = ...) -> None: ...
+
+class Image(_message.Message):
+    __slots__ = ("data",)
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    def __init__(self, data: _Optional[bytes] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("request_id", "prompt_token_ids", "prompt_text", "sampling_params", "images")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    prompt_text: str
+    sampling_params: SamplingParams
+    images: _containers.RepeatedCompositeFieldContainer[Image]
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_text: _Optional[str] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ...) -> None: ...
+
+class TopLogprobs(_message.Message):
+    __slots__ = ("token_ids", "logprobs")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class Completion(_message.Message):
+    __slots__ = ("index", "token_ids", "logprobs", "finish_reason", "text", "top_logprobs", "stop_reason")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    finish_reason: FinishReason
+    text: str
+    top_logprobs: _containers.RepeatedCompositeFieldContainer[TopLogprobs]
+    stop_reason: str
+    def __init__(self, index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., text: _Optional[str] = ..., top_logprobs: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ..., stop_reason: _Optional[str] = ...) -> None: ...
+
+class Usage(_message.Message):
+    __slots__ = ("prompt_tokens", "completion_tokens", "cached_prompt_tokens")
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_prompt_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ...) -> None: ...
+
+class GenerateResponse(_message.Message):
+    __slots__ = ("request_id", "completions", "weight_version", "usage")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    completions: _containers.RepeatedCompositeFieldContainer[Completion]
+    weight_version: str
+    usage: Usage
+    def __init__(self, request_id: _Optional[str] = ..., completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., weight_version: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ...) -> None: ...
+
+class GenerateStreamRequest(_message.Message):
+    __slots__ = ("request_id", "prompt_token_ids", "prompt_text", "sampling_params", "images")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    prompt_text: str
+    sampling_params: SamplingParams
+    images: _containers.RepeatedCompositeFieldContainer[Image]
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_text: _Optional[str] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ...) -> None: ...
+
+class GenerateStreamResponse(_message.Message):
+    __slots__ = ("request_id", "index", "token_ids", "logprobs", "top_logprobs", "text", "finish_reason", "weight_version", "usage", "stop_reason")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    index: int
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    top_logprobs: _containers.RepeatedCompositeFieldContainer[TopLogprobs]
+    text: str
+    finish_reason: FinishReason
+    weight_version: str
+    usage: Usage
+    stop_reason: str
+    def __init__(self, request_id: _Optional[str] = ..., index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., top_logprobs: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., weight_version: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., stop_reason: _Optional[str] = ...) -> None: ...
+
+class TensorSpec(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "crc32c")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: DType
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    crc32c: int
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., crc32c: _Optional[int] = ...) -> None: ...
+
+class UpdateWeightsBegin(_message.Message):
+    __slots__ = ("weight_version", "tensors", "pause_mode")
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_MODE_FIELD_NUMBER: _ClassVar[int]
+    weight_version: str
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
+    pause_mode: PauseMode
+    def __init__(self, weight_version: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., pause_mode: _Optional[_Union[PauseMode, str]] = ...) -> None: ...
+
+class TensorChunk(_message.Message):
+    __slots__ = ("tensor_index", "offset", "data")
+    TENSOR_INDEX_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    tensor_index: int
+    offset: int
+    data: bytes
+    def __init__(self, tensor_index: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class UpdateWeightsCommit(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class UpdateWeightsRequest(_message.Message):
+    __slots__ = ("begin", "chunk", "commit")
+    BEGIN_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    begin: UpdateWeightsBegin
+    chunk: TensorChunk
+    commit: UpdateWeightsCommit
+    def __init__(self, begin: _Optional[_Union[UpdateWeightsBegin, _Mapping]] = ..., chunk: _Optional[_Union[TensorChunk, _Mapping]] = ..., commit: _Optional[_Union[UpdateWeightsCommit, _Mapping]] = ...) -> None: ...
+
+class CacheResetResult(_message.Message):
+    __slots__ = ("cache", "reset", "detail")
+    CACHE_FIELD_NUMBER: _ClassVar[int]
+    RESET_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    cache: CacheKind
+    reset: bool
+    detail: str
+    def __init__(self, cache: _Optional[_Union[CacheKind, str]] = ..., reset: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class UpdateTimings(_message.Message):
+    __slots__ = ("receive_seconds", "apply_seconds", "reset_seconds", "admission_closed_seconds", "load_seconds")
+    RECEIVE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    APPLY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RESET_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ADMISSION_CLOSED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LOAD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    receive_seconds: float
+    apply_seconds: float
+    reset_seconds: float
+    admission_closed_seconds: float
+    load_seconds: float
+    def __init__(self, receive_seconds: _Optional[float] = ..., apply_seconds: _Optional[float] = ..., reset_seconds: _Optional[float] = ..., admission_closed_seconds: _Optional[float] = ..., load_seconds: _Optional[float] = ...) -> None: ...
+
+class UpdateWeightsResponse(_message.Message):
+    __slots__ = ("weight_version", "bytes_received", "tensors_loaded", "caches_reset", "timings", "previous_weight_version")
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_LOADED_FIELD_NUMBER: _ClassVar[int]
+    CACHES_RESET_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    weight_version: str
+    bytes_received: int
+    tensors_loaded: int
+    caches_reset: _containers.RepeatedCompositeFieldContainer[CacheResetResult]
+    timings: UpdateTimings
+    previous_weight_version: str
+    def __init__(self, weight_version: _Optional[str] = ..., bytes_received: _Optional[int] = ..., tensors_loaded: _Optional[int] = ..., caches_reset: _Optional[_Iterable[_Union[CacheResetResult, _Mapping]]] = ..., timings: _Optional[_Union[UpdateTimings, _Mapping]] = ..., previous_weight_version: _Optional[str] = ...) -> None: ...
+
+class ResetCachesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ResetCachesResponse(_message.Message):
+    __slots__ = ("results", "duration_seconds")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    DURATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[CacheResetResult]
+    duration_seconds: float
+    def __init__(self, results: _Optional[_Iterable[_Union[CacheResetResult, _Mapping]]] = ..., duration_seconds: _Optional[float] = ...) -> None: ...
+
+class GetServerInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetServerInfoResponse(_message.Message):
+    __slots__ = ("model", "max_model_len", "vocab_size", "weight_version", "supports_images", "parameters", "max_message_bytes", "recommended_chunk_bytes", "max_update_bytes", "max_logprobs", "server_version", "degraded", "engine_requests")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SUPPORTS_IMAGES_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RECOMMENDED_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_UPDATE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    max_model_len: int
+    vocab_size: int
+    weight_version: str
+    supports_images: bool
+    parameters: _containers.RepeatedCompositeFieldContainer[TensorSpec]
+    max_message_bytes: int
+    recommended_chunk_bytes: int
+    max_update_bytes: int
+    max_logprobs: int
+    server_version: str
+    degraded: bool
+    engine_requests: int
+    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., weight_version: _Optional[str] = ..., supports_images: _Optional[bool] = ..., parameters: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., max_message_bytes: _Optional[int] = ..., recommended_chunk_bytes: _Optional[int] = ..., max_update_bytes: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., server_version: _Optional[str] = ..., degraded: _Optional[bool] = ..., engine_requests: _Optional[int] = ...) -> None: ...

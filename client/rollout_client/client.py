@@ -1,0 +1,265 @@
+"""Synchronous and asyncio clients with the same surface.
+
+Results are the rollout.v1 proto messages (documented in
+proto/rollout/v1/rollout.proto). Failures raise `RolloutError`, which carries
+the gRPC status code and the server's message.
+
+    >>> client = RolloutClient("127.0.0.1:50051")            # doctest: +SKIP
+    >>> client.wait_until_ready(timeout=120)                  # doctest: +SKIP
+    >>> r = client.generate(prompt_text="Hello", max_tokens=8, temperature=0)  # doctest: +SKIP
+    >>> r.completions[0].token_ids, r.weight_version          # doctest: +SKIP
+    >>> client.update_weights(model.state_dict(), version="step-1")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from rollout.v1 import rollout_pb2 as pb
+from rollout.v1 import rollout_pb2_grpc
+
+from rollout_client.weights import (
+    DEFAULT_CHUNK_BYTES,
+    iter_update_requests,
+    prepare_tensors,
+)
+
+# Leaves room for a 1 MiB chunk plus framing; the server's default is larger.
+DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
+
+_SAMPLING_FIELDS = {f.name for f in pb.SamplingParams.DESCRIPTOR.fields}
+
+
+class RolloutError(Exception):
+    """A failed call: `code` is the grpc.StatusCode, `details` the server's message."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+    @classmethod
+    def wrap(cls, e: grpc.RpcError) -> RolloutError:
+        return cls(e.code(), e.details() or "")
+
+
+def build_generate_request(
+    prompt_text: str | None = None,
+    prompt_token_ids: list[int] | None = None,
+    images: list[bytes] | None = None,
+    request_id: str = "",
+    **sampling: Any,
+) -> pb.GenerateRequest:
+    """A GenerateRequest; keyword arguments are SamplingParams fields."""
+    unknown = set(sampling) - _SAMPLING_FIELDS
+    if unknown:
+        raise TypeError(f"unknown sampling parameter(s): {sorted(unknown)}")
+    return pb.GenerateRequest(
+        request_id=request_id,
+        prompt_text=prompt_text or "",
+        prompt_token_ids=prompt_token_ids or [],
+        images=[pb.Image(data=d) for d in images or []],
+        sampling_params=pb.SamplingParams(**{k: v for k, v in sampling.items() if v is not None}),
+    )
+
+
+def _progress_bar(total: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, desc="UpdateWeights")
+
+
+def _channel_options(max_message_bytes: int) -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+    ]
+
+
+class RolloutClient:
+    """Blocking client. Every call takes `timeout` (seconds, the deadline)."""
+
+    def __init__(
+        self,
+        target: str = "127.0.0.1:50051",
+        *,
+        timeout: float | None = 600.0,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        self.timeout = timeout
+        self.channel = grpc.insecure_channel(target, options=_channel_options(max_message_bytes))
+        self.stub = rollout_pb2_grpc.RolloutServiceStub(self.channel)
+        self._health = health_pb2_grpc.HealthStub(self.channel)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> RolloutClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _call(self, method, request, timeout: float | None):
+        try:
+            return method(request, timeout=timeout or self.timeout)
+        except grpc.RpcError as e:
+            raise RolloutError.wrap(e) from None
+
+    def wait_until_ready(self, timeout: float = 300.0) -> None:
+        """Polls health until SERVING; raises TimeoutError."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                r = self._health.Check(health_pb2.HealthCheckRequest(), timeout=5)
+                if r.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"server not SERVING after {timeout}s")
+            time.sleep(0.5)
+
+    def server_info(self, timeout: float | None = None) -> pb.GetServerInfoResponse:
+        return self._call(self.stub.GetServerInfo, pb.GetServerInfoRequest(), timeout)
+
+    def generate(self, *, timeout: float | None = None, **kwargs: Any) -> pb.GenerateResponse:
+        """See `build_generate_request` for the arguments."""
+        return self._call(self.stub.Generate, build_generate_request(**kwargs), timeout)
+
+    def generate_stream(
+        self, *, timeout: float | None = None, **kwargs: Any
+    ) -> Iterator[pb.GenerateStreamResponse]:
+        request = pb.GenerateStreamRequest.FromString(
+            build_generate_request(**kwargs).SerializeToString()
+        )
+        try:
+            yield from self.stub.GenerateStream(request, timeout=timeout or self.timeout)
+        except grpc.RpcError as e:
+            raise RolloutError.wrap(e) from None
+
+    def reset_caches(self, timeout: float | None = None) -> pb.ResetCachesResponse:
+        return self._call(self.stub.ResetCaches, pb.ResetCachesRequest(), timeout)
+
+    def update_weights(
+        self,
+        source: Any,
+        version: str,
+        *,
+        pause_mode: int = pb.PAUSE_MODE_WAIT,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        checksum: bool = False,
+        progress: bool = False,
+        timeout: float | None = None,
+    ) -> pb.UpdateWeightsResponse:
+        """Streams `source` (state_dict, module, safetensors path or
+        (name, tensor) iterable) after checking it against the manifest."""
+        manifest = self.server_info(timeout).parameters
+        tensors = prepare_tensors(source, manifest, checksum=checksum)
+        bar = _progress_bar(sum(t.nbytes for t in tensors), progress)
+        try:
+            requests = iter_update_requests(tensors, version, pause_mode, chunk_bytes, bar)
+            return self._call(self.stub.UpdateWeights, requests, timeout)
+        finally:
+            if bar is not None:
+                bar.close()
+
+
+class AsyncRolloutClient:
+    """asyncio client with the same methods as RolloutClient, awaited."""
+
+    def __init__(
+        self,
+        target: str = "127.0.0.1:50051",
+        *,
+        timeout: float | None = 600.0,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        self.timeout = timeout
+        self.channel = grpc.aio.insecure_channel(
+            target, options=_channel_options(max_message_bytes)
+        )
+        self.stub = rollout_pb2_grpc.RolloutServiceStub(self.channel)
+        self._health = health_pb2_grpc.HealthStub(self.channel)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def __aenter__(self) -> AsyncRolloutClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def _call(self, method, request, timeout: float | None):
+        try:
+            return await method(request, timeout=timeout or self.timeout)
+        except grpc.RpcError as e:
+            raise RolloutError.wrap(e) from None
+
+    async def wait_until_ready(self, timeout: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                r = await self._health.Check(health_pb2.HealthCheckRequest(), timeout=5)
+                if r.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"server not SERVING after {timeout}s")
+            await asyncio.sleep(0.5)
+
+    async def server_info(self, timeout: float | None = None) -> pb.GetServerInfoResponse:
+        return await self._call(self.stub.GetServerInfo, pb.GetServerInfoRequest(), timeout)
+
+    async def generate(self, *, timeout: float | None = None, **kwargs: Any) -> pb.GenerateResponse:
+        return await self._call(self.stub.Generate, build_generate_request(**kwargs), timeout)
+
+    async def generate_stream(
+        self, *, timeout: float | None = None, **kwargs: Any
+    ) -> AsyncIterator[pb.GenerateStreamResponse]:
+        request = pb.GenerateStreamRequest.FromString(
+            build_generate_request(**kwargs).SerializeToString()
+        )
+        try:
+            async for item in self.stub.GenerateStream(request, timeout=timeout or self.timeout):
+                yield item
+        except grpc.RpcError as e:
+            raise RolloutError.wrap(e) from None
+
+    async def reset_caches(self, timeout: float | None = None) -> pb.ResetCachesResponse:
+        return await self._call(self.stub.ResetCaches, pb.ResetCachesRequest(), timeout)
+
+    async def update_weights(
+        self,
+        source: Any,
+        version: str,
+        *,
+        pause_mode: int = pb.PAUSE_MODE_WAIT,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        checksum: bool = False,
+        progress: bool = False,
+        timeout: float | None = None,
+    ) -> pb.UpdateWeightsResponse:
+        manifest = (await self.server_info(timeout)).parameters
+        tensors = prepare_tensors(source, manifest, checksum=checksum)
+        bar = _progress_bar(sum(t.nbytes for t in tensors), progress)
+        try:
+            requests = iter_update_requests(tensors, version, pause_mode, chunk_bytes, bar)
+            return await self._call(self.stub.UpdateWeights, _aiter(requests), timeout)
+        finally:
+            if bar is not None:
+                bar.close()
+
+
+async def _aiter(items):
+    for item in items:
+        yield item

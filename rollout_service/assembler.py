@@ -1,0 +1,223 @@
+"""Assembling one UpdateWeights stream into the staging region.
+
+Everything about the stream is validated here, before anything touches the
+engine: the message order, tensor names/dtypes/shapes against the manifest,
+that chunks lie inside their tensor and that every byte is written exactly
+once, the checksums and the size limit. Pure Python over a memoryview: tested
+without an engine.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Any
+
+import crc32c
+from rollout.v1 import rollout_pb2 as pb
+
+from rollout_service import dtypes
+from rollout_service.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+
+# Tensors start on this alignment inside the region.
+_ALIGN = 64
+
+
+@dataclass
+class _Coverage:
+    """Byte ranges of one tensor written so far: sorted, disjoint, merged."""
+
+    starts: list[int] = field(default_factory=list)
+    ends: list[int] = field(default_factory=list)
+    received: int = 0
+
+    def add(self, start: int, end: int) -> bool:
+        """Records [start, end); False when it overlaps a recorded range."""
+        i = bisect.bisect_right(self.starts, start)
+        if i > 0 and self.ends[i - 1] > start:
+            return False
+        if i < len(self.starts) and self.starts[i] < end:
+            return False
+        self.received += end - start
+        # Merge with the neighbours it touches, to keep the lists short for
+        # the usual in-order stream.
+        if i > 0 and self.ends[i - 1] == start:
+            self.ends[i - 1] = end
+            if i < len(self.starts) and self.starts[i] == end:
+                self.ends[i - 1] = self.ends.pop(i)
+                self.starts.pop(i)
+        elif i < len(self.starts) and self.starts[i] == end:
+            self.starts[i] = start
+        else:
+            self.starts.insert(i, start)
+            self.ends.insert(i, end)
+        return True
+
+
+@dataclass
+class _Staged:
+    spec: pb.TensorSpec
+    offset: int
+    nbytes: int
+    coverage: _Coverage = field(default_factory=_Coverage)
+
+
+@dataclass(frozen=True)
+class StagedUpdate:
+    """A complete, validated update lying in the staging region."""
+
+    weight_version: str
+    pause_mode: int
+    # The backend's tensor table (see weights_backend.ShmUpdateInfo).
+    tensors: list[dict[str, Any]]
+    bytes_received: int
+
+    @property
+    def names(self) -> set[str]:
+        return {t["name"] for t in self.tensors}
+
+
+class UpdateAssembler:
+    """Consumes the messages of one stream; `finish()` returns the update."""
+
+    def __init__(
+        self,
+        manifest: dict[str, pb.TensorSpec],
+        max_update_bytes: int,
+        staging,
+        current_version: str,
+    ) -> None:
+        self._manifest = manifest
+        self._current_version = current_version
+        self._max_bytes = max_update_bytes
+        self._staging = staging
+        self._begin: pb.UpdateWeightsBegin | None = None
+        self._tensors: list[_Staged] = []
+        self._buf: memoryview | None = None
+        self._committed = False
+        self.bytes_received = 0
+
+    def feed(self, msg: pb.UpdateWeightsRequest) -> None:
+        """Validates and applies one message of the stream."""
+        kind = msg.WhichOneof("kind")
+        if self._committed:
+            raise InvalidArgument("commit", f"a {kind or 'empty'} message came after commit")
+        if kind == "begin":
+            if self._begin is not None:
+                raise InvalidArgument("begin", "the stream has two begin messages")
+            self._on_begin(msg.begin)
+        elif self._begin is None:
+            raise InvalidArgument(kind or "kind", "the first message must be begin")
+        elif kind == "chunk":
+            self._on_chunk(msg.chunk)
+        elif kind == "commit":
+            self._committed = True
+        else:
+            raise InvalidArgument("kind", "message sets none of begin, chunk, commit")
+
+    def _on_begin(self, begin: pb.UpdateWeightsBegin) -> None:
+        if not begin.weight_version:
+            raise InvalidArgument("begin.weight_version", "must not be empty")
+        if begin.weight_version == self._current_version:
+            raise FailedPrecondition(
+                f"begin.weight_version: {begin.weight_version!r} is already the served version"
+            )
+        if not begin.tensors:
+            raise InvalidArgument("begin.tensors", "must name at least one tensor")
+        if begin.pause_mode not in pb.PauseMode.values():
+            raise InvalidArgument("begin.pause_mode", f"unknown value {begin.pause_mode}")
+        seen: set[str] = set()
+        offset = 0
+        for i, spec in enumerate(begin.tensors):
+            where = f"begin.tensors[{i}]"
+            expected = self._manifest.get(spec.name)
+            if expected is None:
+                raise InvalidArgument(
+                    f"{where}.name", f"{spec.name!r} is not a parameter of the served model"
+                )
+            if spec.name in seen:
+                raise InvalidArgument(f"{where}.name", f"{spec.name!r} is declared twice")
+            seen.add(spec.name)
+            if spec.dtype != expected.dtype:
+                raise InvalidArgument(
+                    f"{where}.dtype",
+                    f"{spec.name}: got {dtypes.name(spec.dtype)}, "
+                    f"the model takes {dtypes.name(expected.dtype)}",
+                )
+            if list(spec.shape) != list(expected.shape):
+                raise InvalidArgument(
+                    f"{where}.shape",
+                    f"{spec.name}: got {list(spec.shape)}, the model takes {list(expected.shape)}",
+                )
+            nbytes = dtypes.nbytes(spec.dtype, spec.shape)
+            self._tensors.append(_Staged(spec=spec, offset=offset, nbytes=nbytes))
+            offset += -(-nbytes // _ALIGN) * _ALIGN
+        if offset > self._max_bytes:
+            raise ResourceExhausted(
+                f"begin.tensors: the update is {offset} bytes, over the limit of "
+                f"{self._max_bytes} bytes (max_update_bytes)"
+            )
+        self._begin = begin
+        self._buf = self._staging.ensure(offset)
+
+    def _on_chunk(self, chunk: pb.TensorChunk) -> None:
+        if chunk.tensor_index >= len(self._tensors):
+            raise InvalidArgument(
+                "chunk.tensor_index",
+                f"{chunk.tensor_index} is out of range: begin declared {len(self._tensors)} tensors",
+            )
+        t = self._tensors[chunk.tensor_index]
+        start, size = chunk.offset, len(chunk.data)
+        if size == 0:
+            raise InvalidArgument("chunk.data", f"{t.spec.name}: empty chunk")
+        end = start + size
+        if end > t.nbytes:
+            raise InvalidArgument(
+                "chunk.offset",
+                f"{t.spec.name}: bytes [{start}, {end}) run past the tensor's end ({t.nbytes} bytes)",
+            )
+        if not t.coverage.add(start, end):
+            raise InvalidArgument(
+                "chunk.offset",
+                f"{t.spec.name}: bytes [{start}, {end}) overlap bytes already received",
+            )
+        assert self._buf is not None
+        self._buf[t.offset + start : t.offset + end] = chunk.data
+        self.bytes_received += size
+
+    def finish(self) -> StagedUpdate:
+        """Checks that the stream is complete; returns the staged update."""
+        if self._begin is None:
+            raise InvalidArgument("begin", "the stream ended before begin")
+        if not self._committed:
+            raise InvalidArgument("commit", "the stream ended without commit")
+        assert self._buf is not None
+        for i, t in enumerate(self._tensors):
+            if t.coverage.received != t.nbytes:
+                raise InvalidArgument(
+                    f"begin.tensors[{i}]",
+                    f"{t.spec.name}: received {t.coverage.received} of {t.nbytes} bytes",
+                )
+            if t.spec.HasField("crc32c"):
+                got = crc32c.crc32c(self._buf[t.offset : t.offset + t.nbytes])
+                if got != t.spec.crc32c:
+                    raise InvalidArgument(
+                        f"begin.tensors[{i}].crc32c",
+                        f"{t.spec.name}: checksum mismatch "
+                        f"(declared {t.spec.crc32c:#010x}, received bytes {got:#010x})",
+                    )
+        return StagedUpdate(
+            weight_version=self._begin.weight_version,
+            pause_mode=self._begin.pause_mode,
+            tensors=[
+                {
+                    "name": t.spec.name,
+                    "dtype": dtypes.TORCH_NAME[t.spec.dtype],
+                    "shape": list(t.spec.shape),
+                    "offset": t.offset,
+                    "nbytes": t.nbytes,
+                }
+                for t in self._tensors
+            ],
+            bytes_received=self.bytes_received,
+        )

@@ -1,0 +1,117 @@
+"""`rollout-service serve`: the command line.
+
+Server options are declared here; engine options are vLLM's own
+(`AsyncEngineArgs.add_cli_args`), so every vLLM flag (--dtype,
+--max-model-len, --tensor-parallel-size, ...) passes through unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+
+EMBEDDED_MODELS = ("tiny-qwen2", "tiny-llava")
+
+
+def _add_server_args(parser) -> None:
+    from rollout_service.server import ServerConfig
+
+    d = ServerConfig()
+    g = parser.add_argument_group("rollout-service")
+    g.add_argument("--host", default=d.host, help="address to listen on (default: %(default)s)")
+    g.add_argument("--port", type=int, default=d.port, help="port to listen on; 0 picks one")
+    g.add_argument(
+        "--grace-seconds",
+        type=float,
+        default=d.grace_seconds,
+        help="time in-flight calls get to finish on SIGTERM/SIGINT (default: %(default)s)",
+    )
+    g.add_argument(
+        "--max-message-bytes",
+        type=int,
+        default=d.max_message_bytes,
+        help="largest gRPC message, both directions (default: %(default)s)",
+    )
+    g.add_argument(
+        "--max-update-bytes",
+        type=int,
+        default=None,
+        help="largest UpdateWeights payload (default: the model's size plus 25%% and 64 MiB)",
+    )
+    g.add_argument(
+        "--initial-weight-version",
+        default=d.initial_weight_version,
+        help="version reported for the weights loaded at start (default: %(default)s)",
+    )
+    g.add_argument(
+        "--no-prefault-staging",
+        dest="prefault_staging",
+        action="store_false",
+        help="do not touch the staging memory at start (saves RAM until the first update)",
+    )
+
+
+def build_parser():
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(
+        prog="rollout-service", description="LLM rollouts for RL trainers over gRPC, on vLLM."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser(
+        "serve",
+        help="serve a model (default: the embedded tiny-qwen2)",
+        description="Serve rollout.v1.RolloutService. --model takes a local HF checkpoint "
+        f"or an embedded model name: {', '.join(EMBEDDED_MODELS)}.",
+    )
+    _add_server_args(serve)
+    AsyncEngineArgs.add_cli_args(serve)
+    # No --model means the embedded default, not vLLM's hub default.
+    serve.set_defaults(model=None)
+    return parser
+
+
+def _engine_args(args):
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    from rollout_service.tiny_models import ensure_model
+
+    if args.model is None:
+        args.model = "tiny-qwen2"
+    if args.model in EMBEDDED_MODELS:
+        name = args.model
+        args.model = str(ensure_model(name))
+        if args.served_model_name is None:
+            args.served_model_name = [name]
+        if args.tokenizer is None:
+            args.tokenizer = args.model
+    return AsyncEngineArgs.from_cli_args(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    # On CPU vLLM sizes its KV cache from this (GiB); its default fraction of
+    # host memory fails on small machines. GPU builds ignore it.
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    args = build_parser().parse_args(argv)
+    from rollout_service.server import ServerConfig, serve
+
+    config = ServerConfig(
+        host=args.host,
+        port=args.port,
+        grace_seconds=args.grace_seconds,
+        max_message_bytes=args.max_message_bytes,
+        max_update_bytes=args.max_update_bytes,
+        initial_weight_version=args.initial_weight_version,
+        prefault_staging=args.prefault_staging,
+    )
+    return asyncio.run(serve(config, _engine_args(args)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,273 @@
+"""Pure conversions between rollout.v1 messages and vLLM objects.
+
+Validation lives here too, so that every bad field is caught before the
+engine sees the request, with an INVALID_ARGUMENT naming the field. Nothing in
+this module touches the engine: it is tested without one.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rollout.v1 import rollout_pb2 as pb
+from vllm import SamplingParams
+from vllm.outputs import CompletionOutput, RequestOutput
+from vllm.sampling_params import RequestOutputKind
+
+from rollout_service.errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What a request is validated against, read once from the engine."""
+
+    vocab_size: int
+    max_model_len: int
+    max_logprobs: int
+    supports_images: bool
+
+
+@dataclass(frozen=True)
+class EnginePrompt:
+    """A validated prompt, ready for `AsyncLLM.generate`."""
+
+    prompt: dict[str, Any]
+    # Known length in tokens, or None when the processor expands it (images).
+    num_tokens: int | None
+
+
+def _finite(field: str, value: float) -> float:
+    if not math.isfinite(value):
+        raise InvalidArgument(field, f"must be a finite number, got {value}")
+    return value
+
+
+def sampling_params_from_proto(
+    sp: pb.SamplingParams,
+    limits: ModelLimits,
+    prompt_tokens: int | None,
+    output_kind: RequestOutputKind,
+) -> SamplingParams:
+    """Validates `sp` and builds the vLLM SamplingParams for it."""
+    f = "sampling_params."
+    room = limits.max_model_len - (prompt_tokens or 0)
+    if sp.HasField("max_tokens"):
+        if sp.max_tokens == 0:
+            raise InvalidArgument(f + "max_tokens", "must be at least 1")
+        max_tokens = sp.max_tokens
+        if prompt_tokens is not None and max_tokens > room:
+            raise InvalidArgument(
+                f + "max_tokens",
+                f"prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) "
+                f"exceeds max_model_len ({limits.max_model_len})",
+            )
+    else:
+        max_tokens = None if prompt_tokens is None else room
+    temperature = _finite(f + "temperature", sp.temperature) if sp.HasField("temperature") else 1.0
+    if temperature < 0:
+        raise InvalidArgument(f + "temperature", f"must be >= 0, got {temperature}")
+    top_p = _finite(f + "top_p", sp.top_p) if sp.HasField("top_p") else 1.0
+    if not 0 < top_p <= 1:
+        raise InvalidArgument(f + "top_p", f"must be in (0, 1], got {top_p}")
+    top_k = sp.top_k if sp.HasField("top_k") else 0
+    if top_k < -1:
+        raise InvalidArgument(f + "top_k", f"must be -1, 0 (disabled) or positive, got {top_k}")
+    min_p = _finite(f + "min_p", sp.min_p) if sp.HasField("min_p") else 0.0
+    if not 0 <= min_p <= 1:
+        raise InvalidArgument(f + "min_p", f"must be in [0, 1], got {min_p}")
+    n = sp.n if sp.HasField("n") else 1
+    if n < 1:
+        raise InvalidArgument(f + "n", "must be at least 1")
+    top_logprobs = sp.logprobs if sp.HasField("logprobs") else 0
+    if top_logprobs > limits.max_logprobs:
+        raise InvalidArgument(
+            f + "logprobs",
+            f"{top_logprobs} is over the engine's limit of {limits.max_logprobs}",
+        )
+    for i, token in enumerate(sp.stop_token_ids):
+        if token >= limits.vocab_size:
+            raise InvalidArgument(
+                f"{f}stop_token_ids[{i}]",
+                f"token id {token} is outside the vocabulary [0, {limits.vocab_size})",
+            )
+    for i, stop in enumerate(sp.stop):
+        if not stop:
+            raise InvalidArgument(f"{f}stop[{i}]", "must not be empty")
+    repetition_penalty = (
+        _finite(f + "repetition_penalty", sp.repetition_penalty)
+        if sp.HasField("repetition_penalty")
+        else 1.0
+    )
+    if repetition_penalty <= 0:
+        raise InvalidArgument(f + "repetition_penalty", f"must be > 0, got {repetition_penalty}")
+    penalties = {}
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = _finite(f + name, getattr(sp, name)) if sp.HasField(name) else 0.0
+        if not -2 <= value <= 2:
+            raise InvalidArgument(f + name, f"must be in [-2, 2], got {value}")
+        penalties[name] = value
+    min_tokens = sp.min_tokens if sp.HasField("min_tokens") else 0
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise InvalidArgument(f + "min_tokens", f"{min_tokens} is over max_tokens ({max_tokens})")
+    return SamplingParams(
+        n=n,
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        seed=sp.seed if sp.HasField("seed") else None,
+        # 0 asks vLLM for the sampled token's logprob only; RL trainers always
+        # need it, so it is always on.
+        logprobs=top_logprobs,
+        stop=list(sp.stop) or None,
+        stop_token_ids=list(sp.stop_token_ids) or None,
+        ignore_eos=sp.ignore_eos,
+        repetition_penalty=repetition_penalty,
+        output_kind=output_kind,
+        **penalties,
+    )
+
+
+def _decode_images(images: Sequence[pb.Image]) -> list[Any]:
+    from PIL import Image, UnidentifiedImageError
+
+    decoded = []
+    for i, image in enumerate(images):
+        try:
+            img = Image.open(io.BytesIO(image.data))
+            img.load()
+        except (UnidentifiedImageError, OSError, ValueError) as e:
+            raise InvalidArgument(f"images[{i}].data", f"is not a PNG or JPEG image ({e})") from e
+        if img.format not in ("PNG", "JPEG"):
+            raise InvalidArgument(f"images[{i}].data", f"is {img.format}, expected PNG or JPEG")
+        decoded.append(img.convert("RGB"))
+    return decoded
+
+
+def prompt_from_request(
+    request: pb.GenerateRequest, limits: ModelLimits, tokenize: Any
+) -> EnginePrompt:
+    """Validates the prompt fields of `request` and builds the engine prompt.
+
+    `tokenize` maps text to token ids (the served model's tokenizer).
+    """
+    has_ids = len(request.prompt_token_ids) > 0
+    has_text = len(request.prompt_text) > 0
+    if has_ids == has_text:
+        raise InvalidArgument(
+            "prompt_token_ids/prompt_text",
+            "exactly one must be set" + (", got both" if has_ids else ", got neither"),
+        )
+    if request.images and not limits.supports_images:
+        raise InvalidArgument("images", "this model is text-only and takes no images")
+    if request.images:
+        # The processor expands image placeholders, so the length is known
+        # only to the engine; it validates the total itself.
+        prompt: dict[str, Any] = {"multi_modal_data": {"image": _decode_images(request.images)}}
+        if has_text:
+            prompt["prompt"] = request.prompt_text
+        else:
+            prompt["prompt_token_ids"] = list(request.prompt_token_ids)
+        return EnginePrompt(prompt=prompt, num_tokens=None)
+    ids = list(request.prompt_token_ids) if has_ids else list(tokenize(request.prompt_text))
+    field = "prompt_token_ids" if has_ids else "prompt_text"
+    for i, token in enumerate(ids):
+        if token >= limits.vocab_size:
+            raise InvalidArgument(
+                f"prompt_token_ids[{i}]",
+                f"token id {token} is outside the vocabulary [0, {limits.vocab_size})",
+            )
+    if len(ids) >= limits.max_model_len:
+        raise InvalidArgument(
+            field,
+            f"prompt is {len(ids)} tokens; it must be shorter than max_model_len "
+            f"({limits.max_model_len}) to leave room for one generated token",
+        )
+    if not ids:
+        raise InvalidArgument(field, "tokenizes to no tokens")
+    return EnginePrompt(prompt={"prompt_token_ids": ids}, num_tokens=len(ids))
+
+
+_FINISH_REASONS = {
+    "stop": pb.FINISH_REASON_STOP,
+    "length": pb.FINISH_REASON_LENGTH,
+    "abort": pb.FINISH_REASON_ABORT,
+}
+
+
+def finish_reason_to_proto(reason: str | None) -> int:
+    """Maps vLLM's finish reason string to the proto enum."""
+    if reason is None:
+        return pb.FINISH_REASON_UNSPECIFIED
+    return _FINISH_REASONS.get(reason, pb.FINISH_REASON_ABORT)
+
+
+def logprobs_to_proto(
+    token_ids: Sequence[int], logprobs: Sequence[dict[int, Any]] | None, top_k: int
+) -> tuple[list[float], list[pb.TopLogprobs]]:
+    """Splits vLLM's per-position logprob dicts into the sampled tokens'
+    logprobs and, when `top_k` > 0, the top-k alternatives per position."""
+    if not logprobs:
+        return [], []
+    sampled = [float(position[token].logprob) for token, position in zip(token_ids, logprobs)]
+    top: list[pb.TopLogprobs] = []
+    if top_k > 0:
+        for position in logprobs:
+            best = sorted(position.items(), key=lambda kv: kv[1].rank or 0)[:top_k]
+            top.append(
+                pb.TopLogprobs(
+                    token_ids=[t for t, _ in best], logprobs=[float(lp.logprob) for _, lp in best]
+                )
+            )
+    return sampled, top
+
+
+def stop_reason_to_str(reason: int | str | None) -> str:
+    return "" if reason is None else str(reason)
+
+
+def completion_to_proto(out: CompletionOutput, top_k: int) -> pb.Completion:
+    """Converts one finished vLLM completion."""
+    logprobs, top = logprobs_to_proto(out.token_ids, out.logprobs, top_k)
+    return pb.Completion(
+        index=out.index,
+        token_ids=list(out.token_ids),
+        logprobs=logprobs,
+        finish_reason=finish_reason_to_proto(out.finish_reason),
+        text=out.text or "",
+        top_logprobs=top,
+        stop_reason=stop_reason_to_str(out.stop_reason),
+    )
+
+
+def usage_to_proto(out: RequestOutput) -> pb.Usage:
+    """Token counts of a finished request."""
+    return pb.Usage(
+        prompt_tokens=len(out.prompt_token_ids or []),
+        completion_tokens=sum(len(c.token_ids) for c in out.outputs),
+        cached_prompt_tokens=out.num_cached_tokens or 0,
+    )
+
+
+def stream_delta_to_proto(
+    request_id: str, out: CompletionOutput, top_k: int, weight_version: str
+) -> pb.GenerateStreamResponse:
+    """Converts one delta (RequestOutputKind.DELTA) of one completion."""
+    logprobs, top = logprobs_to_proto(out.token_ids, out.logprobs, top_k)
+    return pb.GenerateStreamResponse(
+        request_id=request_id,
+        index=out.index,
+        token_ids=list(out.token_ids),
+        logprobs=logprobs,
+        top_logprobs=top,
+        text=out.text or "",
+        finish_reason=finish_reason_to_proto(out.finish_reason),
+        weight_version=weight_version,
+        stop_reason=stop_reason_to_str(out.stop_reason),
+    )

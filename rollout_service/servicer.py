@@ -1,0 +1,197 @@
+"""RolloutService: an adapter between rollout.v1 and the vLLM engine.
+
+Each RPC validates, converts, calls the engine and converts back; the
+conversions live in `convert.py`, the update machinery in `updates.py`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import uuid
+from collections.abc import AsyncIterator
+
+import grpc
+from rollout.v1 import rollout_pb2 as pb
+from rollout.v1 import rollout_pb2_grpc
+from vllm.sampling_params import RequestOutputKind
+
+from rollout_service import __version__, convert
+from rollout_service.engine import EngineInfo
+from rollout_service.errors import InvalidArgument, RpcError, Unavailable
+from rollout_service.gate import AdmissionGate
+from rollout_service.updates import WeightUpdater
+
+log = logging.getLogger(__name__)
+
+
+def _engine_error(e: Exception) -> RpcError | None:
+    """Maps engine exceptions that are the caller's business to a status."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    if isinstance(e, EngineDeadError):
+        return Unavailable("the engine has died; the server is shutting down")
+    if isinstance(e, ValueError):  # vLLM's input validation (VLLMValidationError)
+        return InvalidArgument("request", str(e))
+    return None
+
+
+async def _fail(context: grpc.aio.ServicerContext, e: Exception, rpc: str) -> None:
+    """The one error policy: known errors keep their status, the rest is
+    logged and becomes INTERNAL. context.abort raises, ending the call."""
+    err = e if isinstance(e, RpcError) else _engine_error(e)
+    if err is None:
+        log.exception("%s failed", rpc)
+        await context.abort(grpc.StatusCode.INTERNAL, f"{rpc} failed: {type(e).__name__}: {e}")
+    await context.abort(err.code, err.message)
+
+
+def unary(method):
+    """Applies the error policy to a unary-response RPC."""
+
+    @functools.wraps(method)
+    async def wrapper(self, request, context):
+        try:
+            return await method(self, request, context)
+        except Exception as e:  # CancelledError is a BaseException: it passes
+            if isinstance(e, grpc.aio.AbortError):
+                raise
+            await _fail(context, e, method.__name__)
+
+    return wrapper
+
+
+def streaming(method):
+    """Applies the error policy inside a response-streaming RPC."""
+
+    @functools.wraps(method)
+    async def wrapper(self, request, context):
+        try:
+            async for item in method(self, request, context):
+                yield item
+        except Exception as e:
+            if isinstance(e, grpc.aio.AbortError):
+                raise
+            await _fail(context, e, method.__name__)
+
+    return wrapper
+
+
+class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
+    """Serves rollout.v1.RolloutService on one AsyncLLM."""
+
+    def __init__(self, config) -> None:
+        # Registered before the server starts (handlers cannot be added
+        # later); the engine is attached once it is up.
+        self.config = config
+        self.engine = None
+        self._tokenizer = None
+
+    def attach(self, engine, info: EngineInfo, gate: AdmissionGate, updater: WeightUpdater) -> None:
+        """Starts serving on a running engine."""
+        self.info = info
+        self.gate = gate
+        self.updater = updater
+        self.engine = engine
+
+    def _check_ready(self) -> None:
+        if self.engine is None:
+            raise Unavailable("the engine is starting; wait for health SERVING")
+
+    def _tokenize(self, text: str) -> list[int]:
+        if self._tokenizer is None:
+            self._tokenizer = self.engine.get_tokenizer()
+            if self._tokenizer is None:
+                raise InvalidArgument("prompt_text", "the model has no tokenizer; send token ids")
+        return self._tokenizer.encode(text)
+
+    def _prepare(self, request: pb.GenerateRequest, kind: RequestOutputKind):
+        self._check_ready()
+        self.updater.check_serving()
+        prompt = convert.prompt_from_request(request, self.info.limits, self._tokenize)
+        params = convert.sampling_params_from_proto(
+            request.sampling_params, self.info.limits, prompt.num_tokens, kind
+        )
+        return request.request_id or uuid.uuid4().hex, prompt, params
+
+    async def _run(self, request_id: str, prompt, params) -> AsyncIterator:
+        """Runs one engine request of an admitted call; cancellation of the
+        call (client gone, deadline) aborts it inside AsyncLLM.generate."""
+        engine_id = f"{request_id}-{uuid.uuid4().hex[:8]}"
+        with self.gate.track(engine_id):
+            async for out in self.engine.generate(prompt.prompt, params, engine_id):
+                yield out
+
+    @unary
+    async def Generate(self, request, context):
+        request_id, prompt, params = self._prepare(request, RequestOutputKind.FINAL_ONLY)
+        async with self.gate.admit() as version:
+            final = None
+            async for out in self._run(request_id, prompt, params):
+                final = out
+        top_k = params.logprobs or 0
+        return pb.GenerateResponse(
+            request_id=request_id,
+            completions=[
+                convert.completion_to_proto(c, top_k)
+                for c in sorted(final.outputs, key=lambda c: c.index)
+            ],
+            weight_version=version,
+            usage=convert.usage_to_proto(final),
+        )
+
+    @streaming
+    async def GenerateStream(self, request, context):
+        as_unary = pb.GenerateRequest.FromString(request.SerializeToString())
+        request_id, prompt, params = self._prepare(as_unary, RequestOutputKind.DELTA)
+        top_k = params.logprobs or 0
+        usage = pb.Usage()
+        async with self.gate.admit() as version:
+            async for out in self._run(request_id, prompt, params):
+                if out.prompt_token_ids:
+                    usage.prompt_tokens = len(out.prompt_token_ids)
+                deltas = [
+                    convert.stream_delta_to_proto(request_id, c, top_k, version)
+                    for c in out.outputs
+                    if c.token_ids or c.finish_reason
+                ]
+                for d in deltas:
+                    usage.completion_tokens += len(d.token_ids)
+                if out.finished:
+                    usage.cached_prompt_tokens = out.num_cached_tokens or 0
+                    if not deltas:
+                        deltas.append(
+                            pb.GenerateStreamResponse(request_id=request_id, weight_version=version)
+                        )
+                    deltas[-1].usage.CopyFrom(usage)
+                for d in deltas:
+                    yield d
+
+    @unary
+    async def GetServerInfo(self, request, context):
+        self._check_ready()
+        return pb.GetServerInfoResponse(
+            model=self.info.model,
+            max_model_len=self.info.limits.max_model_len,
+            vocab_size=self.info.limits.vocab_size,
+            weight_version=self.gate.version,
+            supports_images=self.info.limits.supports_images,
+            parameters=list(self.info.manifest.values()),
+            max_message_bytes=self.config.max_message_bytes,
+            recommended_chunk_bytes=self.config.recommended_chunk_bytes,
+            max_update_bytes=self.updater.max_update_bytes,
+            max_logprobs=self.info.limits.max_logprobs,
+            server_version=__version__,
+            degraded=self.updater.degraded,
+            engine_requests=self.engine.output_processor.get_num_unfinished_requests(),
+        )
+
+    @unary
+    async def ResetCaches(self, request, context):
+        self._check_ready()
+        return await self.updater.reset_caches()
+
+    @unary
+    async def UpdateWeights(self, request_iterator, context):
+        self._check_ready()
+        return await self.updater.update(request_iterator)
