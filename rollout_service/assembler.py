@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import crc32c
-from rollout.v1 import rollout_pb2 as pb
 
+from rollout.v1 import rollout_pb2 as pb
 from rollout_service import dtypes
 from rollout_service.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 
@@ -164,7 +164,8 @@ class UpdateAssembler:
         if chunk.tensor_index >= len(self._tensors):
             raise InvalidArgument(
                 "chunk.tensor_index",
-                f"{chunk.tensor_index} is out of range: begin declared {len(self._tensors)} tensors",
+                f"{chunk.tensor_index} is out of range: "
+                f"begin declared {len(self._tensors)} tensors",
             )
         t = self._tensors[chunk.tensor_index]
         start, size = chunk.offset, len(chunk.data)
@@ -174,7 +175,8 @@ class UpdateAssembler:
         if end > t.nbytes:
             raise InvalidArgument(
                 "chunk.offset",
-                f"{t.spec.name}: bytes [{start}, {end}) run past the tensor's end ({t.nbytes} bytes)",
+                f"{t.spec.name}: bytes [{start}, {end}) run past "
+                f"the tensor's end ({t.nbytes} bytes)",
             )
         if not t.coverage.add(start, end):
             raise InvalidArgument(

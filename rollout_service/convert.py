@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rollout.v1 import rollout_pb2 as pb
 from vllm import SamplingParams
 from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.sampling_params import RequestOutputKind
 
+from rollout.v1 import rollout_pb2 as pb
 from rollout_service.errors import InvalidArgument
 
 

@@ -9,7 +9,6 @@ import uuid
 from dataclasses import dataclass
 
 from rollout.v1 import rollout_pb2 as pb
-
 from rollout_service import dtypes
 from rollout_service.convert import ModelLimits
 from rollout_service.weights_backend import BACKEND_NAME, register

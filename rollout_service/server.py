@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from rollout.v1 import rollout_pb2, rollout_pb2_grpc
 
+from rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from rollout_service.engine import build_engine, engine_info, warm_up
 from rollout_service.gate import AdmissionGate
 from rollout_service.servicer import RolloutServicer
@@ -55,9 +55,7 @@ def _set_health(servicer: health.aio.HealthServicer, serving: bool):
         if serving
         else health_pb2.HealthCheckResponse.NOT_SERVING
     )
-    return asyncio.gather(
-        servicer.set("", status), servicer.set(SERVICE_NAME, status)
-    )
+    return asyncio.gather(servicer.set("", status), servicer.set(SERVICE_NAME, status))
 
 
 async def serve(config: ServerConfig, engine_args) -> int:
@@ -91,7 +89,9 @@ async def serve(config: ServerConfig, engine_args) -> int:
         # The engine's constructor blocks while it spawns and loads; a thread
         # keeps health answering meanwhile.
         start = asyncio.ensure_future(asyncio.to_thread(build_engine, engine_args))
-        await asyncio.wait([start, asyncio.ensure_future(stop.wait())], return_when="FIRST_COMPLETED")
+        await asyncio.wait(
+            [start, asyncio.ensure_future(stop.wait())], return_when="FIRST_COMPLETED"
+        )
         if not start.done():
             log.info("signal received during start-up")
             engine = await start
@@ -99,7 +99,9 @@ async def serve(config: ServerConfig, engine_args) -> int:
         engine = start.result()
         info = engine_info(engine)
         gate = AdmissionGate(config.initial_weight_version)
-        max_update = config.max_update_bytes or (info.model_bytes + info.model_bytes // 4 + (64 << 20))
+        max_update = config.max_update_bytes or (
+            info.model_bytes + info.model_bytes // 4 + (64 << 20)
+        )
         updater = WeightUpdater(engine, gate, info.manifest, max_update)
         await updater.start(prefault_bytes=info.model_bytes if config.prefault_staging else 0)
         await warm_up(engine)
@@ -107,7 +109,9 @@ async def serve(config: ServerConfig, engine_args) -> int:
         await _set_health(health_servicer, serving=True)
         log.info("SERVING %s on %s:%d", info.model, config.host, port)
         await stop.wait()
-        log.info("shutting down: NOT_SERVING, %.1fs grace for in-flight calls", config.grace_seconds)
+        log.info(
+            "shutting down: NOT_SERVING, %.1fs grace for in-flight calls", config.grace_seconds
+        )
         return 0
     finally:
         await _set_health(health_servicer, serving=False)

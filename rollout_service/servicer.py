@@ -12,10 +12,10 @@ import uuid
 from collections.abc import AsyncIterator
 
 import grpc
-from rollout.v1 import rollout_pb2 as pb
-from rollout.v1 import rollout_pb2_grpc
 from vllm.sampling_params import RequestOutputKind
 
+from rollout.v1 import rollout_pb2 as pb
+from rollout.v1 import rollout_pb2_grpc
 from rollout_service import __version__, convert
 from rollout_service.engine import EngineInfo
 from rollout_service.errors import InvalidArgument, RpcError, Unavailable

@@ -15,7 +15,6 @@ import logging
 import time
 
 from rollout.v1 import rollout_pb2 as pb
-
 from rollout_service.assembler import StagedUpdate, UpdateAssembler
 from rollout_service.errors import Aborted, FailedPrecondition
 from rollout_service.gate import AdmissionGate

@@ -20,9 +20,9 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
-
 from rollout_client.weights import (
     DEFAULT_CHUNK_BYTES,
     iter_update_requests,

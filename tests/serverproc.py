@@ -1,0 +1,76 @@
+"""Runs `rollout-service serve` as a subprocess for tests and benchmarks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rollout_client import RolloutClient
+
+# Tests run with Dynamo off: otherwise every new engine spends 45-65 s
+# compiling vLLM's logprobs gather on its first request (see the CPU notes).
+# AOT compile must be off with it, or the worker refuses to start.
+TEST_ENGINE_ENV = {"TORCHDYNAMO_DISABLE": "1", "VLLM_USE_AOT_COMPILE": "0"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """A server subprocess with its log in a temporary file."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.target = f"127.0.0.1:{self.port}"
+        self.log = Path(tempfile.mkstemp(prefix="rollout-server-", suffix=".log")[1])
+        cmd = [
+            str(Path(sys.executable).with_name("rollout-service")),
+            "serve",
+            "--port",
+            str(self.port),
+            "--grace-seconds",
+            "5",
+            *args,
+        ]
+        full_env = {**os.environ, **TEST_ENGINE_ENV, **(env or {})}
+        self._log_file = open(self.log, "wb")
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._log_file, stderr=subprocess.STDOUT, env=full_env
+        )
+
+    def wait_ready(self, timeout: float = 300) -> None:
+        with RolloutClient(self.target) as client:
+            deadline = time.monotonic() + timeout
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"server exited ({self.proc.returncode}):\n{self.tail()}")
+                try:
+                    client.wait_until_ready(timeout=2)
+                    return
+                except TimeoutError:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"server not ready:\n{self.tail()}") from None
+
+    def tail(self, n: int = 60) -> str:
+        lines = self.log.read_text(errors="replace").splitlines()
+        return "\n".join(lines[-n:])
+
+    def stop(self, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log_file.close()
+        return self.proc.returncode

@@ -1,0 +1,46 @@
+"""SIGTERM: NOT_SERVING, in-flight calls finish, exit 0, no child left."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import psutil
+
+from rollout_client import RolloutClient, pb
+from tests.serverproc import ServerProcess
+
+
+def test_sigterm_drains_in_flight_calls_and_exits_cleanly():
+    server = ServerProcess()
+    try:
+        server.wait_ready()
+        children = psutil.Process(server.proc.pid).children(recursive=True)
+        assert children, "the engine runs in child processes"
+        result = {}
+        with RolloutClient(server.target, timeout=60) as client:
+
+            def long_call():
+                result["r"] = client.generate(
+                    prompt_text="hello", max_tokens=300, ignore_eos=True, temperature=0
+                )
+
+            t = threading.Thread(target=long_call)
+            t.start()
+            deadline = time.monotonic() + 10
+            while not client.server_info().engine_requests:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            server.proc.send_signal(signal.SIGTERM)
+            t.join(60)
+        # the in-flight call completed normally within the grace period
+        completion = result["r"].completions[0]
+        assert len(completion.token_ids) == 300
+        assert completion.finish_reason == pb.FINISH_REASON_LENGTH
+        assert server.proc.wait(60) == 0
+        time.sleep(1)
+        alive = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+        assert not alive, f"left behind: {alive}"
+    finally:
+        server.stop()
