@@ -7,6 +7,7 @@ Server options are declared here; engine options are vLLM's own
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import os
@@ -53,24 +54,34 @@ def _add_server_args(parser) -> None:
     )
 
 
-def build_parser():
+def build_serve_parser():
+    """The `serve` command's parser: server options plus vLLM's engine options."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = FlexibleArgumentParser(
-        prog="rollout-service", description="LLM rollouts for RL trainers over gRPC, on vLLM."
+        prog="rollout-service serve",
+        description="Serve rollout.v1.RolloutService. --model takes a local HF checkpoint "
+        f"or an embedded model name: {', '.join(EMBEDDED_MODELS)} (the default).",
+    )
+    _add_server_args(parser)
+    AsyncEngineArgs.add_cli_args(parser)
+    # No --model means the embedded default, not vLLM's hub default.
+    parser.set_defaults(model=None)
+    return parser
+
+
+def _top_parser():
+    # Plain argparse on top: vLLM's FlexibleArgumentParser rewrites a leading
+    # "serve --model X" into its own positional form.
+    parser = argparse.ArgumentParser(
+        prog="rollout-service",
+        description="LLM rollouts for RL trainers over gRPC, on vLLM.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser(
-        "serve",
-        help="serve a model (default: the embedded tiny-qwen2)",
-        description="Serve rollout.v1.RolloutService. --model takes a local HF checkpoint "
-        f"or an embedded model name: {', '.join(EMBEDDED_MODELS)}.",
+    sub.add_parser(
+        "serve", help="serve a model (see `rollout-service serve --help`)", add_help=False
     )
-    _add_server_args(serve)
-    AsyncEngineArgs.add_cli_args(serve)
-    # No --model means the embedded default, not vLLM's hub default.
-    serve.set_defaults(model=None)
     return parser
 
 
@@ -98,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     # On CPU vLLM sizes its KV cache from this (GiB); its default fraction of
     # host memory fails on small machines. GPU builds ignore it.
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    top, rest = _top_parser().parse_known_args(argv[:1])
+    args = build_serve_parser().parse_args(argv[1:] + rest)
     from rollout_service.server import ServerConfig, serve
 
     config = ServerConfig(
