@@ -310,7 +310,7 @@ def test_wait_mode_finishes_in_flight_on_old_version(client, info):
     assert len(in_flight) == 4 and len(arrivals) == 2
     for toks, finish, versions in in_flight:
         assert len(toks) == 400 and finish == pb.FINISH_REASON_LENGTH and versions == {old}
-    for toks, finish, versions in arrivals:
+    for toks, _, versions in arrivals:
         assert len(toks) == 8 and versions == {new}
 
 

@@ -1,0 +1,117 @@
+"""The update assembler alone: order, coverage, limits (no engine)."""
+
+from __future__ import annotations
+
+import crc32c
+import pytest
+from rollout.v1 import rollout_pb2 as pb
+
+from rollout_service.assembler import UpdateAssembler, _Coverage
+from rollout_service.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+
+MANIFEST = {
+    "a": pb.TensorSpec(name="a", dtype=pb.D_TYPE_BFLOAT16, shape=[4, 8]),  # 64 bytes
+    "b": pb.TensorSpec(name="b", dtype=pb.D_TYPE_BFLOAT16, shape=[3]),  # 6 bytes
+}
+
+
+class FakeStaging:
+    def ensure(self, nbytes):
+        self.buf = bytearray(nbytes)
+        return memoryview(self.buf)
+
+
+def assembler(max_bytes=1 << 20, current="v0"):
+    return UpdateAssembler(MANIFEST, max_bytes, FakeStaging(), current)
+
+
+def begin(*specs, version="v1"):
+    return pb.UpdateWeightsRequest(
+        begin=pb.UpdateWeightsBegin(weight_version=version, tensors=list(specs))
+    )
+
+
+def chunk(i, off, data):
+    return pb.UpdateWeightsRequest(chunk=pb.TensorChunk(tensor_index=i, offset=off, data=data))
+
+
+COMMIT = pb.UpdateWeightsRequest(commit=pb.UpdateWeightsCommit())
+
+
+def test_chunks_in_any_order_land_at_their_offsets():
+    asm = assembler()
+    data_a, data_b = bytes(range(64)), b"abcdef"
+    for msg in [
+        begin(MANIFEST["a"], MANIFEST["b"]),
+        chunk(1, 3, data_b[3:]),
+        chunk(0, 32, data_a[32:]),
+        chunk(1, 0, data_b[:3]),
+        chunk(0, 0, data_a[:32]),
+        COMMIT,
+    ]:
+        asm.feed(msg)
+    staged = asm.finish()
+    buf = asm._staging.buf
+    a, b = staged.tensors
+    assert bytes(buf[a["offset"] : a["offset"] + 64]) == data_a
+    assert bytes(buf[b["offset"] : b["offset"] + 6]) == data_b
+    assert staged.bytes_received == 70 and staged.weight_version == "v1"
+    assert b["offset"] % 64 == 0 and a["dtype"] == "bfloat16" and a["shape"] == [4, 8]
+
+
+def test_checksum_is_verified():
+    good = pb.TensorSpec(
+        name="b", dtype=pb.D_TYPE_BFLOAT16, shape=[3], crc32c=crc32c.crc32c(b"abcdef")
+    )
+    asm = assembler()
+    for msg in [begin(good), chunk(0, 0, b"abcdef"), COMMIT]:
+        asm.feed(msg)
+    asm.finish()
+    asm = assembler()
+    for msg in [begin(good), chunk(0, 0, b"abcdeX"), COMMIT]:
+        asm.feed(msg)
+    with pytest.raises(InvalidArgument, match="checksum"):
+        asm.finish()
+
+
+def test_size_limit():
+    with pytest.raises(ResourceExhausted, match="max_update_bytes"):
+        assembler(max_bytes=32).feed(begin(MANIFEST["a"]))
+
+
+def test_same_version_is_a_conflict():
+    with pytest.raises(FailedPrecondition, match="already"):
+        assembler(current="v1").feed(begin(MANIFEST["a"]))
+
+
+def test_huge_offsets_and_unknown_enums_are_rejected():
+    asm = assembler()
+    asm.feed(begin(MANIFEST["b"]))
+    with pytest.raises(InvalidArgument, match="past"):
+        asm.feed(chunk(0, 2**64 - 1, b"x"))
+    bad_mode = pb.UpdateWeightsRequest(
+        begin=pb.UpdateWeightsBegin(weight_version="v9", tensors=[MANIFEST["b"]], pause_mode=77)
+    )
+    with pytest.raises(InvalidArgument, match="pause_mode"):
+        assembler().feed(bad_mode)
+
+
+@pytest.mark.parametrize(
+    "ranges,ok",
+    [
+        ([(0, 4), (4, 8)], True),
+        ([(4, 8), (0, 4)], True),
+        ([(0, 4), (8, 12), (4, 8)], True),
+        ([(0, 4), (3, 5)], False),
+        ([(4, 8), (2, 5)], False),
+        ([(0, 10), (2, 3)], False),
+        ([(2, 3), (0, 10)], False),
+    ],
+)
+def test_coverage_detects_overlap(ranges, ok):
+    cov = _Coverage()
+    results = [cov.add(a, b) for a, b in ranges]
+    assert all(results) == ok
+    if ok:
+        assert cov.starts == [min(a for a, _ in ranges)]
+        assert cov.received == sum(b - a for a, b in ranges)

@@ -1,0 +1,122 @@
+"""Request validation and conversion alone (no engine)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from rollout.v1 import rollout_pb2 as pb
+from vllm.sampling_params import RequestOutputKind
+
+from rollout_service.convert import (
+    ModelLimits,
+    prompt_from_request,
+    sampling_params_from_proto,
+)
+from rollout_service.errors import InvalidArgument
+
+LIMITS = ModelLimits(vocab_size=100, max_model_len=64, max_logprobs=5, supports_images=False)
+
+
+def params(**kw):
+    return sampling_params_from_proto(
+        pb.SamplingParams(**kw), LIMITS, prompt_tokens=10, output_kind=RequestOutputKind.FINAL_ONLY
+    )
+
+
+def test_every_field_reaches_vllm():
+    sp = params(
+        max_tokens=7,
+        temperature=0.5,
+        top_p=0.9,
+        top_k=3,
+        min_p=0.1,
+        seed=42,
+        n=2,
+        logprobs=4,
+        stop=["x"],
+        stop_token_ids=[5],
+        ignore_eos=True,
+        repetition_penalty=1.1,
+        presence_penalty=0.2,
+        frequency_penalty=-0.3,
+        min_tokens=2,
+    )
+    assert (sp.max_tokens, sp.temperature, sp.top_p, sp.top_k) == (7, 0.5, pytest.approx(0.9), 3)
+    assert (sp.min_p, sp.seed, sp.n, sp.logprobs) == (pytest.approx(0.1), 42, 2, 4)
+    assert sp.stop == ["x"] and 5 in sp.stop_token_ids and sp.ignore_eos
+    assert sp.repetition_penalty == pytest.approx(1.1)
+    assert sp.presence_penalty == pytest.approx(0.2)
+    assert sp.frequency_penalty == pytest.approx(-0.3)
+    assert sp.min_tokens == 2
+
+
+def test_defaults_fill_the_context_and_always_return_logprobs():
+    sp = params()
+    assert sp.max_tokens == 64 - 10 and sp.n == 1 and sp.temperature == 1.0
+    assert sp.logprobs == 0  # the sampled token's logprob
+
+
+def test_zero_is_meaningful_where_optional():
+    assert params(temperature=0.0).temperature == 0.0
+    assert params(top_k=0).top_k == 0
+
+
+@pytest.mark.parametrize(
+    "kw,field",
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": 55}, "max_tokens"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"temperature": math.nan}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.01}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"min_p": 2.0}, "min_p"),
+        ({"n": 0}, "n"),
+        ({"logprobs": 6}, "logprobs"),
+        ({"stop_token_ids": [100]}, "stop_token_ids[0]"),
+        ({"stop": ["ok", ""]}, "stop[1]"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"presence_penalty": 3.0}, "presence_penalty"),
+        ({"frequency_penalty": -math.inf}, "frequency_penalty"),
+        ({"min_tokens": 9, "max_tokens": 3}, "min_tokens"),
+    ],
+)
+def test_bad_sampling_values_name_the_field(kw, field):
+    with pytest.raises(InvalidArgument) as e:
+        params(**kw)
+    assert e.value.field == "sampling_params." + field
+
+
+def tok(text):
+    return [ord(c) % 100 for c in text]
+
+
+@pytest.mark.parametrize(
+    "req,field",
+    [
+        (pb.GenerateRequest(), "prompt_token_ids/prompt_text"),
+        (pb.GenerateRequest(prompt_text="a", prompt_token_ids=[1]), "prompt_token_ids/prompt_text"),
+        (pb.GenerateRequest(prompt_token_ids=[1, 100]), "prompt_token_ids[1]"),
+        (pb.GenerateRequest(prompt_token_ids=[1] * 64), "prompt_token_ids"),
+        (pb.GenerateRequest(prompt_text="x", images=[pb.Image(data=b"png")]), "images"),
+    ],
+)
+def test_bad_prompts_name_the_field(req, field):
+    with pytest.raises(InvalidArgument) as e:
+        prompt_from_request(req, LIMITS, tok)
+    assert e.value.field == field
+
+
+def test_text_is_tokenized_by_the_server():
+    p = prompt_from_request(pb.GenerateRequest(prompt_text="hi"), LIMITS, tok)
+    assert p.prompt == {"prompt_token_ids": tok("hi")} and p.num_tokens == 2
+
+
+def test_images_that_are_not_images():
+    limits = ModelLimits(100, 64, 5, supports_images=True)
+    req = pb.GenerateRequest(prompt_text="<image>", images=[pb.Image(data=b"GIF89a...")])
+    with pytest.raises(InvalidArgument) as e:
+        prompt_from_request(req, limits, tok)
+    assert e.value.field == "images[0].data"
