@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import crc32c
 import pytest
-from rollout.v1 import rollout_pb2 as pb
 
+from rollout.v1 import rollout_pb2 as pb
 from rollout_service.assembler import UpdateAssembler, _Coverage
 from rollout_service.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 

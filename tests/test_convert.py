@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from rollout.v1 import rollout_pb2 as pb
 from vllm.sampling_params import RequestOutputKind
 
+from rollout.v1 import rollout_pb2 as pb
 from rollout_service.convert import (
     ModelLimits,
     prompt_from_request,

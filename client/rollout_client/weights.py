@@ -25,6 +25,15 @@ _DTYPES = {
     "float8_e5m2": pb.D_TYPE_FLOAT8_E5M2,
 }
 
+# Bytes per element, by DType.
+DTYPE_SIZE = {
+    pb.D_TYPE_BFLOAT16: 2,
+    pb.D_TYPE_FLOAT16: 2,
+    pb.D_TYPE_FLOAT32: 4,
+    pb.D_TYPE_FLOAT8_E4M3FN: 1,
+    pb.D_TYPE_FLOAT8_E5M2: 1,
+}
+
 
 class ManifestMismatch(ValueError):
     """A tensor the server would refuse (unknown name, wrong dtype or shape)."""

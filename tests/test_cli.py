@@ -1,0 +1,70 @@
+"""`rollout-client` end to end against the real server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from safetensors.torch import save_file
+
+from tests.weights_util import random_weights, version
+
+CLI = str(Path(sys.executable).with_name("rollout-client"))
+
+
+def run(server, *args, check=True):
+    p = subprocess.run(
+        [CLI, "--target", server.target, *args], capture_output=True, text=True, timeout=120
+    )
+    if check:
+        assert p.returncode == 0, p.stderr
+    return p
+
+
+def test_info_json(server, info):
+    out = json.loads(run(server, "--json", "info").stdout)
+    assert out["model"] == info.model and out["vocab_size"] == info.vocab_size
+    assert len(out["parameters"]) == len(info.parameters)
+
+
+def test_info_human(server, info):
+    out = run(server, "info").stdout
+    assert info.model in out and "weight version" in out
+
+
+def test_generate_text_and_stream_agree(server):
+    args = ("generate", "Hello there", "--max-tokens", "10", "--temperature", "0")
+    unary = json.loads(run(server, "--json", *args).stdout)
+    streamed = run(server, *args, "--stream").stdout
+    assert len(unary["completions"][0]["token_ids"]) == 10
+    assert streamed.rstrip("\n") == unary["completions"][0]["text"]
+
+
+def test_generate_error_is_reported(server):
+    p = run(server, "generate", "Hello", "--top-p", "2", check=False)
+    assert p.returncode == 1 and "INVALID_ARGUMENT" in p.stderr and "top_p" in p.stderr
+
+
+def test_push_weights_and_reset_caches(server, client, info, tmp_path):
+    f = tmp_path / "head.safetensors"
+    head = [p for p in info.parameters if p.name == "lm_head.weight"]
+    save_file(random_weights(head, seed=99), f)
+    v = version()
+    ack = json.loads(run(server, "--json", "push-weights", str(f), "--version", v).stdout)
+    assert ack["weight_version"] == v and ack["tensors_loaded"] == 1
+    assert client.server_info().weight_version == v
+    out = run(server, "reset-caches").stdout
+    assert out.count("reset") == 3 and "NOT" not in out
+
+
+def test_push_weights_refuses_a_mismatched_file_before_sending(server, client, tmp_path):
+    import torch
+
+    f = tmp_path / "bad.safetensors"
+    save_file({"lm_head.weight": torch.zeros(3, 3, dtype=torch.bfloat16)}, f)
+    before = client.server_info().weight_version
+    p = run(server, "push-weights", str(f), "--version", version(), check=False)
+    assert p.returncode == 1 and "lm_head.weight" in p.stderr and "shape" in p.stderr
+    assert client.server_info().weight_version == before
