@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service import dtypes
 from rollout_service.convert import ModelLimits
-from rollout_service.weights_backend import BACKEND_NAME, register
+from rollout_service.plugins import register
+from rollout_service.weights_backend import BACKEND_NAME
 
 log = logging.getLogger(__name__)
 

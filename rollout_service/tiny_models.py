@@ -274,6 +274,7 @@ def ensure_model(name: str, cache_dir: Path | None = None) -> Path:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; the cache may be shared
     try:
         _BUILDERS[name](tmp)
         try:
