@@ -1,0 +1,63 @@
+"""The README's `buf curl` session, through server reflection only."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BUF = str(Path(sys.executable).with_name("buf"))
+
+
+def curl(server, *args, data=None):
+    cmd = [BUF, "curl", "--protocol", "grpc", "--http2-prior-knowledge", *args]
+    if data is not None:
+        cmd += ["-d", json.dumps(data)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    return p
+
+
+def url(server, method=""):
+    return f"http://{server.target}/{method}"
+
+
+def test_list_methods(server):
+    p = curl(server, "--list-methods", url(server))
+    assert p.returncode == 0, p.stderr
+    methods = set(p.stdout.split())
+    for rpc in ("Generate", "GenerateStream", "UpdateWeights", "ResetCaches", "GetServerInfo"):
+        assert f"rollout.v1.RolloutService/{rpc}" in methods
+    assert "grpc.health.v1.Health/Check" in methods
+
+
+def test_generate_get_info_reset_and_health(server, info):
+    p = curl(
+        server,
+        url(server, "rollout.v1.RolloutService/Generate"),
+        data={"prompt_text": "Hello", "sampling_params": {"max_tokens": 4, "temperature": 0}},
+    )
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert len(r["completions"][0]["tokenIds"]) == 4
+    assert len(r["completions"][0]["logprobs"]) == 4
+
+    p = curl(server, url(server, "rollout.v1.RolloutService/GetServerInfo"))
+    assert json.loads(p.stdout)["model"] == info.model
+
+    p = curl(server, url(server, "rollout.v1.RolloutService/ResetCaches"))
+    assert [x["reset"] for x in json.loads(p.stdout)["results"]] == [True, True, True]
+
+    p = curl(server, url(server, "grpc.health.v1.Health/Check"), data={"service": ""})
+    assert json.loads(p.stdout)["status"] == "SERVING"
+
+
+def test_invalid_request_error_shows_the_field(server):
+    p = curl(
+        server,
+        url(server, "rollout.v1.RolloutService/Generate"),
+        data={"prompt_text": "Hello", "sampling_params": {"top_p": 3}},
+    )
+    assert p.returncode != 0
+    err = json.loads(p.stdout or p.stderr)
+    assert err["code"] == "invalid_argument" and "top_p" in err["message"]
