@@ -4,8 +4,9 @@ Both models are built deterministically (fixed seeds, a tokenizer trained on a f
 built-in corpus) and are small enough to start a vLLM engine on a 2-core CPU in seconds.
 The sizes follow what is known to work with vLLM's CPU backend: head_dim 64 (head_dim 16
 is rejected by CPU attention), bf16 weights, untied lm_head so it can be updated on its own.
-Weights are re-drawn with std 0.08 on matrices: with the HF default (0.02) greedy output is
-nearly the same token whatever the prompt or image, which makes staleness tests useless.
+Weights are re-drawn with std 0.08 on matrices (HF uses 0.02): larger logit gaps, so greedy
+output clearly depends on the prompt and the image and does not hinge on bf16 rounding, which
+is what staleness tests (old vs new weights, old vs new image) need.
 
 Public API: ``build_tiny_qwen2``, ``build_tiny_llava``, ``ensure_model``,
 ``install_pixtral_alias``.
@@ -108,8 +109,11 @@ def _build_tokenizer(extra_special: list[str]):
 def _never_emit(tok) -> list[int]:
     """Ids whose lm_head rows get zeroed: special tokens and tokens that do not decode to
     printable ASCII (lone bytes >= 0x80, control bytes)."""
-    return [i for i in range(len(tok)) if i in tok.all_special_ids
-            or not (s := tok.decode([i])).isascii() or not s.isprintable()]
+    return [
+        i
+        for i in range(len(tok))
+        if i in tok.all_special_ids or not (s := tok.decode([i])).isascii() or not s.isprintable()
+    ]
 
 
 def _randomize(model, never_emit: list[int], std: float = 0.08) -> None:
@@ -137,9 +141,9 @@ def _text_kwargs(eos_id: int) -> dict:
     return dict(
         hidden_size=128,
         num_attention_heads=2,
-        num_key_value_heads=1,  # head_dim 64: the smallest the CPU attention kernel takes
         num_hidden_layers=2,
         intermediate_size=256,
+        num_key_value_heads=1,  # head_dim 64: the smallest the CPU attention kernel takes
         vocab_size=VOCAB_SIZE,
         max_position_embeddings=2048,
         tie_word_embeddings=False,  # lm_head is its own tensor, so it can be updated alone
@@ -152,7 +156,8 @@ def _text_kwargs(eos_id: int) -> dict:
 def _save_generation_config(path: Path, eos_id: int) -> None:
     from transformers import GenerationConfig
 
-    GenerationConfig(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id).save_pretrained(path)
+    ids = dict(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
+    GenerationConfig(**ids).save_pretrained(path)
 
 
 def build_tiny_qwen2(path: Path) -> Path:
@@ -216,8 +221,13 @@ def build_tiny_llava(path: Path) -> Path:
     eos_id = tok.eos_token_id
     image_id = tok.convert_tokens_to_ids(IMAGE_TOKEN)
     vision = CLIPVisionConfig(
-        image_size=32, patch_size=8, hidden_size=128, intermediate_size=256,
-        num_attention_heads=2, num_hidden_layers=2, projection_dim=128,
+        image_size=32,
+        patch_size=8,
+        hidden_size=128,
+        intermediate_size=256,
+        num_attention_heads=2,
+        num_hidden_layers=2,
+        projection_dim=128,
     )
     text = LlamaConfig(**_text_kwargs(eos_id))
     config = LlavaConfig(
@@ -267,8 +277,11 @@ def ensure_model(name: str, cache_dir: Path | None = None) -> Path:
     """
     if name not in _BUILDERS:
         raise ValueError(f"unknown tiny model {name!r}; known: {sorted(_BUILDERS)}")
-    root = Path(cache_dir or os.environ.get("ROLLOUT_SERVICE_CACHE")
-                or Path.home() / ".cache" / "rollout-service" / "models")
+    root = Path(
+        cache_dir
+        or os.environ.get("ROLLOUT_SERVICE_CACHE")
+        or Path.home() / ".cache" / "rollout-service" / "models"
+    )
     final = root.expanduser() / f"{name}-{MODEL_VERSION}"
     if (final / "config.json").is_file():
         return final

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -83,6 +84,48 @@ def _channel_options(max_message_bytes: int) -> list[tuple[str, Any]]:
     ]
 
 
+@dataclass(frozen=True)
+class ConnectionOptions:
+    """How to reach the server: size limits, auth, TLS, retries.
+
+    `token` is sent as `authorization: Bearer <token>` on every call. TLS is on
+    when `root_certificates` is given (PEM bytes); add `certificate_chain` and
+    `private_key` for mutual TLS. Unary calls that fail with UNAVAILABLE (server
+    starting, restarting, shutting down) are retried `retries` times with
+    exponential backoff from `backoff` seconds; nothing else is retried.
+    """
+
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    token: str | None = None
+    root_certificates: bytes | None = None
+    certificate_chain: bytes | None = None
+    private_key: bytes | None = None
+    retries: int = 3
+    backoff: float = 0.5
+
+    def metadata(self) -> tuple[tuple[str, str], ...] | None:
+        return (("authorization", f"Bearer {self.token}"),) if self.token else None
+
+    def credentials(self) -> grpc.ChannelCredentials | None:
+        if self.root_certificates is None:
+            return None
+        return grpc.ssl_channel_credentials(
+            self.root_certificates, self.private_key, self.certificate_chain
+        )
+
+    def channel(self, target: str, aio: bool):
+        mod = grpc.aio if aio else grpc
+        options = _channel_options(self.max_message_bytes)
+        creds = self.credentials()
+        if creds is None:
+            return mod.insecure_channel(target, options=options)
+        return mod.secure_channel(target, creds, options=options)
+
+    def delays(self):
+        """Seconds to wait before each retry."""
+        return [self.backoff * 2**i for i in range(self.retries)]
+
+
 class RolloutClient:
     """Blocking client. Every call takes `timeout` (seconds, the deadline)."""
 
@@ -91,10 +134,12 @@ class RolloutClient:
         target: str = "127.0.0.1:50051",
         *,
         timeout: float | None = 600.0,
-        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        options: ConnectionOptions | None = None,
+        **option_fields: Any,
     ) -> None:
         self.timeout = timeout
-        self.channel = grpc.insecure_channel(target, options=_channel_options(max_message_bytes))
+        self.options = options or ConnectionOptions(**option_fields)
+        self.channel = self.options.channel(target, aio=False)
         self.stub = rollout_pb2_grpc.RolloutServiceStub(self.channel)
         self._health = health_pb2_grpc.HealthStub(self.channel)
 
@@ -108,10 +153,18 @@ class RolloutClient:
         self.close()
 
     def _call(self, method, request, timeout: float | None):
-        try:
-            return method(request, timeout=timeout or self.timeout)
-        except grpc.RpcError as e:
-            raise RolloutError.wrap(e) from None
+        """`request` is a message, or a zero-argument factory of a request
+        iterator (client streams are rebuilt for each attempt)."""
+        for delay in [*self.options.delays(), None]:
+            try:
+                req = request() if callable(request) else request
+                return method(
+                    req, timeout=timeout or self.timeout, metadata=self.options.metadata()
+                )
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE or delay is None:
+                    raise RolloutError.wrap(e) from None
+                time.sleep(delay)
 
     def wait_until_ready(self, timeout: float = 300.0) -> None:
         """Polls health until SERVING; raises TimeoutError."""
@@ -141,7 +194,9 @@ class RolloutClient:
             build_generate_request(**kwargs).SerializeToString()
         )
         try:
-            yield from self.stub.GenerateStream(request, timeout=timeout or self.timeout)
+            yield from self.stub.GenerateStream(
+                request, timeout=timeout or self.timeout, metadata=self.options.metadata()
+            )
         except grpc.RpcError as e:
             raise RolloutError.wrap(e) from None
 
@@ -165,8 +220,11 @@ class RolloutClient:
         tensors = prepare_tensors(source, manifest, checksum=checksum)
         bar = _progress_bar(sum(t.nbytes for t in tensors), progress)
         try:
-            requests = iter_update_requests(tensors, version, pause_mode, chunk_bytes, bar)
-            return self._call(self.stub.UpdateWeights, requests, timeout)
+            return self._call(
+                self.stub.UpdateWeights,
+                lambda: iter_update_requests(tensors, version, pause_mode, chunk_bytes, bar),
+                timeout,
+            )
         finally:
             if bar is not None:
                 bar.close()
@@ -180,12 +238,12 @@ class AsyncRolloutClient:
         target: str = "127.0.0.1:50051",
         *,
         timeout: float | None = 600.0,
-        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        options: ConnectionOptions | None = None,
+        **option_fields: Any,
     ) -> None:
         self.timeout = timeout
-        self.channel = grpc.aio.insecure_channel(
-            target, options=_channel_options(max_message_bytes)
-        )
+        self.options = options or ConnectionOptions(**option_fields)
+        self.channel = self.options.channel(target, aio=True)
         self.stub = rollout_pb2_grpc.RolloutServiceStub(self.channel)
         self._health = health_pb2_grpc.HealthStub(self.channel)
 
@@ -199,10 +257,16 @@ class AsyncRolloutClient:
         await self.close()
 
     async def _call(self, method, request, timeout: float | None):
-        try:
-            return await method(request, timeout=timeout or self.timeout)
-        except grpc.RpcError as e:
-            raise RolloutError.wrap(e) from None
+        for delay in [*self.options.delays(), None]:
+            try:
+                req = request() if callable(request) else request
+                return await method(
+                    req, timeout=timeout or self.timeout, metadata=self.options.metadata()
+                )
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE or delay is None:
+                    raise RolloutError.wrap(e) from None
+                await asyncio.sleep(delay)
 
     async def wait_until_ready(self, timeout: float = 300.0) -> None:
         deadline = time.monotonic() + timeout
@@ -230,7 +294,10 @@ class AsyncRolloutClient:
             build_generate_request(**kwargs).SerializeToString()
         )
         try:
-            async for item in self.stub.GenerateStream(request, timeout=timeout or self.timeout):
+            call = self.stub.GenerateStream(
+                request, timeout=timeout or self.timeout, metadata=self.options.metadata()
+            )
+            async for item in call:
                 yield item
         except grpc.RpcError as e:
             raise RolloutError.wrap(e) from None
@@ -253,8 +320,13 @@ class AsyncRolloutClient:
         tensors = prepare_tensors(source, manifest, checksum=checksum)
         bar = _progress_bar(sum(t.nbytes for t in tensors), progress)
         try:
-            requests = iter_update_requests(tensors, version, pause_mode, chunk_bytes, bar)
-            return await self._call(self.stub.UpdateWeights, _aiter(requests), timeout)
+            return await self._call(
+                self.stub.UpdateWeights,
+                lambda: _aiter(
+                    iter_update_requests(tensors, version, pause_mode, chunk_bytes, bar)
+                ),
+                timeout,
+            )
         finally:
             if bar is not None:
                 bar.close()

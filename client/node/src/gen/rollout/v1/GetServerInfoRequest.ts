@@ -1,0 +1,8 @@
+// Original file: ../../proto/rollout/v1/rollout.proto
+
+
+export interface GetServerInfoRequest {
+}
+
+export interface GetServerInfoRequest__Output {
+}
