@@ -102,7 +102,13 @@ async def serve(config: ServerConfig, engine_args) -> int:
         max_update = config.max_update_bytes or (
             info.model_bytes + info.model_bytes // 4 + (64 << 20)
         )
-        updater = WeightUpdater(engine, gate, info.manifest, max_update)
+        updater = WeightUpdater(
+            engine,
+            gate,
+            info.manifest,
+            max_update,
+            on_degraded=lambda degraded: _set_health(health_servicer, serving=not degraded),
+        )
         await updater.start(prefault_bytes=info.model_bytes if config.prefault_staging else 0)
         await warm_up(engine)
         servicer.attach(engine, info, gate, updater)

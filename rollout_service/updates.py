@@ -16,7 +16,7 @@ import time
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.assembler import StagedUpdate, UpdateAssembler
-from rollout_service.errors import Aborted, FailedPrecondition
+from rollout_service.errors import Aborted, FailedPrecondition, RpcError
 from rollout_service.gate import AdmissionGate
 from rollout_service.staging import StagingRegion
 from rollout_service.weights_backend import BACKEND_NAME
@@ -24,13 +24,25 @@ from rollout_service.weights_backend import BACKEND_NAME
 log = logging.getLogger(__name__)
 
 
+class EngineFailure(RpcError):
+    """The engine failed while loading: INTERNAL, and the server is degraded."""
+
+
 class WeightUpdater:
     """Owns the staging region, the degraded state and the apply sequence."""
 
     def __init__(
-        self, engine, gate: AdmissionGate, manifest: dict[str, pb.TensorSpec], max_update_bytes: int
+        self,
+        engine,
+        gate: AdmissionGate,
+        manifest: dict[str, pb.TensorSpec],
+        max_update_bytes: int,
+        on_degraded=None,
     ) -> None:
         self.engine = engine
+        # Called with True when an update fails inside the engine, False when
+        # a full update recovers (the server ties health to it).
+        self._on_degraded = on_degraded
         self.gate = gate
         self.manifest = manifest
         self.max_update_bytes = max_update_bytes
@@ -100,8 +112,8 @@ class WeightUpdater:
             t0 = time.perf_counter()
             async with self.gate.closed():
                 await self._drain(staged.pause_mode)
+                await self.engine.pause_generation(mode="abort", clear_cache=False)
                 try:
-                    await self.engine.pause_generation(mode="abort", clear_cache=False)
                     t_load = time.perf_counter()
                     await self.engine.start_weight_update()
                     await self.engine.update_weights(
@@ -115,13 +127,20 @@ class WeightUpdater:
                     await self.engine.finish_weight_update(weight_version=staged.weight_version)
                     t_reset = time.perf_counter()
                     results = await self._reset_all()
-                    await self.engine.resume_generation()
-                except Exception:
-                    self.degraded = True
+                except Exception as e:
                     log.exception("weight update %r failed in the engine", staged.weight_version)
-                    raise
+                    await self._set_degraded(True)
+                    raise EngineFailure(
+                        f"loading {staged.weight_version!r} failed inside the engine "
+                        f"({type(e).__name__}: {e}); the server is degraded until a full "
+                        "update succeeds"
+                    ) from e
+                finally:
+                    # Resumed even after a failure: generation stays refused
+                    # while degraded, but the engine must not stay paused.
+                    await self.engine.resume_generation()
                 self.gate.version = staged.weight_version
-                self.degraded = False
+                await self._set_degraded(False)
             t_end = time.perf_counter()
         log.info(
             "weights %r -> %r: %d tensors, %d bytes, receive %.3fs apply %.3fs reset %.3fs",
@@ -147,6 +166,12 @@ class WeightUpdater:
                 load_seconds=t_reset - t_load,
             ),
         )
+
+    async def _set_degraded(self, degraded: bool) -> None:
+        changed = degraded != self.degraded
+        self.degraded = degraded
+        if changed and self._on_degraded is not None:
+            await self._on_degraded(degraded)
 
     async def _drain(self, pause_mode: int) -> None:
         if pause_mode == pb.PAUSE_MODE_ABORT:

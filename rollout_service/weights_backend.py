@@ -105,6 +105,7 @@ class ShmWeightTransferEngine(WeightTransferEngine[ShmInitInfo, ShmUpdateInfo]):
         return m.mm
 
     def receive_weights(self, update_info: ShmUpdateInfo) -> None:
+        _maybe_inject_fault()
         specs = update_info.tensors
         needed = max((t["offset"] + t["nbytes"] for t in specs), default=0)
         mm = self._segment(update_info.shm_name, needed)
@@ -117,6 +118,17 @@ class ShmWeightTransferEngine(WeightTransferEngine[ShmInitInfo, ShmUpdateInfo]):
 
     def shutdown(self) -> None:
         self._mapping = None
+
+
+# Tests set this to a path; while a file exists there, loading fails, which
+# is the only way to exercise the degraded state against a real engine.
+FAULT_FILE_ENV = "ROLLOUT_SERVICE_FAULT_FILE"
+
+
+def _maybe_inject_fault() -> None:
+    path = os.environ.get(FAULT_FILE_ENV)
+    if path and os.path.exists(path):
+        raise RuntimeError(f"fault injected for tests ({FAULT_FILE_ENV}={path})")
 
 
 def register() -> None:

@@ -5,13 +5,21 @@ from __future__ import annotations
 import pytest
 
 from rollout_client import RolloutClient
+from rollout_service.weights_backend import FAULT_FILE_ENV
 from tests.serverproc import ServerProcess
 
 
 @pytest.fixture(scope="session")
-def server():
+def fault_file(tmp_path_factory):
+    """While this file exists, the session server's engine fails to load
+    weights (see weights_backend.FAULT_FILE_ENV)."""
+    return tmp_path_factory.mktemp("fault") / "fail-next-load"
+
+
+@pytest.fixture(scope="session")
+def server(fault_file):
     """The embedded tiny-qwen2 model on a real vLLM engine."""
-    proc = ServerProcess()
+    proc = ServerProcess(env={FAULT_FILE_ENV: str(fault_file)})
     try:
         proc.wait_ready()
         yield proc

@@ -363,3 +363,39 @@ def test_concurrent_update_is_aborted_and_nothing_mixed(client, server, info):
     client.update_weights(b, version())
     client.update_weights(a, version())
     assert tokens_and_logprobs(greedy(client)) == served
+
+
+def test_engine_failure_degrades_until_a_full_update(server, client, info, fault_file):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    def health():
+        with grpc.insecure_channel(server.target) as ch:
+            return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest()).status
+
+    head = [p for p in info.parameters if p.name == "lm_head.weight"]
+    fault_file.touch()
+    try:
+        with pytest.raises(RolloutError) as e:
+            client.update_weights(random_weights(head, seed=1), version())
+    finally:
+        fault_file.unlink()
+    assert e.value.code == grpc.StatusCode.INTERNAL and "degraded" in e.value.details
+    assert client.server_info().degraded
+    assert health() == health_pb2.HealthCheckResponse.NOT_SERVING
+    with pytest.raises(RolloutError) as e:
+        greedy(client)
+    assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and "degraded" in e.value.details
+    with pytest.raises(RolloutError) as e:
+        client.update_weights(random_weights(head, seed=2), version())
+    assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and "full update" in e.value.details
+
+    full = random_weights(info.parameters, seed=31)
+    ack = client.update_weights(full, version())
+    assert not client.server_info().degraded
+    assert health() == health_pb2.HealthCheckResponse.SERVING
+    recovered = greedy(client)
+    assert recovered.weight_version == ack.weight_version
+    # the recovery loaded every tensor: b then the same weights again gives the same output
+    client.update_weights(random_weights(info.parameters, seed=32), version())
+    client.update_weights(full, version())
+    assert tokens_and_logprobs(greedy(client)) == tokens_and_logprobs(recovered)

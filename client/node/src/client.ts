@@ -1,0 +1,452 @@
+/**
+ * TypeScript client for rollout.v1.RolloutService.
+ *
+ * The service definition is loaded at run time from
+ * proto/rollout/v1/rollout.proto (the single source of truth) with
+ * @grpc/proto-loader; the TypeScript types under src/gen/ are generated from
+ * the same file by `npm run gen` (part of `npm run build`).
+ *
+ *     const client = new RolloutClient("127.0.0.1:50051");
+ *     await client.waitUntilReady(120_000);
+ *     const r = await client.generate({
+ *       prompt_text: "Hello",
+ *       sampling_params: { max_tokens: 8, temperature: 0 },
+ *     });
+ *     console.log(r.weight_version, r.completions[0].token_ids);
+ *     const ack = await client.updateWeights("step-1", [
+ *       { name: "lm_head.weight", dtype: "D_TYPE_BFLOAT16", shape: [512, 128], data },
+ *     ]);
+ *     client.close();
+ *
+ * Every call has a deadline (`timeoutMs`, per client and per call). Failed
+ * calls reject with a RolloutError carrying the gRPC status code and the
+ * server's message.
+ */
+
+import * as fs from "node:fs";
+import * as path from "node:path";
+
+import * as grpc from "@grpc/grpc-js";
+import * as protoLoader from "@grpc/proto-loader";
+
+import type { ProtoGrpcType } from "./gen/rollout";
+import type { DType, DType__Output } from "./gen/rollout/v1/DType";
+import type { GenerateRequest } from "./gen/rollout/v1/GenerateRequest";
+import type { GenerateResponse__Output } from "./gen/rollout/v1/GenerateResponse";
+import type { GenerateStreamRequest } from "./gen/rollout/v1/GenerateStreamRequest";
+import type { GenerateStreamResponse__Output } from "./gen/rollout/v1/GenerateStreamResponse";
+import type { GetServerInfoResponse__Output } from "./gen/rollout/v1/GetServerInfoResponse";
+import type { PauseMode } from "./gen/rollout/v1/PauseMode";
+import type { ResetCachesResponse__Output } from "./gen/rollout/v1/ResetCachesResponse";
+import type { RolloutServiceClient } from "./gen/rollout/v1/RolloutService";
+import type { TensorSpec } from "./gen/rollout/v1/TensorSpec";
+import type { UpdateWeightsRequest } from "./gen/rollout/v1/UpdateWeightsRequest";
+import type { UpdateWeightsResponse__Output } from "./gen/rollout/v1/UpdateWeightsResponse";
+
+export type * from "./gen/rollout/v1/CacheResetResult";
+export type * from "./gen/rollout/v1/Completion";
+export type * from "./gen/rollout/v1/GenerateRequest";
+export type * from "./gen/rollout/v1/GenerateResponse";
+export type * from "./gen/rollout/v1/GenerateStreamRequest";
+export type * from "./gen/rollout/v1/GenerateStreamResponse";
+export type * from "./gen/rollout/v1/GetServerInfoResponse";
+export type * from "./gen/rollout/v1/ResetCachesResponse";
+export type * from "./gen/rollout/v1/SamplingParams";
+export type * from "./gen/rollout/v1/TensorSpec";
+export type * from "./gen/rollout/v1/TopLogprobs";
+export type * from "./gen/rollout/v1/UpdateTimings";
+export type * from "./gen/rollout/v1/UpdateWeightsResponse";
+export type * from "./gen/rollout/v1/Usage";
+export type { DType, DType__Output } from "./gen/rollout/v1/DType";
+export type { PauseMode, PauseMode__Output } from "./gen/rollout/v1/PauseMode";
+export type { FinishReason, FinishReason__Output } from "./gen/rollout/v1/FinishReason";
+export type { CacheKind, CacheKind__Output } from "./gen/rollout/v1/CacheKind";
+
+/** Largest message sent or received; the server's default limit is also 64 MiB. */
+export const DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024;
+/** TensorChunk.data size; the server recommends 1 MiB (GetServerInfo.recommended_chunk_bytes). */
+export const DEFAULT_CHUNK_BYTES = 1024 * 1024;
+/** Default deadline of every call. */
+export const DEFAULT_TIMEOUT_MS = 600_000;
+
+/** The package root (client/node), from dist/ or src/. */
+const PACKAGE_ROOT = path.resolve(__dirname, "..");
+/** proto/rollout/v1/rollout.proto of the repository, relative to the package. */
+export const DEFAULT_PROTO_PATH = path.resolve(PACKAGE_ROOT, "../../proto/rollout/v1/rollout.proto");
+
+const LOADER_OPTIONS: protoLoader.Options = {
+  keepCase: true,
+  longs: Number,
+  enums: String,
+  defaults: true,
+  oneofs: true,
+};
+
+/** grpc.health.v1, inline (protobufjs JSON form of the standard health.proto). */
+const HEALTH_JSON = {
+  nested: {
+    grpc: {
+      nested: {
+        health: {
+          nested: {
+            v1: {
+              nested: {
+                HealthCheckRequest: { fields: { service: { type: "string", id: 1 } } },
+                HealthCheckResponse: {
+                  fields: { status: { type: "ServingStatus", id: 1 } },
+                  nested: {
+                    ServingStatus: {
+                      values: { UNKNOWN: 0, SERVING: 1, NOT_SERVING: 2, SERVICE_UNKNOWN: 3 },
+                    },
+                  },
+                },
+                Health: {
+                  methods: {
+                    Check: { requestType: "HealthCheckRequest", responseType: "HealthCheckResponse" },
+                  },
+                },
+              },
+            },
+          },
+        },
+      },
+    },
+  },
+};
+
+type HealthJson = Parameters<typeof protoLoader.fromJSON>[0];
+
+interface HealthClient extends grpc.Client {
+  Check(
+    request: { service?: string },
+    options: grpc.CallOptions,
+    callback: grpc.requestCallback<{ status: string }>,
+  ): grpc.ClientUnaryCall;
+}
+
+/** Bytes per element, by DType name. */
+export const DTYPE_SIZE: Record<string, number> = {
+  D_TYPE_BFLOAT16: 2,
+  D_TYPE_FLOAT16: 2,
+  D_TYPE_FLOAT32: 4,
+  D_TYPE_FLOAT8_E4M3FN: 1,
+  D_TYPE_FLOAT8_E5M2: 1,
+};
+const DTYPE_BY_NUMBER = [
+  "D_TYPE_UNSPECIFIED",
+  "D_TYPE_BFLOAT16",
+  "D_TYPE_FLOAT16",
+  "D_TYPE_FLOAT32",
+  "D_TYPE_FLOAT8_E4M3FN",
+  "D_TYPE_FLOAT8_E5M2",
+];
+
+/** A failed call: `code` is the gRPC status code, `details` the server's message. */
+export class RolloutError extends Error {
+  readonly code: grpc.status;
+  readonly codeName: string;
+  readonly details: string;
+  readonly metadata?: grpc.Metadata;
+
+  constructor(code: grpc.status, details: string, metadata?: grpc.Metadata) {
+    const codeName = grpc.status[code] ?? String(code);
+    super(`${codeName}: ${details}`);
+    this.name = "RolloutError";
+    this.code = code;
+    this.codeName = codeName;
+    this.details = details;
+    this.metadata = metadata;
+  }
+
+  static wrap(e: unknown): RolloutError {
+    if (e instanceof RolloutError) return e;
+    const se = e as Partial<grpc.ServiceError>;
+    if (se && typeof se.code === "number") {
+      return new RolloutError(se.code, se.details ?? se.message ?? "", se.metadata);
+    }
+    return new RolloutError(grpc.status.UNKNOWN, e instanceof Error ? e.message : String(e));
+  }
+}
+
+export interface ClientOptions {
+  /** Default deadline of every call, in milliseconds. */
+  timeoutMs?: number;
+  /** grpc.max_send_message_length and grpc.max_receive_message_length. */
+  maxMessageBytes?: number;
+  /** The rollout.proto to load; default proto/rollout/v1/rollout.proto of the repository. */
+  protoPath?: string;
+  /** Default: insecure. */
+  credentials?: grpc.ChannelCredentials;
+  /** Extra channel options, e.g. {"grpc.keepalive_time_ms": 30000}. */
+  channelOptions?: grpc.ChannelOptions;
+}
+
+export interface CallOpts {
+  /** Deadline of this call, in milliseconds; default the client's timeoutMs. */
+  timeoutMs?: number;
+}
+
+/** One tensor of an update: checkpoint-format name, dtype, shape and its
+ * little-endian, row-major bytes. */
+export interface WeightTensor {
+  name: string;
+  dtype: DType;
+  shape: number[];
+  data: Uint8Array;
+}
+
+export interface UpdateWeightsOptions extends CallOpts {
+  /** What happens to in-flight generations; default PAUSE_MODE_WAIT. */
+  pauseMode?: PauseMode;
+  /** TensorChunk.data size, default 1 MiB. */
+  chunkBytes?: number;
+  /** Send TensorSpec.crc32c (CRC-32C of each tensor) for the server to check. */
+  checksum?: boolean;
+  /** Called after each chunk is handed to the transport. */
+  onProgress?: (sentBytes: number, totalBytes: number) => void;
+}
+
+export class RolloutClient {
+  readonly target: string;
+  readonly timeoutMs: number;
+  private readonly stub: RolloutServiceClient;
+  private readonly health: HealthClient;
+
+  constructor(target = "127.0.0.1:50051", opts: ClientOptions = {}) {
+    this.target = target;
+    this.timeoutMs = opts.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+    const protoPath = opts.protoPath ?? DEFAULT_PROTO_PATH;
+    if (!fs.existsSync(protoPath)) {
+      throw new Error(`rollout.proto not found at ${protoPath} (set ClientOptions.protoPath)`);
+    }
+    const maxMessageBytes = opts.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
+    const channelOptions: grpc.ChannelOptions = {
+      "grpc.max_send_message_length": maxMessageBytes,
+      "grpc.max_receive_message_length": maxMessageBytes,
+      ...opts.channelOptions,
+    };
+    const credentials = opts.credentials ?? grpc.credentials.createInsecure();
+
+    const rollout = grpc.loadPackageDefinition(
+      protoLoader.loadSync(protoPath, LOADER_OPTIONS),
+    ) as unknown as ProtoGrpcType;
+    this.stub = new rollout.rollout.v1.RolloutService(target, credentials, channelOptions);
+
+    // The health client shares the stub's channel.
+    const health = grpc.loadPackageDefinition(protoLoader.fromJSON(HEALTH_JSON as HealthJson, LOADER_OPTIONS)) as any;
+    this.health = new health.grpc.health.v1.Health(target, credentials, {
+      channelOverride: this.stub.getChannel(),
+    }) as HealthClient;
+  }
+
+  close(): void {
+    this.stub.close();
+  }
+
+  private deadline(opts?: CallOpts): Date {
+    return new Date(Date.now() + (opts?.timeoutMs ?? this.timeoutMs));
+  }
+
+  private unary<Req, Res>(
+    method: (req: Req, options: grpc.CallOptions, cb: grpc.requestCallback<Res>) => unknown,
+    request: Req,
+    opts?: CallOpts,
+  ): Promise<Res> {
+    return new Promise((resolve, reject) => {
+      method.call(this.stub, request, { deadline: this.deadline(opts) }, (err, res) => {
+        if (err) reject(RolloutError.wrap(err));
+        else resolve(res as Res);
+      });
+    });
+  }
+
+  /** Polls grpc.health.v1 Check until SERVING; rejects with a DEADLINE_EXCEEDED RolloutError. */
+  async waitUntilReady(timeoutMs = 300_000): Promise<void> {
+    const end = Date.now() + timeoutMs;
+    let last = "no answer";
+    for (;;) {
+      const remaining = end - Date.now();
+      try {
+        const r = await new Promise<{ status: string }>((resolve, reject) => {
+          this.health.Check(
+            { service: "" },
+            { deadline: new Date(Date.now() + Math.max(100, Math.min(5_000, remaining))) },
+            (err, res) => (err ? reject(err) : resolve(res!)),
+          );
+        });
+        if (r.status === "SERVING") return;
+        last = r.status;
+      } catch (e) {
+        last = RolloutError.wrap(e).message;
+      }
+      if (Date.now() >= end) {
+        throw new RolloutError(
+          grpc.status.DEADLINE_EXCEEDED,
+          `${this.target} not SERVING after ${timeoutMs} ms (last: ${last})`,
+        );
+      }
+      await new Promise((r) => setTimeout(r, Math.min(500, Math.max(0, end - Date.now()))));
+    }
+  }
+
+  /** Model, weight version, the parameter manifest and the limits. */
+  serverInfo(opts?: CallOpts): Promise<GetServerInfoResponse__Output> {
+    return this.unary(this.stub.GetServerInfo, {}, opts);
+  }
+
+  /** Generates every completion of one prompt. */
+  generate(req: GenerateRequest, opts?: CallOpts): Promise<GenerateResponse__Output> {
+    return this.unary(this.stub.Generate, req, opts);
+  }
+
+  /** Streams token deltas; the last message carries the usage. Leaving the
+   * loop early cancels the call. */
+  async *generateStream(
+    req: GenerateStreamRequest,
+    opts?: CallOpts,
+  ): AsyncGenerator<GenerateStreamResponse__Output, void, undefined> {
+    const call = this.stub.GenerateStream(req, { deadline: this.deadline(opts) });
+    let finished = false;
+    try {
+      for await (const msg of call) {
+        yield msg as GenerateStreamResponse__Output;
+      }
+      finished = true;
+    } catch (e) {
+      finished = true;
+      throw RolloutError.wrap(e);
+    } finally {
+      if (!finished) {
+        call.on("error", () => {}); // the CANCELLED status that follows
+        call.cancel();
+      }
+    }
+  }
+
+  /** Atomically resets the prefix/KV, multimodal input and encoder caches. */
+  resetCaches(opts?: CallOpts): Promise<ResetCachesResponse__Output> {
+    return this.unary(this.stub.ResetCaches, {}, opts);
+  }
+
+  /**
+   * Streams `tensors` as the weights of `version`: begin (version, specs,
+   * pause mode), the chunks of every tensor in order, commit. Resolves with
+   * the server's acknowledgement, sent once the weights are loaded and every
+   * cache is reset; all or nothing.
+   */
+  updateWeights(
+    version: string,
+    tensors: WeightTensor[],
+    opts: UpdateWeightsOptions = {},
+  ): Promise<UpdateWeightsResponse__Output> {
+    const chunkBytes = opts.chunkBytes ?? DEFAULT_CHUNK_BYTES;
+    if (!Number.isInteger(chunkBytes) || chunkBytes <= 0) {
+      return Promise.reject(new RangeError(`chunkBytes must be a positive integer, got ${chunkBytes}`));
+    }
+    if (tensors.length === 0) {
+      return Promise.reject(new RangeError("updateWeights needs at least one tensor"));
+    }
+    let specs: TensorSpec[];
+    try {
+      specs = tensors.map((t) => tensorSpec(t, opts.checksum ?? false));
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    const total = tensors.reduce((n, t) => n + t.data.byteLength, 0);
+
+    return new Promise((resolve, reject) => {
+      let settled = false;
+      let onSettled: () => void = () => {};
+      const call = this.stub.UpdateWeights({ deadline: this.deadline(opts) }, (err, res) => {
+        settled = true;
+        onSettled();
+        if (err) reject(RolloutError.wrap(err));
+        else resolve(res!);
+      });
+      // Waits for the transport to drain, or for the call to end (an early
+      // error from the server), whichever comes first.
+      const drained = () =>
+        new Promise<void>((res) => {
+          const done = () => {
+            call.off("drain", done);
+            onSettled = () => {};
+            res();
+          };
+          call.once("drain", done);
+          onSettled = done;
+        });
+      const write = async (msg: UpdateWeightsRequest) => {
+        if (!call.write(msg)) await drained();
+      };
+
+      (async () => {
+        await write({
+          begin: {
+            weight_version: version,
+            tensors: specs,
+            pause_mode: opts.pauseMode ?? "PAUSE_MODE_WAIT",
+          },
+        });
+        let sent = 0;
+        for (let index = 0; index < tensors.length; index++) {
+          const data = tensors[index].data;
+          for (let offset = 0; offset < data.byteLength; offset += chunkBytes) {
+            if (settled) return; // the server already answered (an error)
+            const piece = data.subarray(offset, offset + chunkBytes);
+            await write({ chunk: { tensor_index: index, offset, data: piece } });
+            sent += piece.byteLength;
+            opts.onProgress?.(sent, total);
+          }
+        }
+        if (settled) return;
+        await write({ commit: {} });
+        call.end();
+      })().catch((e) => {
+        if (!settled) {
+          settled = true;
+          call.cancel();
+          reject(e instanceof RolloutError ? e : RolloutError.wrap(e));
+        }
+      });
+    });
+  }
+}
+
+/** The TensorSpec of a tensor, after checking its byte length against dtype and shape. */
+export function tensorSpec(t: WeightTensor, checksum = false): TensorSpec {
+  const dtype = (typeof t.dtype === "number" ? DTYPE_BY_NUMBER[t.dtype] : t.dtype) as
+    | DType__Output
+    | undefined;
+  const size = dtype === undefined ? undefined : DTYPE_SIZE[dtype];
+  if (size === undefined) {
+    throw new RangeError(`${t.name}: unsupported dtype ${String(t.dtype)}`);
+  }
+  const elements = t.shape.reduce((n, d) => n * d, 1);
+  if (elements * size !== t.data.byteLength) {
+    throw new RangeError(
+      `${t.name}: ${t.data.byteLength} bytes, but shape [${t.shape}] of ${dtype} needs ${elements * size}`,
+    );
+  }
+  const spec: TensorSpec = { name: t.name, dtype, shape: t.shape };
+  if (checksum) spec.crc32c = crc32c(t.data);
+  return spec;
+}
+
+let CRC32C_TABLE: Uint32Array | undefined;
+
+/** CRC-32C (Castagnoli), as TensorSpec.crc32c expects. */
+export function crc32c(data: Uint8Array): number {
+  let table = CRC32C_TABLE;
+  if (table === undefined) {
+    table = new Uint32Array(256);
+    for (let i = 0; i < 256; i++) {
+      let c = i;
+      for (let k = 0; k < 8; k++) c = c & 1 ? (c >>> 1) ^ 0x82f63b78 : c >>> 1;
+      table[i] = c >>> 0;
+    }
+    CRC32C_TABLE = table;
+  }
+  let crc = 0xffffffff;
+  for (let i = 0; i < data.length; i++) crc = table[(crc ^ data[i]) & 0xff] ^ (crc >>> 8);
+  return (crc ^ 0xffffffff) >>> 0;
+}
