@@ -47,6 +47,33 @@ def _add_server_args(parser) -> None:
         help="version reported for the weights loaded at start (default: %(default)s)",
     )
     g.add_argument(
+        "--tokens-file",
+        help="enable bearer-token auth: a file of 'role:token' lines, roles generate and "
+        "admin (or set $ROLLOUT_SERVICE_TOKENS='role:token,...'; never on the command line)",
+    )
+    g.add_argument(
+        "--protect-health",
+        action="store_true",
+        help="require a token for health checking and reflection too",
+    )
+    g.add_argument("--tls-cert", help="PEM server certificate: serve TLS")
+    g.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    g.add_argument("--tls-client-ca", help="PEM CA: require client certificates (mutual TLS)")
+    g.add_argument(
+        "--max-concurrent-rpcs",
+        type=int,
+        default=d.max_concurrent_rpcs,
+        help="RPCs of any kind at once (default: %(default)s)",
+    )
+    g.add_argument(
+        "--max-queued-generate",
+        type=int,
+        default=d.max_queued_generate,
+        help="Generate calls running or waiting (default: %(default)s)",
+    )
+    g.add_argument("--max-prompt-tokens", type=int, help="longest prompt (default: the context)")
+    g.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
+    g.add_argument(
         "--no-prefault-staging",
         dest="prefault_staging",
         action="store_false",
@@ -122,7 +149,20 @@ def main(argv: list[str] | None = None) -> int:
         max_update_bytes=args.max_update_bytes,
         initial_weight_version=args.initial_weight_version,
         prefault_staging=args.prefault_staging,
+        tokens_file=args.tokens_file,
+        protect_health=args.protect_health,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_client_ca=args.tls_client_ca,
+        max_concurrent_rpcs=args.max_concurrent_rpcs,
+        max_queued_generate=args.max_queued_generate,
+        max_prompt_tokens=args.max_prompt_tokens,
+        metrics_port=args.metrics_port,
     )
+    if bool(config.tls_cert) != bool(config.tls_key):
+        sys.exit("rollout-service: --tls-cert and --tls-key go together")
+    if config.tls_client_ca and not config.tls_cert:
+        sys.exit("rollout-service: --tls-client-ca needs --tls-cert and --tls-key")
     return asyncio.run(serve(config, _engine_args(args)))
 
 

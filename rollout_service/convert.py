@@ -18,7 +18,7 @@ from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.sampling_params import RequestOutputKind
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.errors import InvalidArgument
+from rollout_service.errors import InvalidArgument, ResourceExhausted
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,8 @@ class ModelLimits:
     max_model_len: int
     max_logprobs: int
     supports_images: bool
+    # Longest prompt accepted (--max-prompt-tokens); None: the context allows.
+    max_prompt_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -183,6 +185,11 @@ def prompt_from_request(
                 f"prompt_token_ids[{i}]",
                 f"token id {token} is outside the vocabulary [0, {limits.vocab_size})",
             )
+    if limits.max_prompt_tokens is not None and len(ids) > limits.max_prompt_tokens:
+        raise ResourceExhausted(
+            f"{field}: prompt is {len(ids)} tokens, over the limit of "
+            f"{limits.max_prompt_tokens} (--max-prompt-tokens)"
+        )
     if len(ids) >= limits.max_model_len:
         raise InvalidArgument(
             field,

@@ -58,7 +58,7 @@ def read_manifest(model_dir: str, served_dtype) -> dict[str, pb.TensorSpec]:
     return manifest
 
 
-def engine_info(engine) -> EngineInfo:
+def engine_info(engine, max_prompt_tokens: int | None = None) -> EngineInfo:
     """Reads the served model's limits and manifest from a running engine."""
     mc = engine.model_config
     limits = ModelLimits(
@@ -66,6 +66,7 @@ def engine_info(engine) -> EngineInfo:
         max_model_len=mc.max_model_len,
         max_logprobs=max(mc.max_logprobs, 0),
         supports_images=bool(mc.is_multimodal_model),
+        max_prompt_tokens=max_prompt_tokens,
     )
     manifest = read_manifest(mc.model, mc.dtype) if os.path.isdir(mc.model) else {}
     if not manifest:

@@ -54,3 +54,31 @@ class Unavailable(RpcError):
     """The server cannot serve right now (shutting down, engine dead)."""
 
     code = grpc.StatusCode.UNAVAILABLE
+
+
+def status_details(err: RpcError) -> bytes:
+    """The error as a serialized google.rpc.Status with rich details, for the
+    `grpc-status-details-bin` trailer: a BadRequest field violation for bad
+    input, an ErrorInfo with the error class as reason otherwise. Clients in
+    any language read these with their gRPC status-details helpers."""
+    from google.protobuf import any_pb2
+    from google.rpc import error_details_pb2, status_pb2
+
+    detail = any_pb2.Any()
+    if isinstance(err, InvalidArgument):
+        detail.Pack(
+            error_details_pb2.BadRequest(
+                field_violations=[
+                    error_details_pb2.BadRequest.FieldViolation(
+                        field=err.field, description=err.message
+                    )
+                ]
+            )
+        )
+    else:
+        detail.Pack(
+            error_details_pb2.ErrorInfo(reason=type(err).__name__.upper(), domain="rollout.v1")
+        )
+    return status_pb2.Status(
+        code=err.code.value[0], message=err.message, details=[detail]
+    ).SerializeToString()

@@ -14,12 +14,17 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
+from rollout_service.errors import ResourceExhausted
+
 
 class AdmissionGate:
     """Admission control for Generate calls, and the served weight version."""
 
-    def __init__(self, version: str) -> None:
+    def __init__(self, version: str, max_pending: int | None = None) -> None:
         self.version = version
+        # Calls admitted plus waiting; one more gets RESOURCE_EXHAUSTED.
+        self.max_pending = max_pending
+        self.waiting = 0
         self._open = asyncio.Event()
         self._open.set()
         self._idle = asyncio.Event()
@@ -42,10 +47,19 @@ class AdmissionGate:
 
         The wait is bounded by the caller's deadline: gRPC cancels the handler.
         """
+        if self.max_pending is not None and self._admitted + self.waiting >= self.max_pending:
+            raise ResourceExhausted(
+                f"{self._admitted + self.waiting} Generate calls are already running or "
+                f"waiting, the limit (--max-queued-generate) is {self.max_pending}"
+            )
         # Re-check after every wake-up: the gate may close again between the
         # event being set and this task running.
-        while not self._open.is_set():
-            await self._open.wait()
+        self.waiting += 1
+        try:
+            while not self._open.is_set():
+                await self._open.wait()
+        finally:
+            self.waiting -= 1
         self._admitted += 1
         self._idle.clear()
         try:

@@ -18,8 +18,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from rollout.v1 import rollout_pb2, rollout_pb2_grpc
+from rollout_service import metrics
+from rollout_service.auth import AuthInterceptor, Tokens
 from rollout_service.engine import build_engine, engine_info, warm_up
 from rollout_service.gate import AdmissionGate
+from rollout_service.metrics import MetricsInterceptor
 from rollout_service.servicer import RolloutServicer
 from rollout_service.staging import remove_stale_segments
 from rollout_service.updates import WeightUpdater
@@ -47,6 +50,24 @@ class ServerConfig:
     initial_weight_version: str = "initial"
     # Touch the staging region at start, so the first update is fast too.
     prefault_staging: bool = True
+    # Bearer tokens (role:token lines); None: $ROLLOUT_SERVICE_TOKENS or no auth.
+    tokens_file: str | None = None
+    # Require a token for health checking and reflection too.
+    protect_health: bool = False
+    # TLS: server certificate and key (PEM files); with client_ca, mutual TLS.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+    # Concurrent RPCs of any kind; over it gRPC answers RESOURCE_EXHAUSTED.
+    max_concurrent_rpcs: int | None = 1024
+    # Generate calls running or waiting at the gate; over it RESOURCE_EXHAUSTED.
+    max_queued_generate: int | None = 4096
+    # Longest prompt in tokens; None: whatever the context length allows.
+    max_prompt_tokens: int | None = None
+    # Port of the Prometheus /metrics endpoint; None: off.
+    metrics_port: int | None = None
+    # How often the engine's liveness is checked.
+    watchdog_seconds: float = 1.0
 
 
 def _set_health(servicer: health.aio.HealthServicer, serving: bool):
@@ -58,6 +79,29 @@ def _set_health(servicer: health.aio.HealthServicer, serving: bool):
     return asyncio.gather(servicer.set("", status), servicer.set(SERVICE_NAME, status))
 
 
+def _add_port(server, config: ServerConfig) -> int:
+    address = f"{config.host}:{config.port}"
+    if not config.tls_cert:
+        return server.add_insecure_port(address)
+
+    def read(path):
+        with open(path, "rb") as f:
+            return f.read()
+
+    creds = grpc.ssl_server_credentials(
+        [(read(config.tls_key), read(config.tls_cert))],
+        root_certificates=read(config.tls_client_ca) if config.tls_client_ca else None,
+        require_client_auth=bool(config.tls_client_ca),
+    )
+    return server.add_secure_port(address, creds)
+
+
+async def _watch_engine(engine, every: float) -> None:
+    """Returns when the engine is dead (its processes gone or failed)."""
+    while not engine.errored:
+        await asyncio.sleep(every)
+
+
 async def serve(config: ServerConfig, engine_args) -> int:
     """Runs the server until a signal; returns the process exit code."""
     remove_stale_segments()
@@ -65,7 +109,15 @@ async def serve(config: ServerConfig, engine_args) -> int:
         ("grpc.max_send_message_length", config.max_message_bytes),
         ("grpc.max_receive_message_length", config.max_message_bytes),
     ]
-    server = grpc.aio.server(options=options)
+    tokens = Tokens.load(config.tokens_file)
+    interceptors = [MetricsInterceptor()]
+    if tokens is not None:
+        interceptors.append(AuthInterceptor(tokens, config.protect_health))
+    server = grpc.aio.server(
+        options=options,
+        interceptors=interceptors,
+        maximum_concurrent_rpcs=config.max_concurrent_rpcs,
+    )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     await _set_health(health_servicer, serving=False)
@@ -74,9 +126,21 @@ async def serve(config: ServerConfig, engine_args) -> int:
     )
     servicer = RolloutServicer(config)
     rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    port = _add_port(server, config)
     await server.start()
-    log.info("listening on %s:%d (NOT_SERVING until the engine is warm)", config.host, port)
+    log.info(
+        "listening on %s:%d (%s, auth %s; NOT_SERVING until the engine is warm)",
+        config.host,
+        port,
+        "TLS" if config.tls_cert else "plaintext",
+        "on" if tokens else "off",
+    )
+    if config.metrics_port is not None:
+        log.info(
+            "metrics on http://%s:%d/metrics",
+            config.host,
+            metrics.start_http(config.metrics_port, config.host),
+        )
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -97,8 +161,8 @@ async def serve(config: ServerConfig, engine_args) -> int:
             engine = await start
             return 0
         engine = start.result()
-        info = engine_info(engine)
-        gate = AdmissionGate(config.initial_weight_version)
+        info = engine_info(engine, config.max_prompt_tokens)
+        gate = AdmissionGate(config.initial_weight_version, config.max_queued_generate)
         max_update = config.max_update_bytes or (
             info.model_bytes + info.model_bytes // 4 + (64 << 20)
         )
@@ -112,9 +176,18 @@ async def serve(config: ServerConfig, engine_args) -> int:
         await updater.start(prefault_bytes=info.model_bytes if config.prefault_staging else 0)
         await warm_up(engine)
         servicer.attach(engine, info, gate, updater)
+        metrics.bind(gate, updater)
         await _set_health(health_servicer, serving=True)
         log.info("SERVING %s on %s:%d", info.model, config.host, port)
-        await stop.wait()
+        watchdog = asyncio.ensure_future(_watch_engine(engine, config.watchdog_seconds))
+        await asyncio.wait(
+            [watchdog, asyncio.ensure_future(stop.wait())], return_when="FIRST_COMPLETED"
+        )
+        if watchdog.done():
+            # A supervisor restarts us; a dead engine cannot be revived here.
+            log.error("the engine died: NOT_SERVING, exiting with status 1")
+            return 1
+        watchdog.cancel()
         log.info(
             "shutting down: NOT_SERVING, %.1fs grace for in-flight calls", config.grace_seconds
         )
@@ -125,5 +198,5 @@ async def serve(config: ServerConfig, engine_args) -> int:
         if updater is not None:
             updater.close()
         if engine is not None:
-            engine.shutdown()
+            engine.shutdown(timeout=10)
         log.info("shutdown complete")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -16,9 +17,9 @@ from vllm.sampling_params import RequestOutputKind
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
-from rollout_service import __version__, convert
+from rollout_service import __version__, convert, metrics
 from rollout_service.engine import EngineInfo
-from rollout_service.errors import InvalidArgument, RpcError, Unavailable
+from rollout_service.errors import InvalidArgument, RpcError, Unavailable, status_details
 from rollout_service.gate import AdmissionGate
 from rollout_service.updates import WeightUpdater
 
@@ -42,8 +43,12 @@ async def _fail(context: grpc.aio.ServicerContext, e: Exception, rpc: str) -> No
     err = e if isinstance(e, RpcError) else _engine_error(e)
     if err is None:
         log.exception("%s failed", rpc)
-        await context.abort(grpc.StatusCode.INTERNAL, f"{rpc} failed: {type(e).__name__}: {e}")
-    await context.abort(err.code, err.message)
+        err = RpcError(f"{rpc} failed: {type(e).__name__}: {e}")
+    elif err.code == grpc.StatusCode.INTERNAL:
+        log.error("%s failed: %s", rpc, err.message)
+    await context.abort(
+        err.code, err.message, trailing_metadata=(("grpc-status-details-bin", status_details(err)),)
+    )
 
 
 def unary(method):
@@ -97,6 +102,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     def _check_ready(self) -> None:
         if self.engine is None:
             raise Unavailable("the engine is starting; wait for health SERVING")
+        if self.engine.errored:
+            raise Unavailable("the engine has died; the server is shutting down")
 
     def _tokenize(self, text: str) -> list[int]:
         if self._tokenizer is None:
@@ -130,6 +137,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             async for out in self._run(request_id, prompt, params):
                 final = out
         top_k = params.logprobs or 0
+        usage = convert.usage_to_proto(final)
+        metrics.TOKENS.labels("prompt").inc(usage.prompt_tokens)
+        metrics.TOKENS.labels("completion").inc(usage.completion_tokens)
         return pb.GenerateResponse(
             request_id=request_id,
             completions=[
@@ -137,7 +147,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 for c in sorted(final.outputs, key=lambda c: c.index)
             ],
             weight_version=version,
-            usage=convert.usage_to_proto(final),
+            usage=usage,
         )
 
     @streaming
@@ -147,7 +157,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         top_k = params.logprobs or 0
         usage = pb.Usage()
         async with self.gate.admit() as version:
+            t0 = time.perf_counter()
             async for out in self._run(request_id, prompt, params):
+                if t0:
+                    metrics.TTFT.observe(time.perf_counter() - t0)
+                    t0 = 0.0
                 if out.prompt_token_ids:
                     usage.prompt_tokens = len(out.prompt_token_ids)
                 deltas = [
@@ -164,6 +178,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                             pb.GenerateStreamResponse(request_id=request_id, weight_version=version)
                         )
                     deltas[-1].usage.CopyFrom(usage)
+                    metrics.TOKENS.labels("prompt").inc(usage.prompt_tokens)
+                    metrics.TOKENS.labels("completion").inc(usage.completion_tokens)
                 for d in deltas:
                     yield d
 

@@ -15,6 +15,7 @@ import logging
 import time
 
 from rollout.v1 import rollout_pb2 as pb
+from rollout_service import metrics
 from rollout_service.assembler import StagedUpdate, UpdateAssembler
 from rollout_service.errors import Aborted, FailedPrecondition, RpcError
 from rollout_service.gate import AdmissionGate
@@ -75,6 +76,22 @@ class WeightUpdater:
 
     async def update(self, messages) -> pb.UpdateWeightsResponse:
         """Receives one UpdateWeights stream, then applies it."""
+        try:
+            ack = await self._update(messages)
+        except RpcError as e:
+            metrics.UPDATES.labels(e.code.name).inc()
+            raise
+        except asyncio.CancelledError:
+            metrics.UPDATES.labels("CANCELLED").inc()
+            raise
+        metrics.UPDATES.labels("OK").inc()
+        metrics.UPDATE_BYTES.inc(ack.bytes_received)
+        for phase in ("receive", "apply", "reset"):
+            metrics.UPDATE_SECONDS.labels(phase).observe(getattr(ack.timings, f"{phase}_seconds"))
+        metrics.WEIGHT_VERSION.info({"version": ack.weight_version})
+        return ack
+
+    async def _update(self, messages) -> pb.UpdateWeightsResponse:
         if self._receiving:
             raise Aborted("another UpdateWeights is in progress; only one runs at a time")
         self._receiving = True
@@ -186,6 +203,8 @@ class WeightUpdater:
             raise RuntimeError("the engine refused to reset the prefix cache")
         await self.engine.reset_mm_cache()
         await self.engine.reset_encoder_cache()
+        for cache in ("prefix", "multimodal", "encoder"):
+            metrics.CACHE_RESETS.labels(cache).inc()
         return [
             pb.CacheResetResult(cache=kind, reset=True)
             for kind in (pb.CACHE_KIND_PREFIX, pb.CACHE_KIND_MULTIMODAL, pb.CACHE_KIND_ENCODER)

@@ -1,0 +1,299 @@
+"""Closed- and open-loop load generation shared by every benchmark here.
+
+A *driver* is an async callable `driver(prompt_token_ids, max_tokens) ->
+Record` that sends one request and times it itself (the gRPC service, the
+in-process engine and `vllm serve` each have one). Everything else (arrival
+process, warm-up, stopping, statistics, progress line) lives here once, so
+that the configurations compared in `benchmarks.compare` are driven by
+literally the same loop and differ only in what a request goes through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import random
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+PROMPT_TOKEN_MIN = 10  # prompt ids are drawn from [10, vocab): low ids are often special
+
+
+@dataclass(frozen=True)
+class Range:
+    """A length setting: fixed (`16`) or uniform over a closed range (`8-32`)."""
+
+    lo: int
+    hi: int
+
+    @classmethod
+    def parse(cls, text: str) -> Range:
+        lo, _, hi = str(text).partition("-")
+        r = cls(int(lo), int(hi or lo))
+        if not 1 <= r.lo <= r.hi:
+            raise ValueError(f"bad length range {text!r}: want N or LO-HI with 1 <= LO <= HI")
+        return r
+
+    def draw(self, rng: random.Random) -> int:
+        return self.lo if self.lo == self.hi else rng.randint(self.lo, self.hi)
+
+    def __str__(self) -> str:
+        return str(self.lo) if self.lo == self.hi else f"{self.lo}-{self.hi}"
+
+
+class Workload:
+    """Random prompts (token ids) and output lengths, seeded: two runs with the
+    same seed send the same sequence of requests."""
+
+    def __init__(self, prompt_len: Range, output_len: Range, vocab_size: int, seed: int = 0):
+        if vocab_size <= PROMPT_TOKEN_MIN:
+            raise ValueError(f"vocab_size {vocab_size} leaves no ids in [{PROMPT_TOKEN_MIN}, vocab)")
+        self.prompt_len, self.output_len = prompt_len, output_len
+        self._ids = range(PROMPT_TOKEN_MIN, vocab_size)
+        self._rng = random.Random(seed)
+
+    def next(self) -> tuple[list[int], int]:
+        n = self.prompt_len.draw(self._rng)
+        return self._rng.choices(self._ids, k=n), self.output_len.draw(self._rng)
+
+
+@dataclass(slots=True)
+class Record:
+    """One request as the client saw it (perf_counter seconds)."""
+
+    start: float
+    end: float = 0.0
+    tokens: int = 0  # output tokens received
+    ttft: float | None = None  # streaming: start to first token-bearing message
+    itl: list[float] = field(default_factory=list)  # streaming: gaps between token messages
+    error: str | None = None  # status code name (or exception type) on failure
+    expected: int = 0  # max_tokens asked for
+
+
+Driver = Callable[[list[int], int], Awaitable[Record]]
+
+
+@dataclass
+class LoadSpec:
+    """How to drive: exactly one of concurrency/rate, one of duration/requests."""
+
+    concurrency: int | None = None
+    rate: float | None = None  # requests/s, Poisson arrivals
+    duration: float | None = None  # measured seconds (after warm-up)
+    requests: int | None = None  # measured requests (after warm-up)
+    warmup: float = 0.0
+    progress: bool = True
+    seed: int = 0
+
+    def describe(self) -> str:
+        mode = (
+            f"closed loop, concurrency {self.concurrency}"
+            if self.concurrency
+            else f"open loop, {self.rate:g} req/s Poisson"
+        )
+        length = f"{self.duration:g} s" if self.duration else f"{self.requests} requests"
+        return f"{mode}, {length} (+{self.warmup:g} s warm-up)"
+
+
+@dataclass
+class RunResult:
+    """Every record of a run and the measurement window's start."""
+
+    records: list[Record]
+    t0: float  # warm-up over: requests started from here on are measured
+    t1: float  # end of the throughput window
+    spec: LoadSpec
+
+
+class _Run:
+    """State of one run: issuing, counters for the progress line."""
+
+    def __init__(self, driver: Driver, workload: Workload, spec: LoadSpec):
+        self.driver, self.workload, self.spec = driver, workload, spec
+        self.records: list[Record] = []
+        self.t_begin = time.perf_counter()
+        self.t0 = self.t_begin + spec.warmup
+        self.measured_issued = self.measured_done = 0
+        self.inflight = self.tokens = self.errors = 0
+
+    def may_issue(self) -> bool:
+        if self.spec.duration is not None:
+            return time.perf_counter() < self.t0 + self.spec.duration
+        return self.measured_issued < self.spec.requests
+
+    async def one(self) -> None:
+        prompt, max_tokens = self.workload.next()
+        start = time.perf_counter()
+        measured = start >= self.t0
+        self.measured_issued += measured
+        self.inflight += 1
+        try:
+            rec = await self.driver(prompt, max_tokens)
+        except Exception as e:  # a driver bug must not stop the run silently
+            rec = Record(start=start, end=time.perf_counter(), error=type(e).__name__)
+        finally:
+            self.inflight -= 1
+        rec.expected = max_tokens
+        self.records.append(rec)
+        self.measured_done += measured
+        self.tokens += rec.tokens
+        self.errors += rec.error is not None
+
+    async def closed_loop(self, concurrency: int) -> None:
+        async def worker():
+            while self.may_issue():
+                await self.one()
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+    async def open_loop(self, rate: float) -> None:
+        """Arrivals on an absolute Poisson schedule, so that a slow server
+        does not slow the arrivals down (that would make it closed-loop)."""
+        rng = random.Random(self.spec.seed + 1)
+        tasks: set[asyncio.Task] = set()
+        due = time.perf_counter()
+        while True:
+            due += rng.expovariate(rate)
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if not self.may_issue():
+                break
+            task = asyncio.create_task(self.one())
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        await asyncio.gather(*list(tasks))
+
+    async def progress(self) -> None:
+        """A live line: done requests, recent tok/s, errors, in flight."""
+        from tqdm import tqdm
+
+        spec = self.spec
+        timed = spec.duration is not None
+        total = spec.warmup + spec.duration if timed else spec.requests
+        unit = "s" if timed else "req"
+        fmt = "{l_bar}{bar:20}| {n:.0f}/{total:.0f} " + unit + " {postfix}"
+        # disable=None: no bar when stderr is not a terminal (logs stay clean)
+        with tqdm(total=total, bar_format=fmt, leave=False, disable=None) as bar:
+            # tok/s over the last ~4 s: completions come in waves
+            history = collections.deque([(time.perf_counter(), 0)], maxlen=8)
+            while True:
+                await asyncio.sleep(0.5)
+                now = time.perf_counter()
+                bar.n = min(now - self.t_begin, total) if timed else self.measured_done
+                history.append((now, self.tokens))
+                rate = (history[-1][1] - history[0][1]) / (now - history[0][0])
+                phase = "warm-up" if now < self.t0 else "measure"
+                bar.set_postfix_str(
+                    f"{phase} done={len(self.records)} tok/s={rate:,.0f} "
+                    f"err={self.errors} inflight={self.inflight}"
+                )
+
+
+async def run_load(driver: Driver, workload: Workload, spec: LoadSpec) -> RunResult:
+    """Drives `driver` as `spec` says; returns once every issued request ended."""
+    if (spec.concurrency is None) == (spec.rate is None):
+        raise ValueError("give exactly one of concurrency and rate")
+    if (spec.duration is None) == (spec.requests is None):
+        raise ValueError("give exactly one of duration and requests")
+    run = _Run(driver, workload, spec)
+    ticker = asyncio.create_task(run.progress()) if spec.progress else None
+    try:
+        if spec.concurrency:
+            await run.closed_loop(spec.concurrency)
+        else:
+            await run.open_loop(spec.rate)
+    finally:
+        if ticker is not None:
+            ticker.cancel()
+            await asyncio.gather(ticker, return_exceptions=True)
+    measured_ends = [r.end for r in run.records if r.start >= run.t0]
+    if spec.duration is not None:
+        t1 = run.t0 + spec.duration
+    else:
+        t1 = max(measured_ends, default=run.t0)
+    return RunResult(records=run.records, t0=run.t0, t1=t1, spec=spec)
+
+
+def percentiles(values) -> dict[str, float] | None:
+    """p50/p90/p99/mean/max in seconds, or None when there is nothing."""
+    a = np.asarray(values, dtype=float)
+    if a.size == 0:
+        return None
+    p50, p90, p99 = np.percentile(a, [50, 90, 99])
+    return {
+        "p50": float(p50),
+        "p90": float(p90),
+        "p99": float(p99),
+        "mean": float(a.mean()),
+        "max": float(a.max()),
+    }
+
+
+def _overlap_share(r: Record, t0: float, t1: float) -> float:
+    """The fraction of a request's lifetime that lies inside [t0, t1]."""
+    life = r.end - r.start
+    if life <= 0:
+        return float(t0 <= r.end <= t1)
+    return max(0.0, min(r.end, t1) - max(r.start, t0)) / life
+
+
+def summarize(result: RunResult, stream: bool) -> dict[str, Any]:
+    """Statistics of a run.
+
+    Throughput spreads each successful request's output tokens evenly over
+    its lifetime and counts the share that falls inside the window [t0, t1]:
+    with equal output lengths a closed loop completes requests in waves, and
+    counting whole requests at their end would quantise short windows by a
+    whole wave. Latency counts every request that *started* after warm-up
+    (in-flight ones are drained to their end).
+    """
+    t0, t1 = result.t0, result.t1
+    measured = [r for r in result.records if r.start >= t0]
+    ok = [r for r in measured if r.error is None]
+    shares = [(r, _overlap_share(r, t0, t1)) for r in result.records if r.error is None]
+    window = max(t1 - t0, 1e-9)
+    summary: dict[str, Any] = {
+        "requests": len(measured),
+        "ok": len(ok),
+        "errors": dict(Counter(r.error for r in measured if r.error is not None)),
+        "incomplete": sum(r.tokens < r.expected for r in ok),
+        "window_seconds": window,
+        "output_tokens_per_s": sum(r.tokens * f for r, f in shares) / window,
+        "requests_per_s": sum(f for _, f in shares) / window,
+        "latency": percentiles([r.end - r.start for r in ok]),
+    }
+    if stream:
+        summary["ttft"] = percentiles([r.ttft for r in ok if r.ttft is not None])
+        gaps = [g for r in ok for g in r.itl]
+        summary["itl"] = percentiles(gaps)
+    return summary
+
+
+def _ms(p: dict[str, float] | None) -> str:
+    if p is None:
+        return "n/a"
+    return "  ".join(f"{k} {p[k] * 1000:8.1f} ms" for k in ("p50", "p90", "p99"))
+
+
+def format_summary(title: str, s: dict[str, Any]) -> str:
+    """A few aligned lines for the terminal."""
+    lines = [
+        title,
+        f"  requests    {s['ok']} ok, {sum(s['errors'].values())} errors, "
+        f"{s['incomplete']} shorter than max_tokens",
+        f"  throughput  {s['output_tokens_per_s']:,.0f} output tok/s, "
+        f"{s['requests_per_s']:,.1f} req/s over {s['window_seconds']:.1f} s",
+        f"  latency     {_ms(s['latency'])}",
+    ]
+    if "ttft" in s:
+        lines.append(f"  TTFT        {_ms(s['ttft'])}")
+        lines.append(f"  ITL         {_ms(s['itl'])}")
+    if s["errors"]:
+        lines.append("  errors      " + ", ".join(f"{k}: {v}" for k, v in s["errors"].items()))
+    return "\n".join(lines)

@@ -1,0 +1,135 @@
+"""Bearer-token authentication with two roles, as a server interceptor.
+
+Roles: `generate` may call Generate, GenerateStream and GetServerInfo; `admin`
+may call everything, including UpdateWeights and ResetCaches. Health checking
+and reflection stay open unless `protect_health` is set. A call without a
+known token gets UNAUTHENTICATED; a known token without the role gets
+PERMISSION_DENIED.
+
+Tokens never come from the command line (it is visible in `ps`): a file of
+`role:token` lines, or the same comma-separated in an environment variable.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import grpc
+
+ROLES = ("generate", "admin")
+TOKENS_ENV = "ROLLOUT_SERVICE_TOKENS"
+
+_ADMIN_ONLY = {"UpdateWeights", "ResetCaches"}
+_OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """Role of each token."""
+
+    by_token: dict[str, str]
+
+    @classmethod
+    def parse(cls, entries: Iterable[str], source: str) -> Tokens:
+        by_token: dict[str, str] = {}
+        for n, raw in enumerate(entries, 1):
+            entry = raw.strip()
+            if not entry or entry.startswith("#"):
+                continue
+            role, sep, token = entry.partition(":")
+            role, token = role.strip(), token.strip()
+            if not sep or role not in ROLES or not token:
+                raise ValueError(
+                    f"{source}, entry {n}: expected 'ROLE:TOKEN' with ROLE one of {ROLES}"
+                )
+            by_token[token] = role
+        if not by_token:
+            raise ValueError(f"{source}: no tokens")
+        return cls(by_token)
+
+    @classmethod
+    def load(cls, path: str | None) -> Tokens | None:
+        """From `path` (one `role:token` a line), else $ROLLOUT_SERVICE_TOKENS
+        (comma-separated), else None: auth off."""
+        if path:
+            with open(path) as f:
+                return cls.parse(f.read().splitlines(), path)
+        env = os.environ.get(TOKENS_ENV)
+        if env:
+            return cls.parse(env.split(","), f"${TOKENS_ENV}")
+        return None
+
+    def role_of(self, token: str) -> str | None:
+        # Compare every token in constant time: no early exit leaks a prefix.
+        found = None
+        for known, role in self.by_token.items():
+            if hmac.compare_digest(known.encode(), token.encode()):
+                found = role
+        return found
+
+
+def required_role(method: str) -> str | None:
+    """The role a full method name needs, or None when it is open."""
+    if method.startswith("/rollout.v1.RolloutService/"):
+        return "admin" if method.rsplit("/", 1)[1] in _ADMIN_ONLY else "generate"
+    return None
+
+
+def _denied(handler, code: grpc.StatusCode, message: str):
+    """A handler of the same shape as `handler` that fails the call."""
+
+    async def unary(request, context):
+        await context.abort(code, message)
+
+    async def streaming(request, context):
+        await context.abort(code, message)
+        yield  # pragma: no cover - makes this an async generator
+
+    kind = (handler.request_streaming, handler.response_streaming)
+    if kind == (False, False):
+        return grpc.unary_unary_rpc_method_handler(unary)
+    if kind == (False, True):
+        return grpc.unary_stream_rpc_method_handler(streaming)
+    if kind == (True, False):
+        return grpc.stream_unary_rpc_method_handler(unary)
+    return grpc.stream_stream_rpc_method_handler(streaming)
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    """Checks `authorization: Bearer <token>` against the role a method needs."""
+
+    def __init__(self, tokens: Tokens, protect_health: bool = False) -> None:
+        self.tokens = tokens
+        self.protect_health = protect_health
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        method = details.method
+        need = required_role(method)
+        if need is None:
+            if not (self.protect_health and method.startswith(_OPEN_SERVICES)):
+                return handler
+            need = "generate"
+        header = dict(details.invocation_metadata or ()).get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            return _denied(
+                handler,
+                grpc.StatusCode.UNAUTHENTICATED,
+                "missing credentials: send 'authorization: Bearer <token>' metadata",
+            )
+        role = self.tokens.role_of(token.strip())
+        if role is None:
+            return _denied(handler, grpc.StatusCode.UNAUTHENTICATED, "unknown token")
+        if need == "admin" and role != "admin":
+            return _denied(
+                handler,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{method.rsplit('/', 1)[1]} needs the admin role; this token has '{role}'",
+            )
+        return handler

@@ -1,0 +1,160 @@
+"""Prometheus metrics: per-RPC counters with the usual gRPC names, and the
+service's own (TTFT, tokens, queue, pause, weight version, updates, resets).
+
+Served over HTTP (`--metrics-port`) by prometheus_client, on its own
+registry so vLLM's metrics do not mix in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+REGISTRY = CollectorRegistry()
+
+_LABELS = ("grpc_type", "grpc_service", "grpc_method")
+STARTED = Counter("grpc_server_started", "RPCs started on the server.", _LABELS, registry=REGISTRY)
+HANDLED = Counter(
+    "grpc_server_handled",
+    "RPCs completed on the server, by status code.",
+    (*_LABELS, "grpc_code"),
+    registry=REGISTRY,
+)
+HANDLING = Histogram(
+    "grpc_server_handling_seconds",
+    "Time from the start of an RPC to its status.",
+    _LABELS,
+    registry=REGISTRY,
+)
+TTFT = Histogram(
+    "rollout_generate_time_to_first_token_seconds",
+    "Time from a Generate call's admission to its first token.",
+    registry=REGISTRY,
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+TOKENS = Counter(
+    "rollout_generate_tokens", "Tokens processed by Generate.", ("kind",), registry=REGISTRY
+)
+QUEUED = Gauge(
+    "rollout_generate_waiting", "Generate calls waiting at the closed gate.", registry=REGISTRY
+)
+RUNNING = Gauge("rollout_generate_running", "Generate calls admitted.", registry=REGISTRY)
+PAUSED = Gauge(
+    "rollout_paused", "1 while an update or cache reset holds the gate.", registry=REGISTRY
+)
+WEIGHT_VERSION = Info("rollout_weight", "The served weight version.", registry=REGISTRY)
+UPDATE_BYTES = Counter(
+    "rollout_update_bytes", "Tensor bytes received by UpdateWeights.", registry=REGISTRY
+)
+UPDATE_SECONDS = Histogram(
+    "rollout_update_duration_seconds",
+    "UpdateWeights phases.",
+    ("phase",),
+    registry=REGISTRY,
+)
+UPDATES = Counter(
+    "rollout_updates",
+    "UpdateWeights calls by outcome (status code).",
+    ("outcome",),
+    registry=REGISTRY,
+)
+CACHE_RESETS = Counter(
+    "rollout_cache_resets", "Cache resets by cache.", ("cache",), registry=REGISTRY
+)
+
+_TYPES = {
+    (False, False): "unary",
+    (False, True): "server_stream",
+    (True, False): "client_stream",
+    (True, True): "bidi_stream",
+}
+
+
+def bind(gate, updater) -> None:
+    """Gauges read live from the gate and the updater."""
+    QUEUED.set_function(lambda: gate.waiting)
+    RUNNING.set_function(lambda: gate.admitted)
+    PAUSED.set_function(lambda: 0 if gate.is_open else 1)
+    WEIGHT_VERSION.info({"version": gate.version})
+
+
+def start_http(port: int, host: str = "127.0.0.1") -> int:
+    """Serves /metrics; returns the port."""
+    from prometheus_client import start_http_server
+
+    server, _ = start_http_server(port, addr=host, registry=REGISTRY)
+    return server.server_port
+
+
+class MetricsInterceptor(grpc.aio.ServerInterceptor):
+    """Counts every RPC: started, handled by code, handling time."""
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        _, service, method = details.method.split("/")
+        labels = (_TYPES[(handler.request_streaming, handler.response_streaming)], service, method)
+        if handler.response_streaming:
+            inner = handler.unary_stream or handler.stream_stream
+
+            async def stream_wrapper(request, context):
+                t0 = _start(labels)
+                cancelled = False
+                try:
+                    async for item in inner(request, context):
+                        yield item
+                except asyncio.CancelledError:
+                    cancelled = True
+                    raise
+                finally:
+                    _finish(labels, context, t0, cancelled)
+
+            return _replace(handler, stream_wrapper)
+        inner = handler.unary_unary or handler.stream_unary
+
+        async def unary_wrapper(request, context):
+            t0 = _start(labels)
+            cancelled = False
+            try:
+                return await inner(request, context)
+            except asyncio.CancelledError:
+                cancelled = True
+                raise
+            finally:
+                _finish(labels, context, t0, cancelled)
+
+        return _replace(handler, unary_wrapper)
+
+
+def _start(labels) -> float:
+    STARTED.labels(*labels).inc()
+    return time.perf_counter()
+
+
+def _finish(labels, context, t0: float, cancelled: bool) -> None:
+    code = grpc.StatusCode.CANCELLED if cancelled else context.code()
+    if code is None:
+        code = grpc.StatusCode.OK
+    elif isinstance(code, int):
+        code = next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)
+    HANDLED.labels(*labels, code.name).inc()
+    HANDLING.labels(*labels).observe(time.perf_counter() - t0)
+
+
+def _replace(handler, fn):
+    kind = (handler.request_streaming, handler.response_streaming)
+    make = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }[kind]
+    return make(
+        fn,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )

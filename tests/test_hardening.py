@@ -1,0 +1,217 @@
+"""Auth, mutual TLS, limits, metrics and stale-segment cleanup, on one server
+configured with all of them."""
+
+from __future__ import annotations
+
+import datetime
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from rollout_client import RolloutClient, RolloutError
+from tests.serverproc import ServerProcess, free_port
+from tests.weights_util import random_weights, version
+
+STALE = Path("/dev/shm/rollout-staging-999999999-1")  # no such pid
+
+
+def _certs(tmp: Path) -> dict[str, Path]:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate."""
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def make(name, issuer_key=None, issuer_name=None, ca=False, san=None):
+        key = ec.generate_private_key(ec.SECP256R1())
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+        b = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(issuer_name or subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if san:
+            b = b.add_extension(x509.SubjectAlternativeName(san), critical=False)
+        cert = b.sign(issuer_key or key, hashes.SHA256())
+        return key, cert
+
+    ca_key, ca = make("test-ca", ca=True)
+    srv_key, srv = make(
+        "server", ca_key, ca.subject, san=[x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    )
+    cli_key, cli = make("client", ca_key, ca.subject)
+    out = {}
+    for name, obj in {"ca": ca, "server": srv, "client": cli}.items():
+        out[name] = tmp / f"{name}.pem"
+        out[name].write_bytes(obj.public_bytes(serialization.Encoding.PEM))
+    for name, key in {"server_key": srv_key, "client_key": cli_key}.items():
+        out[name] = tmp / f"{name}.pem"
+        out[name].write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+    return out
+
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("secure")
+    certs = _certs(tmp)
+    tokens = tmp / "tokens"
+    tokens.write_text("# role:token\ngenerate:gen-token\nadmin:admin-token\n")
+    STALE.write_bytes(b"left over by a crashed run")
+    metrics_port = free_port()
+    proc = ServerProcess(
+        "--tokens-file", str(tokens),
+        "--tls-cert", str(certs["server"]),
+        "--tls-key", str(certs["server_key"]),
+        "--tls-client-ca", str(certs["ca"]),
+        "--max-prompt-tokens", "64",
+        "--max-queued-generate", "3",
+        "--metrics-port", str(metrics_port),
+    )  # fmt: skip
+    tls = dict(
+        root_certificates=certs["ca"].read_bytes(),
+        certificate_chain=certs["client"].read_bytes(),
+        private_key=certs["client_key"].read_bytes(),
+    )
+    try:
+        with RolloutClient(proc.target, token="admin-token", **tls) as admin:
+            admin.wait_until_ready(300)
+        yield proc, tls, metrics_port
+    finally:
+        proc.stop()
+        STALE.unlink(missing_ok=True)
+
+
+def test_leftover_segments_are_removed_at_start(secure):
+    assert not STALE.exists()
+
+
+def test_roles(secure):
+    proc, tls, _ = secure
+    with RolloutClient(proc.target, token="gen-token", retries=0, **tls) as gen:
+        info = gen.server_info()
+        assert gen.generate(prompt_text="hi", max_tokens=2).completions
+        head = [p for p in info.parameters if p.name == "lm_head.weight"]
+        with pytest.raises(RolloutError) as e:
+            gen.update_weights(random_weights(head, seed=1), version())
+        assert e.value.code == grpc.StatusCode.PERMISSION_DENIED
+        assert "admin" in e.value.details
+        with pytest.raises(RolloutError) as e:
+            gen.reset_caches()
+        assert e.value.code == grpc.StatusCode.PERMISSION_DENIED
+    with RolloutClient(proc.target, token="admin-token", **tls) as admin:
+        ack = admin.update_weights(random_weights(head, seed=1), version())
+        assert admin.server_info().weight_version == ack.weight_version
+        assert len(admin.reset_caches().results) == 3
+
+
+@pytest.mark.parametrize("token", [None, "wrong-token"])
+def test_missing_or_unknown_token_is_unauthenticated(secure, token):
+    proc, tls, _ = secure
+    with RolloutClient(proc.target, token=token, retries=0, **tls) as c:
+        with pytest.raises(RolloutError) as e:
+            c.generate(prompt_text="hi", max_tokens=2)
+        assert e.value.code == grpc.StatusCode.UNAUTHENTICATED
+        # health stays open
+        assert c._health.Check(health_pb2.HealthCheckRequest()).status == 1
+
+
+def test_mutual_tls_refuses_clients_without_certificate(secure):
+    proc, tls, _ = secure
+    with RolloutClient(
+        proc.target, token="admin-token", retries=0, root_certificates=tls["root_certificates"]
+    ) as c:
+        with pytest.raises(RolloutError) as e:
+            c.server_info(timeout=5)
+        assert e.value.code == grpc.StatusCode.UNAVAILABLE
+    with grpc.insecure_channel(proc.target) as ch:  # plaintext is refused too
+        with pytest.raises(grpc.RpcError):
+            health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+
+
+def test_prompt_limit_names_the_limit(secure):
+    proc, tls, _ = secure
+    with RolloutClient(proc.target, token="gen-token", **tls) as c:
+        with pytest.raises(RolloutError) as e:
+            c.generate(prompt_token_ids=[5] * 65, max_tokens=2)
+        assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "--max-prompt-tokens" in e.value.details
+        assert c.generate(prompt_token_ids=[5] * 64, max_tokens=2).completions
+
+
+def test_queue_limit_names_the_limit(secure):
+    import threading
+
+    proc, tls, _ = secure
+    with RolloutClient(proc.target, token="gen-token", retries=0, **tls) as c:
+        threads = [
+            threading.Thread(
+                target=c.generate,
+                kwargs=dict(prompt_text="hi", max_tokens=600, ignore_eos=True),
+            )
+            for _ in range(3)
+        ]
+        for t in threads:
+            t.start()
+        import time
+
+        deadline = time.monotonic() + 10
+        while c.server_info().engine_requests < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        with pytest.raises(RolloutError) as e:
+            c.generate(prompt_text="hi", max_tokens=2)
+        assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "--max-queued-generate" in e.value.details
+        for t in threads:
+            t.join()
+
+
+def test_rich_error_details(secure):
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
+    from rollout_client import pb
+
+    proc, tls, _ = secure
+    request = pb.GenerateRequest(prompt_text="x", sampling_params=pb.SamplingParams(top_p=7))
+    with RolloutClient(proc.target, token="gen-token", retries=0, **tls) as c:
+        with pytest.raises(grpc.RpcError) as e:
+            c.stub.Generate(request, metadata=c.options.metadata(), timeout=30)
+    status = rpc_status.from_call(e.value)
+    bad = error_details_pb2.BadRequest()
+    assert status.details[0].Unpack(bad)
+    assert bad.field_violations[0].field == "sampling_params.top_p"
+
+
+def test_metrics(secure):
+    proc, tls, port = secure
+    with RolloutClient(proc.target, token="gen-token", **tls) as c:
+        list(c.generate_stream(prompt_text="hi", max_tokens=3))
+        with pytest.raises(RolloutError):
+            c.generate(prompt_text="hi", n=0)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert 'grpc_server_handled_total{grpc_code="INVALID_ARGUMENT",grpc_method="Generate"' in text
+    assert 'grpc_method="GenerateStream",grpc_service="rollout.v1.RolloutService"' in text
+    assert "rollout_generate_time_to_first_token_seconds_count" in text
+    assert 'rollout_updates_total{outcome="OK"}' in text  # from test_roles
+    assert 'rollout_cache_resets_total{cache="encoder"}' in text
+    assert "rollout_weight_info{version=" in text
+    assert "rollout_paused 0.0" in text
