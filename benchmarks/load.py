@@ -184,7 +184,8 @@ async def run_one(args, spec: LoadSpec, driver: GrpcDriver, workload: Workload) 
         size = await pusher.prepare()
         print(f"updates: {len(pusher.tensors)} tensors, {size / 1e6:.1f} MB every "
               f"{args.update_every:g} s after warm-up", file=sys.stderr)
-        task = asyncio.create_task(pusher.run(time.perf_counter() + spec.warmup))
+        first = time.perf_counter() + spec.warmup + args.update_every
+        task = asyncio.create_task(pusher.run(first))
     try:
         result = await run_load(driver, workload, spec)
     finally:

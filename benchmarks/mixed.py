@@ -67,7 +67,8 @@ class UpdateRecord:
 
 class UpdatePusher:
     """Pushes the same full set of tensors, under a new version, every
-    `every` seconds from `first_at` until stopped."""
+    `every` seconds from `first_at` until stopped (an update in progress then
+    completes, so no update is ever cut off by the end of the run)."""
 
     def __init__(self, target: str, every: float, pause_mode: str = "wait", seed: int = 0):
         self.target, self.every, self.seed = target, every, seed
@@ -145,9 +146,12 @@ def analyse(updates: list[UpdateRecord], result: RunResult, window: float = 2.0)
         before = [r.end - r.start for r in ok if u.start - window <= r.end < u.start]
         after = [r.end - r.start for r in ok if u.end < r.end <= u.end + window]
         overlapping = [r for r in result.records if r.start < u.end and r.end > u.start]
+        fields = asdict(u)
+        del fields["start"], fields["end"]  # perf_counter values mean nothing outside
         rows.append(
             {
-                **asdict(u),
+                **fields,
+                "at_seconds": u.start - result.t0,
                 "duration_seconds": u.end - u.start,
                 "latency_p50_before": _p50(before),
                 "latency_p50_after": _p50(after),

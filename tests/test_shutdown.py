@@ -6,9 +6,11 @@ import signal
 import threading
 import time
 
+import grpc
 import psutil
+import pytest
 
-from rollout_client import RolloutClient, pb
+from rollout_client import RolloutClient, RolloutError, pb
 from tests.serverproc import ServerProcess
 
 
@@ -23,7 +25,7 @@ def test_sigterm_drains_in_flight_calls_and_exits_cleanly():
 
             def long_call():
                 result["r"] = client.generate(
-                    prompt_text="hello", max_tokens=300, ignore_eos=True, temperature=0
+                    prompt_text="hello", max_tokens=500, ignore_eos=True, temperature=0
                 )
 
             t = threading.Thread(target=long_call)
@@ -33,10 +35,17 @@ def test_sigterm_drains_in_flight_calls_and_exits_cleanly():
                 assert time.monotonic() < deadline
                 time.sleep(0.02)
             server.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+            # new calls are refused while the in-flight one finishes
+            with RolloutClient(server.target, retries=0) as late:
+                with pytest.raises(RolloutError) as e:
+                    late.generate(prompt_text="hello", max_tokens=2)
+                assert e.value.code == grpc.StatusCode.UNAVAILABLE
+            assert t.is_alive(), "the in-flight call is still running"
             t.join(60)
         # the in-flight call completed normally within the grace period
         completion = result["r"].completions[0]
-        assert len(completion.token_ids) == 300
+        assert len(completion.token_ids) == 500
         assert completion.finish_reason == pb.FINISH_REASON_LENGTH
         assert server.proc.wait(60) == 0
         time.sleep(1)

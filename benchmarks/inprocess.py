@@ -1,0 +1,144 @@
+"""The same engine with no service in front: the ceiling for `compare.py`.
+
+Builds AsyncLLM exactly as `rollout-service serve` does (its own argument
+parser, `_engine_args` and `build_engine`, then the same warm-up) and drives
+it with the same closed loop as the gRPC load test, with the SamplingParams
+the servicer would build for the same request (so logprobs are computed
+here too). Unary-style runs use RequestOutputKind.FINAL_ONLY, streamed runs
+DELTA. Runs in its own process so that its engine environment is exactly the
+one `compare.py` gives every configuration:
+
+    .venv/bin/python -m benchmarks.inprocess --json out.json --duration 20 -- \\
+        --model tiny-qwen2 --max-model-len 2048
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from benchmarks.loadgen import LoadSpec, Range, Record, Workload, format_summary, run_load, summarize
+from rollout.v1 import rollout_pb2 as pb
+
+
+class EngineDriver:
+    """One `AsyncLLM.generate` per call, timed like the gRPC driver times
+    its calls (first token-bearing output, gaps between outputs)."""
+
+    def __init__(self, engine, limits, stream: bool, temperature: float):
+        from vllm.sampling_params import RequestOutputKind
+
+        self.engine, self.limits, self.stream = engine, limits, stream
+        self.temperature = temperature
+        self.kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
+
+    def _params(self, prompt_len: int, max_tokens: int):
+        from rollout_service.convert import sampling_params_from_proto
+
+        sp = pb.SamplingParams(
+            max_tokens=max_tokens, temperature=self.temperature, ignore_eos=True
+        )
+        return sampling_params_from_proto(sp, self.limits, prompt_len, self.kind)
+
+    async def __call__(self, prompt: list[int], max_tokens: int) -> Record:
+        params = self._params(len(prompt), max_tokens)
+        rec = Record(start=time.perf_counter())
+        last = None
+        try:
+            async for out in self.engine.generate(
+                {"prompt_token_ids": prompt}, params, uuid.uuid4().hex
+            ):
+                n = len(out.outputs[0].token_ids)
+                if not n:
+                    continue
+                now = time.perf_counter()
+                if last is None:
+                    rec.ttft = now - rec.start
+                else:
+                    rec.itl.append(now - last)
+                last = now
+                rec.tokens = rec.tokens + n if self.stream else n
+        except Exception as e:  # counted like a failed RPC
+            rec.error = type(e).__name__
+        rec.end = time.perf_counter()
+        return rec
+
+
+def start_engine(serve_args: list[str]):
+    """AsyncLLM from `rollout-service serve` arguments, warmed up like the
+    server warms it up. Returns (engine, limits)."""
+    from rollout_service import cli
+    from rollout_service.engine import build_engine, engine_info
+
+    args = cli.build_serve_parser().parse_args(serve_args)
+    engine = build_engine(cli._engine_args(args))
+    return engine, engine_info(engine).limits
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.inprocess",
+        description="Closed-loop load on an in-process AsyncLLM; arguments after -- go to "
+        "`rollout-service serve`'s parser.",
+    )
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--duration", type=float, default=20.0)
+    ap.add_argument("--warmup", type=float, default=5.0)
+    ap.add_argument("--prompt-len", type=Range.parse, default=Range(16, 16))
+    ap.add_argument("--output-len", type=Range.parse, default=Range(64, 64))
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--modes", default="unary,stream", help="which runs, in order")
+    ap.add_argument("--json", type=Path, help="write {mode: summary} here")
+    ap.add_argument("--no-progress", action="store_true")
+    return ap
+
+
+async def run_modes(args, serve_args: list[str]) -> dict:
+    """Starts the engine once and runs each mode in turn on it."""
+    from rollout_service.engine import warm_up
+
+    engine, limits = start_engine(serve_args)
+    try:
+        await warm_up(engine)
+        results = {}
+        for mode in args.modes.split(","):
+            stream = mode == "stream"
+            driver = EngineDriver(engine, limits, stream, args.temperature)
+            workload = Workload(args.prompt_len, args.output_len, limits.vocab_size, args.seed)
+            spec = LoadSpec(
+                concurrency=args.concurrency,
+                duration=args.duration,
+                warmup=args.warmup,
+                progress=not args.no_progress,
+                seed=args.seed,
+            )
+            summary = summarize(await run_load(driver, workload, spec), stream)
+            kind = "DELTA" if stream else "FINAL_ONLY"
+            print(format_summary(f"in-process AsyncLLM {kind}, {spec.describe()}", summary))
+            results[mode] = summary
+        return results
+    finally:
+        engine.shutdown()
+
+
+def main() -> int:
+    # The same default `rollout-service serve` applies (GiB of KV cache on CPU).
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    argv = sys.argv[1:]
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = build_parser().parse_args(argv[:split])
+    results = asyncio.run(run_modes(args, argv[split + 1 :]))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""Faults done for real: clients killed mid-call, hundreds of cancellations,
+the engine process dying."""
+
+from __future__ import annotations
+
+import glob
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import grpc
+import psutil
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from rollout_client import RolloutClient, RolloutError
+from tests.serverproc import ServerProcess
+from tests.weights_util import random_weights, version
+
+PROMPT = [11, 22, 33, 44, 55]
+
+
+def fingerprint(client):
+    r = client.generate(prompt_token_ids=PROMPT, max_tokens=8, temperature=0)
+    return r.weight_version, list(r.completions[0].token_ids), list(r.completions[0].logprobs)
+
+
+def segments(pid: int) -> list[str]:
+    return glob.glob(f"/dev/shm/rollout-staging-{pid}-*")
+
+
+def test_client_killed_mid_update_changes_nothing(server, client, info):
+    before = fingerprint(client)
+    staging_before = segments(server.proc.pid)
+    script = textwrap.dedent(
+        f"""
+        import sys, time, grpc
+        from rollout.v1 import rollout_pb2_grpc
+        from rollout_client import RolloutClient
+        from tests.weights_util import full_stream, random_weights
+        info = RolloutClient({server.target!r}).server_info()
+        msgs = full_stream(random_weights(info.parameters, seed=77), "killed")
+        def stalled():
+            for i, m in enumerate(msgs):
+                yield m
+                if i == 5:
+                    print("streaming", flush=True)
+                    time.sleep(600)
+        stub = rollout_pb2_grpc.RolloutServiceStub(grpc.insecure_channel({server.target!r}))
+        stub.UpdateWeights(stalled())
+        """
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "streaming"
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    time.sleep(1.0)
+    assert fingerprint(client) == before
+    assert segments(server.proc.pid) == staging_before  # the region is kept for reuse, not leaked
+    ack = client.update_weights(random_weights(info.parameters, seed=78), version())
+    assert client.server_info().weight_version == ack.weight_version
+
+
+def test_hundreds_of_cancelled_streams_leak_nothing(server, client):
+    baseline = segments(server.proc.pid)
+    rss_before = psutil.Process(server.proc.pid).memory_info().rss
+    for _ in range(200):
+        stream = client.generate_stream(prompt_token_ids=PROMPT, max_tokens=1000, ignore_eos=True)
+        next(stream)
+        stream.close()
+    deadline = time.monotonic() + 15
+    while client.server_info().engine_requests:
+        assert time.monotonic() < deadline, "engine requests leaked"
+        time.sleep(0.05)
+    assert segments(server.proc.pid) == baseline
+    growth = psutil.Process(server.proc.pid).memory_info().rss - rss_before
+    assert growth < 200 << 20, f"server RSS grew by {growth >> 20} MiB"
+    assert fingerprint(client)[1]
+
+
+def test_engine_death_is_reported_and_the_server_exits_nonzero():
+    proc = ServerProcess()
+    try:
+        proc.wait_ready()
+        engine_cores = [
+            p
+            for p in psutil.Process(proc.proc.pid).children(recursive=True)
+            if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline())
+        ]
+        assert engine_cores, "vLLM runs its engine core in a child process"
+        with RolloutClient(proc.target, retries=0, timeout=20) as c:
+            for p in engine_cores:
+                p.kill()
+            deadline = time.monotonic() + 30
+            saw_unavailable = False
+            while proc.proc.poll() is None and time.monotonic() < deadline:
+                try:
+                    c.generate(prompt_token_ids=PROMPT, max_tokens=4)
+                except RolloutError as e:
+                    assert e.code == grpc.StatusCode.UNAVAILABLE, e
+                    saw_unavailable = True
+                time.sleep(0.1)
+        assert proc.proc.wait(60) == 1
+        assert saw_unavailable
+        with grpc.insecure_channel(proc.target) as ch, pytest.raises(grpc.RpcError):
+            health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)
+    finally:
+        proc.stop()
