@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import sys
@@ -126,6 +127,10 @@ async def run_modes(args, serve_args: list[str]) -> dict:
         return results
     finally:
         engine.shutdown()
+        # Collected now rather than at interpreter exit, where AsyncLLM.__del__
+        # trips over half-torn-down modules and prints a traceback.
+        del engine
+        gc.collect()
 
 
 def main() -> int:

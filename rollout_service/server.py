@@ -17,13 +17,13 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from rollout.v1 import rollout_pb2, rollout_pb2_grpc
+from rollout.v1 import rollout_pb2
 from rollout_service import metrics
 from rollout_service.auth import AuthInterceptor, Tokens
 from rollout_service.engine import build_engine, engine_info, warm_up
 from rollout_service.gate import AdmissionGate
 from rollout_service.metrics import MetricsInterceptor
-from rollout_service.servicer import RolloutServicer
+from rollout_service.servicer import RolloutServicer, add_to_server
 from rollout_service.staging import remove_stale_segments
 from rollout_service.updates import WeightUpdater
 
@@ -125,7 +125,7 @@ async def serve(config: ServerConfig, engine_args) -> int:
         (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
     servicer = RolloutServicer(config)
-    rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, server)
+    add_to_server(servicer, server)
     port = _add_port(server, config)
     await server.start()
     log.info(

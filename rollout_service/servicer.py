@@ -51,12 +51,61 @@ async def _fail(context: grpc.aio.ServicerContext, e: Exception, rpc: str) -> No
     )
 
 
+class Malformed:
+    """Stands in for a request whose bytes did not parse, so that the error
+    policy answers INVALID_ARGUMENT instead of gRPC's UNKNOWN."""
+
+    def __init__(self, message_type: str, error: Exception) -> None:
+        self.message_type = message_type
+        self.error = error
+
+    def fail(self):
+        raise InvalidArgument("request", f"malformed {self.message_type}: {self.error}")
+
+
+def _lenient(message_cls):
+    from google.protobuf.message import DecodeError
+
+    def parse(data: bytes):
+        try:
+            return message_cls.FromString(data)
+        except DecodeError as e:
+            return Malformed(message_cls.DESCRIPTOR.full_name, e)
+
+    return parse
+
+
+def add_to_server(servicer: RolloutServicer, server) -> None:
+    """Registers every RPC of the proto's RolloutService, with deserializers
+    that report malformed bytes as INVALID_ARGUMENT."""
+    kinds = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }
+    service = pb.DESCRIPTOR.services_by_name["RolloutService"]
+    handlers = {}
+    for m in service.methods:
+        make = kinds[(m.client_streaming, m.server_streaming)]
+        handlers[m.name] = make(
+            getattr(servicer, m.name),
+            request_deserializer=_lenient(getattr(pb, m.input_type.name)),
+            response_serializer=getattr(pb, m.output_type.name).SerializeToString,
+        )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service.full_name, handlers),)
+    )
+
+
 def unary(method):
     """Applies the error policy to a unary-response RPC."""
 
     @functools.wraps(method)
     async def wrapper(self, request, context):
         try:
+            if isinstance(request, Malformed):
+                request.fail()
             return await method(self, request, context)
         except Exception as e:  # CancelledError is a BaseException: it passes
             if isinstance(e, grpc.aio.AbortError):
@@ -72,6 +121,8 @@ def streaming(method):
     @functools.wraps(method)
     async def wrapper(self, request, context):
         try:
+            if isinstance(request, Malformed):
+                request.fail()
             async for item in method(self, request, context):
                 yield item
         except Exception as e:

@@ -116,6 +116,8 @@ class WeightUpdater:
             self.manifest, self.max_update_bytes, self.staging, self.gate.version
         )
         async for msg in messages:
+            if hasattr(msg, "fail"):  # servicer.Malformed: bytes that did not parse
+                msg.fail()
             assembler.feed(msg)
         return assembler.finish()
 

@@ -1,0 +1,333 @@
+"""This service against the same engine in-process and against `vllm serve`.
+
+One command, one run, one engine at a time (never two at once: on a 2-core
+machine anything running beside an engine skews it badly):
+
+    .venv/bin/python -m benchmarks.compare [--duration 20] [--json results.json]
+
+On the embedded tiny-qwen2, closed loop, 64 concurrent requests of 16 random
+prompt tokens and 64 output tokens (ignore_eos, temperature 0), it measures
+in turn:
+
+  (a) this service, Generate (unary)            output tok/s
+  (b) this service, GenerateStream              TTFT p50
+  (c) the same AsyncLLM in-process, FINAL_ONLY  tok/s, and DELTA for TTFT
+  (d) `vllm serve`, /v1/completions over HTTP   tok/s
+
+and prints the ratios against their targets. Every engine gets the same
+environment (ENGINE_ENV) and the same engine arguments (ENGINE_ARGS, explicit
+because vLLM picks different batch defaults for its OpenAI server). The
+service always returns the sampled tokens' logprobs, so by default the other
+configurations compute them too (`--serve-logprobs none` drops them for
+`vllm serve`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.load import GrpcDriver
+from benchmarks.loadgen import LoadSpec, Range, Record, Workload, format_summary, run_load, summarize
+from tests.serverproc import TEST_ENGINE_ENV, ServerProcess, free_port
+
+MODEL = "tiny-qwen2"
+# Identical for every configuration: the test server's environment plus the
+# KV cache size `rollout-service serve` defaults to.
+ENGINE_ENV = {**TEST_ENGINE_ENV, "VLLM_CPU_KVCACHE_SPACE": "1"}
+ENGINE_ARGS = ["--max-model-len", "2048", "--max-num-seqs", "128", "--max-num-batched-tokens", "2048"]
+
+# (name, numerator, denominator, metric, comparison, target)
+TARGETS = [
+    ("ours unary / in-process tok/s", "ours_unary", "inprocess_unary", "tok/s", ">=", 0.95),
+    ("ours unary / vllm serve tok/s", "ours_unary", "vllm_serve", "tok/s", ">=", 1.1),
+    ("ours stream / in-process TTFT p50", "ours_stream", "inprocess_stream", "ttft", "<=", 1.5),
+]
+CONFIGS = ("ours", "inprocess", "serve")
+
+
+def engine_env() -> dict[str, str]:
+    """The full environment every engine process gets (as ServerProcess builds it)."""
+    return {**os.environ, **ENGINE_ENV}
+
+
+def spec(args) -> LoadSpec:
+    return LoadSpec(
+        concurrency=args.concurrency,
+        duration=args.duration,
+        warmup=args.warmup,
+        progress=not args.no_progress,
+        seed=args.seed,
+    )
+
+
+def workload(args, vocab_size: int) -> Workload:
+    return Workload(args.prompt_len, args.output_len, vocab_size, args.seed)
+
+
+def report(name: str, summary: dict) -> dict:
+    print(format_summary(name, summary), flush=True)
+    return summary
+
+
+async def drive_grpc(args, target: str, stream: bool, vocab_size: int) -> dict:
+    driver = GrpcDriver(target, stream, temperature=args.temperature)
+    try:
+        result = await run_load(driver, workload(args, vocab_size), spec(args))
+    finally:
+        await driver.close()
+    return summarize(result, stream)
+
+
+def run_ours(args) -> dict:
+    """(a) and (b): one server, unary then streaming."""
+    server = ServerProcess("--model", MODEL, *ENGINE_ARGS, env=ENGINE_ENV)
+    print(f"\n== rollout-service on {server.target} (log {server.log})", flush=True)
+    try:
+        server.wait_ready()
+        from rollout_client import RolloutClient
+
+        with RolloutClient(server.target) as c:
+            vocab = c.server_info().vocab_size
+        out = {}
+        for key, stream in (("ours_unary", False), ("ours_stream", True)):
+            summary = asyncio.run(drive_grpc(args, server.target, stream, vocab))
+            call = "GenerateStream" if stream else "Generate"
+            out[key] = report(f"rollout-service {call}, {spec(args).describe()}", summary)
+        return out
+    finally:
+        server.stop()
+
+
+def run_inprocess(args) -> dict:
+    """(c): benchmarks.inprocess in its own process with the same environment."""
+    out_json = Path(tempfile.mkstemp(prefix="inprocess-", suffix=".json")[1])
+    log = Path(tempfile.mkstemp(prefix="inprocess-", suffix=".log")[1])
+    cmd = [
+        sys.executable, "-m", "benchmarks.inprocess",
+        "--concurrency", str(args.concurrency), "--duration", str(args.duration),
+        "--warmup", str(args.warmup), "--prompt-len", str(args.prompt_len),
+        "--output-len", str(args.output_len), "--temperature", str(args.temperature),
+        "--seed", str(args.seed), "--json", str(out_json), "--no-progress",
+        "--", "--model", MODEL, *ENGINE_ARGS,
+    ]  # fmt: skip
+    print(f"\n== in-process AsyncLLM (log {log})", flush=True)
+    with open(log, "wb") as f:
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=engine_env())
+    if proc.returncode != 0:
+        raise RuntimeError(f"in-process run failed ({proc.returncode}), see {log}")
+    results = json.loads(out_json.read_text())
+    kinds = {"unary": "FINAL_ONLY", "stream": "DELTA"}
+    return {
+        f"inprocess_{mode}": report(f"in-process AsyncLLM {kinds[mode]}, {spec(args).describe()}", s)
+        for mode, s in results.items()
+    }
+
+
+class HttpDriver:
+    """One POST /v1/completions per call (prompt as token ids), aiohttp."""
+
+    def __init__(self, url: str, temperature: float, logprobs: int | None):
+        import aiohttp
+
+        self.url, self.temperature, self.logprobs = url, temperature, logprobs
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0),
+            timeout=aiohttp.ClientTimeout(total=600),
+        )
+
+    async def __call__(self, prompt: list[int], max_tokens: int) -> Record:
+        import aiohttp
+
+        body = {
+            "model": MODEL,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": self.temperature,
+            "ignore_eos": True,
+        }
+        if self.logprobs is not None:
+            body["logprobs"] = self.logprobs
+        rec = Record(start=time.perf_counter())
+        try:
+            async with self.session.post(self.url, json=body) as resp:
+                data = await resp.json(content_type=None)
+                if resp.status != 200:
+                    rec.error = f"HTTP_{resp.status}"
+                else:
+                    rec.tokens = data["usage"]["completion_tokens"]
+        except (aiohttp.ClientError, ValueError, KeyError) as e:
+            rec.error = type(e).__name__
+        rec.end = time.perf_counter()
+        return rec
+
+    async def close(self) -> None:
+        await self.session.close()
+
+
+class VllmServe:
+    """`vllm serve` (through benchmarks.vllm_serve) in its own process group."""
+
+    def __init__(self, model_dir: Path):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log = Path(tempfile.mkstemp(prefix="vllm-serve-", suffix=".log")[1])
+        cmd = [
+            sys.executable, "-m", "benchmarks.vllm_serve", "serve", str(model_dir),
+            "--served-model-name", MODEL, "--tokenizer", str(model_dir),
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--disable-uvicorn-access-log", *ENGINE_ARGS,
+        ]  # fmt: skip
+        self._log_file = open(self.log, "wb")
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._log_file, stderr=subprocess.STDOUT, env=engine_env(),
+            start_new_session=True,
+        )  # fmt: skip
+
+    def wait_ready(self, timeout: float = 300) -> None:
+        import urllib.error
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited ({self.proc.returncode}), see {self.log}")
+            try:
+                with urllib.request.urlopen(self.base + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(1)
+        raise RuntimeError(f"vllm serve not ready after {timeout}s, see {self.log}")
+
+    def stop(self, timeout: float = 60) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # its own group: only what we started
+                self.proc.wait()
+        self._log_file.close()
+
+
+async def drive_http(args, url: str, vocab_size: int) -> dict:
+    logprobs = None if args.serve_logprobs == "none" else int(args.serve_logprobs)
+    driver = HttpDriver(url, args.temperature, logprobs)
+    try:
+        result = await run_load(driver, workload(args, vocab_size), spec(args))
+    finally:
+        await driver.close()
+    return summarize(result, stream=False)
+
+
+def run_serve(args, model_dir: Path) -> dict:
+    """(d): vllm serve, unary /v1/completions."""
+    server = VllmServe(model_dir)
+    print(f"\n== vllm serve on {server.base} (log {server.log})", flush=True)
+    try:
+        server.wait_ready()
+        vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+        summary = asyncio.run(drive_http(args, server.base + "/v1/completions", vocab))
+        return {"vllm_serve": report(f"vllm serve /v1/completions, {spec(args).describe()}", summary)}
+    finally:
+        server.stop()
+
+
+def metric(summary: dict, name: str) -> float | None:
+    if name == "tok/s":
+        return summary["output_tokens_per_s"]
+    return (summary.get(name) or {}).get("p50")
+
+
+def ratios(results: dict) -> list[dict]:
+    rows = []
+    for name, num, den, m, op, target in TARGETS:
+        a, b = results.get(num), results.get(den)
+        value = metric(a, m) / metric(b, m) if a and b and metric(a, m) and metric(b, m) else None
+        ok = None if value is None else (value >= target if op == ">=" else value <= target)
+        rows.append({"ratio": name, "value": value, "target": f"{op} {target}", "met": ok})
+    return rows
+
+
+def table(results: dict, rows: list[dict]) -> str:
+    """The final comparison, configurations first, then the ratios."""
+    lines = [
+        "",
+        f"{'configuration':<22} {'tok/s':>9} {'req/s':>7} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'TTFT p50':>9} {'errors':>6}",
+    ]
+    for key, s in results.items():
+        lat, ttft = s["latency"] or {}, s.get("ttft") or {}
+        ttft_ms = f"{ttft['p50'] * 1000:9.1f}" if ttft else f"{'-':>9}"
+        lines.append(
+            f"{key:<22} {s['output_tokens_per_s']:9,.0f} {s['requests_per_s']:7.1f} "
+            f"{lat.get('p50', float('nan')) * 1000:8.1f} {lat.get('p99', float('nan')) * 1000:8.1f} "
+            f"{ttft_ms} {sum(s['errors'].values()):>6}"
+        )
+    lines += ["", f"{'ratio':<36} {'value':>7}  {'target':<8} met"]
+    for r in rows:
+        value = "n/a" if r["value"] is None else f"{r['value']:.3f}"
+        met = {True: "yes", False: "NO", None: "-"}[r["met"]]
+        lines.append(f"{r['ratio']:<36} {value:>7}  {r['target']:<8} {met}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.compare",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    ap.add_argument("--duration", type=float, default=20.0, help="measured s per configuration")
+    ap.add_argument("--warmup", type=float, default=5.0, help="unmeasured s before each")
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--prompt-len", type=Range.parse, default=Range(16, 16))
+    ap.add_argument("--output-len", type=Range.parse, default=Range(64, 64))
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--serve-logprobs", default="0", help="vllm serve `logprobs`, or none")
+    ap.add_argument("--only", default=",".join(CONFIGS), help="subset of " + ",".join(CONFIGS))
+    ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    ap.add_argument("--no-progress", action="store_true")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from rollout_service.tiny_models import ensure_model
+
+    model_dir = ensure_model(MODEL)
+    only = args.only.split(",")
+    results: dict = {}
+    if "ours" in only:
+        results.update(run_ours(args))
+    if "inprocess" in only:
+        results.update(run_inprocess(args))
+    if "serve" in only:
+        results.update(run_serve(args, model_dir))
+    rows = ratios(results)
+    print(table(results, rows))
+    if args.json:
+        config = {k: str(v) if isinstance(v, (Range, Path)) else v for k, v in vars(args).items()}
+        config.update(engine_env=ENGINE_ENV, engine_args=ENGINE_ARGS, model=MODEL)
+        out = {"config": config, "results": results, "ratios": rows}
+        args.json.write_text(json.dumps(out, indent=2))
+        print(f"wrote {args.json}")
+    errors = sum(sum(s["errors"].values()) for s in results.values())
+    missed = args.check and any(r["met"] is False for r in rows)
+    return 1 if errors or missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

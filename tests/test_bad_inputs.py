@@ -1,0 +1,212 @@
+"""The bad-input battery: malformed and hostile requests across every RPC.
+
+For each: the documented status code, a message naming the problem, the
+server still healthy and the served weights' fingerprint unchanged. Auth
+cases (no token, wrong role) live in test_hardening.py, on a server with auth.
+Then hypothesis fuzzes the request messages.
+"""
+
+from __future__ import annotations
+
+import math
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rollout.v1 import rollout_pb2_grpc
+from rollout_client import pb
+from tests.weights_util import COMMIT, begin, chunk, version
+
+INV = grpc.StatusCode.INVALID_ARGUMENT
+EXH = grpc.StatusCode.RESOURCE_EXHAUSTED
+FP = grpc.StatusCode.FAILED_PRECONDITION
+U32 = 2**32 - 1
+
+
+def gen(sp=None, **kw):
+    kw.setdefault("prompt_token_ids", [1, 2, 3])
+    return pb.GenerateRequest(sampling_params=pb.SamplingParams(**(sp or {})), **kw)
+
+
+GENERATE_CASES = {
+    "no prompt": (gen(prompt_token_ids=[]), INV, "prompt_token_ids/prompt_text"),
+    "both prompts": (gen(prompt_text="hi"), INV, "got both"),
+    "token past vocab": (gen(prompt_token_ids=[1, 512]), INV, "prompt_token_ids[1]"),
+    "token id 2^32-1": (gen(prompt_token_ids=[U32]), INV, "outside the vocabulary"),
+    "prompt over context": (gen(prompt_token_ids=[7] * 2048), INV, "max_model_len"),
+    "max_tokens 0": (gen({"max_tokens": 0}), INV, "max_tokens"),
+    "max_tokens 2^32-1": (gen({"max_tokens": U32}), INV, "max_tokens"),
+    "temperature -1": (gen({"temperature": -1}), INV, "temperature"),
+    "temperature NaN": (gen({"temperature": math.nan}), INV, "temperature"),
+    "temperature inf": (gen({"temperature": math.inf}), INV, "temperature"),
+    "top_p 0": (gen({"top_p": 0}), INV, "top_p"),
+    "top_p 2": (gen({"top_p": 2}), INV, "top_p"),
+    "top_k -5": (gen({"top_k": -5}), INV, "top_k"),
+    "min_p 1.5": (gen({"min_p": 1.5}), INV, "min_p"),
+    "n 0": (gen({"n": 0}), INV, "sampling_params.n"),
+    "logprobs 10000": (gen({"logprobs": 10000}), INV, "logprobs"),
+    "empty stop string": (gen({"stop": [""]}), INV, "stop[0]"),
+    "stop token past vocab": (gen({"stop_token_ids": [9999]}), INV, "stop_token_ids[0]"),
+    "repetition_penalty 0": (gen({"repetition_penalty": 0}), INV, "repetition_penalty"),
+    "presence_penalty 100": (gen({"presence_penalty": 100}), INV, "presence_penalty"),
+    "frequency_penalty -inf": (gen({"frequency_penalty": -math.inf}), INV, "frequency_penalty"),
+    "min_tokens over max": (gen({"min_tokens": 9, "max_tokens": 2}), INV, "min_tokens"),
+    "image on a text model": (gen(images=[pb.Image(data=b"\x89PNG")]), INV, "images"),
+}
+
+# Raw bytes that are not valid messages: invalid UTF-8 in a string field,
+# and a length prefix that runs past the end.
+RAW_CASES = {
+    "invalid UTF-8 prompt_text": ("Generate", b"\x1a\x03\xff\xfe\xfd", INV, "UTF-8"),
+    "truncated GenerateRequest": ("Generate", b"\x1a\x10abc", INV, "malformed"),
+    "truncated stream request": ("GenerateStream", b"\x12\x08\x01", INV, "malformed"),
+    "garbage GetServerInfo": ("GetServerInfo", b"\xff\xff\xff", INV, "malformed"),
+    "garbage ResetCaches": ("ResetCaches", b"\x0a\x05ab", INV, "malformed"),
+}
+
+
+def update_cases(info):
+    p0, p1 = info.parameters[0], info.parameters[1]
+    v = version()
+    return {
+        "chunk before begin": ([chunk(0, 0, b"x"), COMMIT], INV, "begin"),
+        "begin repeated": ([begin(v, [p0]), begin(v, [p0]), COMMIT], INV, "two begin"),
+        "message after commit": ([begin(v, [p1]), COMMIT, COMMIT], INV, "after commit"),
+        "empty message": ([pb.UpdateWeightsRequest()], INV, "begin"),
+        "no commit": ([begin(v, [p0])], INV, "without commit"),
+        "empty version": ([begin("", [p0]), COMMIT], INV, "weight_version"),
+        "current version": ([begin(info.weight_version, [p0]), COMMIT], FP, "already"),
+        "no tensors": ([begin(v, []), COMMIT], INV, "at least one"),
+        "huge declared shape": (
+            [begin(v, [pb.TensorSpec(name=p0.name, dtype=p0.dtype, shape=[2**40, 2**40])])],
+            INV,
+            "shape",
+        ),
+        "unknown dtype value": (
+            [begin(v, [pb.TensorSpec(name=p0.name, dtype=99, shape=p0.shape)])],
+            INV,
+            "dtype",
+        ),
+        "unknown pause mode": ([begin(v, [p0], pause_mode=42), COMMIT], INV, "pause_mode"),
+        "offset overflowing": ([begin(v, [p0]), chunk(0, 2**64 - 1, b"ab")], INV, "past"),
+        "empty chunk": ([begin(v, [p0]), chunk(0, 0, b"")], INV, "empty chunk"),
+        "tensor index 2^32-1": ([begin(v, [p0]), chunk(U32, 0, b"x")], INV, "tensor_index"),
+    }
+
+
+@pytest.fixture(scope="module")
+def channel(server):
+    with grpc.insecure_channel(server.target) as ch:
+        yield ch
+
+
+def fingerprint(client):
+    r = client.generate(prompt_token_ids=[9, 8, 7, 6], max_tokens=6, temperature=0)
+    return r.weight_version, list(r.completions[0].token_ids)
+
+
+def healthy(channel):
+    r = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+    return r.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def check(call, code, needle):
+    with pytest.raises(grpc.RpcError) as e:
+        call()
+    assert e.value.code() == code, e.value.details()
+    assert needle in e.value.details(), e.value.details()
+
+
+def test_battery(client, channel, info):
+    stub = rollout_pb2_grpc.RolloutServiceStub(channel)
+    before = fingerprint(client)
+    cases = {}
+    for name, (req, code, needle) in GENERATE_CASES.items():
+        cases[f"Generate: {name}"] = (lambda r=req: stub.Generate(r, timeout=30), code, needle)
+        stream_req = pb.GenerateStreamRequest.FromString(req.SerializeToString())
+        cases[f"GenerateStream: {name}"] = (
+            lambda r=stream_req: list(stub.GenerateStream(r, timeout=30)),
+            code,
+            needle,
+        )
+    for name, (method, raw, code, needle) in RAW_CASES.items():
+        path = f"/rollout.v1.RolloutService/{method}"
+        if method == "GenerateStream":
+            call = channel.unary_stream(path)
+            cases[name] = (lambda c=call, b=raw: list(c(b, timeout=30)), code, needle)
+        else:
+            call = channel.unary_unary(path)
+            cases[name] = (lambda c=call, b=raw: c(b, timeout=30), code, needle)
+    for name, (msgs, code, needle) in update_cases(info).items():
+        cases[f"UpdateWeights: {name}"] = (
+            lambda m=msgs: stub.UpdateWeights(iter(m), timeout=30),
+            code,
+            needle,
+        )
+    raw_update = channel.stream_unary("/rollout.v1.RolloutService/UpdateWeights")
+    cases["UpdateWeights: truncated message"] = (
+        lambda: raw_update(iter([b"\x0a\x40\x0a"]), timeout=30),
+        INV,
+        "malformed",
+    )
+    assert len(cases) >= 30
+    for name, (call, code, needle) in cases.items():
+        try:
+            check(call, code, needle)
+            assert healthy(channel)
+        except AssertionError as e:
+            raise AssertionError(f"case {name!r}: {e}") from e
+    assert fingerprint(client) == before
+
+
+finite = st.floats(allow_nan=True, allow_infinity=True, width=32)
+sampling = st.fixed_dictionaries(
+    {},
+    optional={
+        "max_tokens": st.integers(0, U32),
+        "temperature": finite,
+        "top_p": finite,
+        "top_k": st.integers(-(2**31), 2**31 - 1),
+        "min_p": finite,
+        "seed": st.integers(-(2**63), 2**63 - 1),
+        "n": st.integers(0, 4),
+        "logprobs": st.integers(0, 40),
+        "stop": st.lists(st.text(max_size=4), max_size=2),
+        "stop_token_ids": st.lists(st.integers(0, U32), max_size=2),
+        "ignore_eos": st.booleans(),
+        "repetition_penalty": finite,
+        "presence_penalty": finite,
+        "frequency_penalty": finite,
+        "min_tokens": st.integers(0, 8),
+    },
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    sp=sampling,
+    ids=st.lists(st.integers(0, U32), max_size=6),
+    text=st.text(max_size=12),
+)
+def test_fuzzed_generate_requests_never_break_the_server(client, channel, sp, ids, text):
+    """Any request gets a result or a client-error status, never a crash."""
+    sp = dict(sp)
+    if sp.get("max_tokens", 0) > 8 or "max_tokens" not in sp:
+        sp["max_tokens"] = min(sp.get("max_tokens", 4), 8)  # keep the run short
+    if sp.get("n", 1) > 1:
+        sp["n"] = 2
+    req = pb.GenerateRequest(
+        prompt_token_ids=ids, prompt_text=text, sampling_params=pb.SamplingParams(**sp)
+    )
+    stub = rollout_pb2_grpc.RolloutServiceStub(channel)
+    try:
+        r = stub.Generate(req, timeout=60)
+        assert r.completions and all(len(c.token_ids) <= 8 for c in r.completions)
+    except grpc.RpcError as e:
+        assert e.code() in (INV, EXH), (e.code(), e.details())
+        assert e.details()
