@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import grpc
 
+from rollout_service.rpc_handlers import like
+
 ROLES = ("generate", "admin")
 TOKENS_ENV = "ROLLOUT_SERVICE_TOKENS"
 
@@ -88,14 +90,7 @@ def _denied(handler, code: grpc.StatusCode, message: str):
         await context.abort(code, message)
         yield  # pragma: no cover - makes this an async generator
 
-    kind = (handler.request_streaming, handler.response_streaming)
-    if kind == (False, False):
-        return grpc.unary_unary_rpc_method_handler(unary)
-    if kind == (False, True):
-        return grpc.unary_stream_rpc_method_handler(streaming)
-    if kind == (True, False):
-        return grpc.stream_unary_rpc_method_handler(unary)
-    return grpc.stream_stream_rpc_method_handler(streaming)
+    return like(handler, streaming if handler.response_streaming else unary)
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):

@@ -13,6 +13,8 @@ import time
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
+from rollout_service.rpc_handlers import like
+
 REGISTRY = CollectorRegistry()
 
 _LABELS = ("grpc_type", "grpc_service", "grpc_method")
@@ -113,7 +115,7 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
                 finally:
                     _finish(labels, context, t0, cancelled)
 
-            return _replace(handler, stream_wrapper)
+            return like(handler, stream_wrapper)
         inner = handler.unary_unary or handler.stream_unary
 
         async def unary_wrapper(request, context):
@@ -127,7 +129,7 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
             finally:
                 _finish(labels, context, t0, cancelled)
 
-        return _replace(handler, unary_wrapper)
+        return like(handler, unary_wrapper)
 
 
 def _start(labels) -> float:
@@ -143,18 +145,3 @@ def _finish(labels, context, t0: float, cancelled: bool) -> None:
         code = next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)
     HANDLED.labels(*labels, code.name).inc()
     HANDLING.labels(*labels).observe(time.perf_counter() - t0)
-
-
-def _replace(handler, fn):
-    kind = (handler.request_streaming, handler.response_streaming)
-    make = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }[kind]
-    return make(
-        fn,
-        request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
-    )

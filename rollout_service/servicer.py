@@ -21,6 +21,7 @@ from rollout_service import __version__, convert, metrics
 from rollout_service.engine import EngineInfo
 from rollout_service.errors import InvalidArgument, RpcError, Unavailable, status_details
 from rollout_service.gate import AdmissionGate
+from rollout_service.rpc_handlers import make_handler
 from rollout_service.updates import WeightUpdater
 
 log = logging.getLogger(__name__)
@@ -78,21 +79,17 @@ def _lenient(message_cls):
 def add_to_server(servicer: RolloutServicer, server) -> None:
     """Registers every RPC of the proto's RolloutService, with deserializers
     that report malformed bytes as INVALID_ARGUMENT."""
-    kinds = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }
     service = pb.DESCRIPTOR.services_by_name["RolloutService"]
-    handlers = {}
-    for m in service.methods:
-        make = kinds[(m.client_streaming, m.server_streaming)]
-        handlers[m.name] = make(
+    handlers = {
+        m.name: make_handler(
+            m.client_streaming,
+            m.server_streaming,
             getattr(servicer, m.name),
-            request_deserializer=_lenient(getattr(pb, m.input_type.name)),
-            response_serializer=getattr(pb, m.output_type.name).SerializeToString,
+            _lenient(getattr(pb, m.input_type.name)),
+            getattr(pb, m.output_type.name).SerializeToString,
         )
+        for m in service.methods
+    }
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(service.full_name, handlers),)
     )
