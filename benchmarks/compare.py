@@ -36,14 +36,29 @@ import time
 from pathlib import Path
 
 from benchmarks.load import GrpcDriver
-from benchmarks.loadgen import LoadSpec, Range, Record, Workload, format_summary, run_load, summarize
+from benchmarks.loadgen import (
+    LoadSpec,
+    Range,
+    Record,
+    Workload,
+    format_summary,
+    run_load,
+    summarize,
+)
 from tests.serverproc import TEST_ENGINE_ENV, ServerProcess, free_port
 
 MODEL = "tiny-qwen2"
 # Identical for every configuration: the test server's environment plus the
 # KV cache size `rollout-service serve` defaults to.
 ENGINE_ENV = {**TEST_ENGINE_ENV, "VLLM_CPU_KVCACHE_SPACE": "1"}
-ENGINE_ARGS = ["--max-model-len", "2048", "--max-num-seqs", "128", "--max-num-batched-tokens", "2048"]
+ENGINE_ARGS = [
+    "--max-model-len",
+    "2048",
+    "--max-num-seqs",
+    "128",
+    "--max-num-batched-tokens",
+    "2048",
+]
 
 # (name, numerator, denominator, metric, comparison, target)
 TARGETS = [
@@ -127,7 +142,9 @@ def run_inprocess(args) -> dict:
     results = json.loads(out_json.read_text())
     kinds = {"unary": "FINAL_ONLY", "stream": "DELTA"}
     return {
-        f"inprocess_{mode}": report(f"in-process AsyncLLM {kinds[mode]}, {spec(args).describe()}", s)
+        f"inprocess_{mode}": report(
+            f"in-process AsyncLLM {kinds[mode]}, {spec(args).describe()}", s
+        )
         for mode, s in results.items()
     }
 
@@ -238,7 +255,9 @@ def run_serve(args, model_dir: Path) -> dict:
         server.wait_ready()
         vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
         summary = asyncio.run(drive_http(args, server.base + "/v1/completions", vocab))
-        return {"vllm_serve": report(f"vllm serve /v1/completions, {spec(args).describe()}", summary)}
+        return {
+            "vllm_serve": report(f"vllm serve /v1/completions, {spec(args).describe()}", summary)
+        }
     finally:
         server.stop()
 
@@ -267,12 +286,13 @@ def table(results: dict, rows: list[dict]) -> str:
         f"{'TTFT p50':>9} {'errors':>6}",
     ]
     for key, s in results.items():
+        nan = float("nan")
         lat, ttft = s["latency"] or {}, s.get("ttft") or {}
+        p50, p99 = lat.get("p50", nan) * 1000, lat.get("p99", nan) * 1000
         ttft_ms = f"{ttft['p50'] * 1000:9.1f}" if ttft else f"{'-':>9}"
         lines.append(
             f"{key:<22} {s['output_tokens_per_s']:9,.0f} {s['requests_per_s']:7.1f} "
-            f"{lat.get('p50', float('nan')) * 1000:8.1f} {lat.get('p99', float('nan')) * 1000:8.1f} "
-            f"{ttft_ms} {sum(s['errors'].values()):>6}"
+            f"{p50:8.1f} {p99:8.1f} {ttft_ms} {sum(s['errors'].values()):>6}"
         )
     lines += ["", f"{'ratio':<36} {'value':>7}  {'target':<8} met"]
     for r in rows:

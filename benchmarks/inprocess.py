@@ -24,7 +24,15 @@ import time
 import uuid
 from pathlib import Path
 
-from benchmarks.loadgen import LoadSpec, Range, Record, Workload, format_summary, run_load, summarize
+from benchmarks.loadgen import (
+    LoadSpec,
+    Range,
+    Record,
+    Workload,
+    format_summary,
+    run_load,
+    summarize,
+)
 from rollout.v1 import rollout_pb2 as pb
 
 
@@ -32,20 +40,21 @@ class EngineDriver:
     """One `AsyncLLM.generate` per call, timed like the gRPC driver times
     its calls (first token-bearing output, gaps between outputs)."""
 
-    def __init__(self, engine, limits, stream: bool, temperature: float):
+    def __init__(self, engine, limits, stream: bool, temperature: float, logprobs: bool = True):
         from vllm.sampling_params import RequestOutputKind
 
         self.engine, self.limits, self.stream = engine, limits, stream
-        self.temperature = temperature
+        self.temperature, self.logprobs = temperature, logprobs
         self.kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
 
     def _params(self, prompt_len: int, max_tokens: int):
         from rollout_service.convert import sampling_params_from_proto
 
-        sp = pb.SamplingParams(
-            max_tokens=max_tokens, temperature=self.temperature, ignore_eos=True
-        )
-        return sampling_params_from_proto(sp, self.limits, prompt_len, self.kind)
+        sp = pb.SamplingParams(max_tokens=max_tokens, temperature=self.temperature, ignore_eos=True)
+        params = sampling_params_from_proto(sp, self.limits, prompt_len, self.kind)
+        if not self.logprobs:  # what the service's always-on logprobs cost
+            params.logprobs = None
+        return params
 
     async def __call__(self, prompt: list[int], max_tokens: int) -> Record:
         params = self._params(len(prompt), max_tokens)
@@ -95,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--output-len", type=Range.parse, default=Range(64, 64))
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--no-logprobs",
+        dest="logprobs",
+        action="store_false",
+        help="ask for no logprobs (the service always computes the sampled ones)",
+    )
     ap.add_argument("--modes", default="unary,stream", help="which runs, in order")
     ap.add_argument("--json", type=Path, help="write {mode: summary} here")
     ap.add_argument("--no-progress", action="store_true")
@@ -111,7 +126,7 @@ async def run_modes(args, serve_args: list[str]) -> dict:
         results = {}
         for mode in args.modes.split(","):
             stream = mode == "stream"
-            driver = EngineDriver(engine, limits, stream, args.temperature)
+            driver = EngineDriver(engine, limits, stream, args.temperature, args.logprobs)
             workload = Workload(args.prompt_len, args.output_len, limits.vocab_size, args.seed)
             spec = LoadSpec(
                 concurrency=args.concurrency,

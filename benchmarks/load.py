@@ -69,7 +69,9 @@ class GrpcDriver:
     async def __call__(self, prompt: list[int], max_tokens: int) -> Record:
         if self.stream:
             return await self._streamed(prompt, max_tokens)
-        request = pb.GenerateRequest(prompt_token_ids=prompt, sampling_params=self._params(max_tokens))
+        request = pb.GenerateRequest(
+            prompt_token_ids=prompt, sampling_params=self._params(max_tokens)
+        )
         rec = Record(start=time.perf_counter())
         try:
             response = await self._stub().Generate(request, timeout=self.timeout)
@@ -120,27 +122,55 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks.load",
         description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    ap.add_argument("--target", default="127.0.0.1:50051", help="HOST:PORT of the server")
+    ap.add_argument("--target", default="127.0.0.1:50051", help="HOST:PORT (default: %(default)s)")
     mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--concurrency", type=parse_list(int), help="closed loop; a list sweeps")
+    mode.add_argument(
+        "--concurrency",
+        type=parse_list(int),
+        help="closed loop, in flight; a list sweeps (default: 64)",
+    )
     mode.add_argument("--rate", type=parse_list(float), help="open loop, req/s; a list sweeps")
     length = ap.add_mutually_exclusive_group()
-    length.add_argument("--duration", type=float, help="measured seconds per run (default 30)")
+    length.add_argument("--duration", type=float, help="measured seconds per run (default: 30)")
     length.add_argument("--requests", type=int, help="measured requests per run")
-    ap.add_argument("--warmup", type=float, default=5.0, help="seconds excluded from the stats")
-    ap.add_argument("--prompt-len", type=Range.parse, default=Range(16, 16), help="N or LO-HI")
-    ap.add_argument("--output-len", type=Range.parse, default=Range(64, 64), help="N or LO-HI")
+    ap.add_argument(
+        "--warmup",
+        type=float,
+        default=5.0,
+        help="seconds excluded from the stats (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--prompt-len", type=Range.parse, default=Range(16, 16), help="N or LO-HI (default: 16)"
+    )
+    ap.add_argument(
+        "--output-len", type=Range.parse, default=Range(64, 64), help="N or LO-HI (default: 64)"
+    )
     ap.add_argument("--stream", action="store_true", help="GenerateStream instead of Generate")
-    ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--channels", type=int, default=1, help="gRPC channels (connections)")
-    ap.add_argument("--timeout", type=float, default=600.0, help="per-request deadline, s")
+    ap.add_argument("--temperature", type=float, default=1.0, help="(default: %(default)s)")
+    ap.add_argument(
+        "--channels",
+        type=int,
+        default=1,
+        help="gRPC channels, each its own connection (default: 1)",
+    )
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="per-request deadline, s (default: %(default)s)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--update-every", type=float, help="push a full UpdateWeights every S s")
-    ap.add_argument("--pause-mode", choices=("wait", "abort"), default="wait")
-    ap.add_argument("--update-window", type=float, default=2.0, help="before/after window, s")
-    ap.add_argument("--wait-ready", type=float, default=0.0, help="wait up to S s for SERVING")
+    ap.add_argument(
+        "--pause-mode", choices=("wait", "abort"), default="wait", help="of the updates"
+    )
+    ap.add_argument(
+        "--update-window", type=float, default=2.0, help="before/after window, s (default: 2)"
+    )
+    ap.add_argument(
+        "--wait-ready", type=float, default=0.0, help="first wait up to S s for SERVING"
+    )
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--plot", type=Path, help="PNG of throughput and latency over the sweep")
     ap.add_argument("--no-progress", action="store_true", help="no live progress line")
@@ -182,8 +212,11 @@ async def run_one(args, spec: LoadSpec, driver: GrpcDriver, workload: Workload) 
     if args.update_every:
         pusher = UpdatePusher(args.target, args.update_every, args.pause_mode, args.seed)
         size = await pusher.prepare()
-        print(f"updates: {len(pusher.tensors)} tensors, {size / 1e6:.1f} MB every "
-              f"{args.update_every:g} s after warm-up", file=sys.stderr)
+        print(
+            f"updates: {len(pusher.tensors)} tensors, {size / 1e6:.1f} MB every "
+            f"{args.update_every:g} s after warm-up",
+            file=sys.stderr,
+        )
         first = time.perf_counter() + spec.warmup + args.update_every
         task = asyncio.create_task(pusher.run(first))
     try:
@@ -224,13 +257,14 @@ def plot_sweep(runs: list[dict], stream: bool, path: Path) -> None:
     s = [r["summary"] for r in runs]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     ax1.plot(xs, [x["output_tokens_per_s"] for x in s], "o-")
-    ax1.set(xlabel=key, ylabel="output tokens/s", title="throughput")
+    xlabel = "rate (req/s)" if key == "rate" else key
+    ax1.set(xlabel=xlabel, ylabel="output tokens/s", title="throughput")
     series = [("latency", "request")] + ([("ttft", "TTFT")] if stream else [])
     for metric, name in series:
         for q, style in (("p50", "o-"), ("p99", "s--")):
             ys = [x[metric][q] * 1000 if x[metric] else float("nan") for x in s]
             ax2.plot(xs, ys, style, label=f"{name} {q}")
-    ax2.set(xlabel=key, ylabel="ms", title="latency")
+    ax2.set(xlabel=xlabel, ylabel="ms", title="latency")
     ax2.legend()
     for ax in (ax1, ax2):
         if key == "concurrency" and max(xs) / max(min(xs), 1) >= 8:
@@ -246,8 +280,11 @@ async def main_async(args) -> dict:
     info = await server_info(args.target, args.wait_ready)
     if args.prompt_len.hi + args.output_len.hi > info.max_model_len:
         raise SystemExit(f"prompt + output can exceed max_model_len {info.max_model_len}")
-    print(f"server {args.target}: {info.model}, vocab {info.vocab_size}, "
-          f"version {info.weight_version}", file=sys.stderr)
+    print(
+        f"server {args.target}: {info.model}, vocab {info.vocab_size}, "
+        f"version {info.weight_version}",
+        file=sys.stderr,
+    )
     driver = GrpcDriver(args.target, args.stream, args.channels, args.temperature, args.timeout)
     runs = []
     try:
@@ -274,7 +311,9 @@ def main(argv: list[str] | None = None) -> int:
         plot_sweep(results["runs"], args.stream, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
     errors = sum(sum(r["summary"]["errors"].values()) for r in results["runs"])
-    failed_updates = sum(u["error"] is not None for r in results["runs"] for u in r.get("updates", []))
+    failed_updates = sum(
+        u["error"] is not None for r in results["runs"] for u in r.get("updates", [])
+    )
     return 1 if errors or failed_updates else 0
 
 

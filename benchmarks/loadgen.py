@@ -52,7 +52,9 @@ class Workload:
 
     def __init__(self, prompt_len: Range, output_len: Range, vocab_size: int, seed: int = 0):
         if vocab_size <= PROMPT_TOKEN_MIN:
-            raise ValueError(f"vocab_size {vocab_size} leaves no ids in [{PROMPT_TOKEN_MIN}, vocab)")
+            raise ValueError(
+                f"vocab_size {vocab_size} leaves no ids in [{PROMPT_TOKEN_MIN}, vocab)"
+            )
         self.prompt_len, self.output_len = prompt_len, output_len
         self._ids = range(PROMPT_TOKEN_MIN, vocab_size)
         self._rng = random.Random(seed)
@@ -108,6 +110,9 @@ class RunResult:
     t0: float  # warm-up over: requests started from here on are measured
     t1: float  # end of the throughput window
     spec: LoadSpec
+    # CPU this process used per wall second over the whole run, in cores: the
+    # client shares the machine with the server, so its cost is part of the result.
+    client_cpu_cores: float = 0.0
 
 
 class _Run:
@@ -202,6 +207,7 @@ async def run_load(driver: Driver, workload: Workload, spec: LoadSpec) -> RunRes
     if (spec.duration is None) == (spec.requests is None):
         raise ValueError("give exactly one of duration and requests")
     run = _Run(driver, workload, spec)
+    cpu0 = time.process_time()
     ticker = asyncio.create_task(run.progress()) if spec.progress else None
     try:
         if spec.concurrency:
@@ -217,7 +223,8 @@ async def run_load(driver: Driver, workload: Workload, spec: LoadSpec) -> RunRes
         t1 = run.t0 + spec.duration
     else:
         t1 = max(measured_ends, default=run.t0)
-    return RunResult(records=run.records, t0=run.t0, t1=t1, spec=spec)
+    cpu = (time.process_time() - cpu0) / max(time.perf_counter() - run.t_begin, 1e-9)
+    return RunResult(records=run.records, t0=run.t0, t1=t1, spec=spec, client_cpu_cores=cpu)
 
 
 def percentiles(values) -> dict[str, float] | None:
@@ -267,6 +274,7 @@ def summarize(result: RunResult, stream: bool) -> dict[str, Any]:
         "output_tokens_per_s": sum(r.tokens * f for r, f in shares) / window,
         "requests_per_s": sum(f for _, f in shares) / window,
         "latency": percentiles([r.end - r.start for r in ok]),
+        "client_cpu_cores": result.client_cpu_cores,
     }
     if stream:
         summary["ttft"] = percentiles([r.ttft for r in ok if r.ttft is not None])
@@ -288,7 +296,8 @@ def format_summary(title: str, s: dict[str, Any]) -> str:
         f"  requests    {s['ok']} ok, {sum(s['errors'].values())} errors, "
         f"{s['incomplete']} shorter than max_tokens",
         f"  throughput  {s['output_tokens_per_s']:,.0f} output tok/s, "
-        f"{s['requests_per_s']:,.1f} req/s over {s['window_seconds']:.1f} s",
+        f"{s['requests_per_s']:,.1f} req/s over {s['window_seconds']:.1f} s "
+        f"(this process: {s['client_cpu_cores']:.2f} cores)",
         f"  latency     {_ms(s['latency'])}",
     ]
     if "ttft" in s:

@@ -80,10 +80,18 @@ def push(target: str, tensors, version: str):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument(
+        "--model",
+        default="qwen2-150m",
+        help="qwen2-150m (built locally, ~300 MB) or an embedded name such as tiny-qwen2",
+    )
     ap.add_argument("--cache", default=os.path.expanduser("~/.cache/rollout-service/bench"))
     args = ap.parse_args()
 
-    model_dir = build_big_model(Path(args.cache) / "qwen2-150m")
+    if args.model == "qwen2-150m":
+        model_dir = build_big_model(Path(args.cache) / "qwen2-150m")
+    else:
+        model_dir = ensure_model(args.model)
     server = ServerProcess("--model", str(model_dir), "--max-model-len", "512")
     sink_port = free_port()
     sink = subprocess.Popen(
