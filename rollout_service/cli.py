@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import sys
+
+from rollout_service import logs
 
 EMBEDDED_MODELS = ("tiny-qwen2", "tiny-llava")
 
@@ -74,6 +75,9 @@ def _add_server_args(parser) -> None:
     g.add_argument("--max-prompt-tokens", type=int, help="longest prompt (default: the context)")
     g.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     g.add_argument(
+        "--log-json", action="store_true", help="log JSON lines (with request ids) to stderr"
+    )
+    g.add_argument(
         "--no-prefault-staging",
         dest="prefault_staging",
         action="store_false",
@@ -130,13 +134,11 @@ def _engine_args(args):
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    argv = sys.argv[1:] if argv is None else argv
+    logs.configure(json_lines="--log-json" in argv)
     # On CPU vLLM sizes its KV cache from this (GiB); its default fraction of
     # host memory fails on small machines. GPU builds ignore it.
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    argv = sys.argv[1:] if argv is None else argv
     top, rest = _top_parser().parse_known_args(argv[:1])
     args = build_serve_parser().parse_args(argv[1:] + rest)
     from rollout_service.server import ServerConfig, serve

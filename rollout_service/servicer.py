@@ -17,7 +17,7 @@ from vllm.sampling_params import RequestOutputKind
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
-from rollout_service import __version__, convert, metrics
+from rollout_service import __version__, convert, logs, metrics
 from rollout_service.engine import EngineInfo
 from rollout_service.errors import InvalidArgument, RpcError, Unavailable, status_details
 from rollout_service.gate import AdmissionGate
@@ -43,10 +43,12 @@ async def _fail(context: grpc.aio.ServicerContext, e: Exception, rpc: str) -> No
     logged and becomes INTERNAL. context.abort raises, ending the call."""
     err = e if isinstance(e, RpcError) else _engine_error(e)
     if err is None:
-        log.exception("%s failed", rpc)
+        log.exception("%s failed", rpc)  # the request id comes from logs.request_id
         err = RpcError(f"{rpc} failed: {type(e).__name__}: {e}")
     elif err.code == grpc.StatusCode.INTERNAL:
         log.error("%s failed: %s", rpc, err.message)
+    else:
+        log.info("%s refused: %s %s", rpc, err.code.name, err.message)
     await context.abort(
         err.code, err.message, trailing_metadata=(("grpc-status-details-bin", status_details(err)),)
     )
@@ -161,13 +163,15 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         return self._tokenizer.encode(text)
 
     def _prepare(self, request: pb.GenerateRequest, kind: RequestOutputKind):
+        request_id = request.request_id or uuid.uuid4().hex
+        logs.request_id.set(request_id)
         self._check_ready()
         self.updater.check_serving()
         prompt = convert.prompt_from_request(request, self.info.limits, self._tokenize)
         params = convert.sampling_params_from_proto(
             request.sampling_params, self.info.limits, prompt.num_tokens, kind
         )
-        return request.request_id or uuid.uuid4().hex, prompt, params
+        return request_id, prompt, params
 
     async def _run(self, request_id: str, prompt, params) -> AsyncIterator:
         """Runs one engine request of an admitted call; cancellation of the

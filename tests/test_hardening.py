@@ -84,6 +84,7 @@ def secure(tmp_path_factory):
         "--max-prompt-tokens", "64",
         "--max-queued-generate", "3",
         "--metrics-port", str(metrics_port),
+        "--log-json",
     )  # fmt: skip
     tls = dict(
         root_certificates=certs["ca"].read_bytes(),
@@ -215,3 +216,19 @@ def test_metrics(secure):
     assert 'rollout_cache_resets_total{cache="encoder"}' in text
     assert "rollout_weight_info{version=" in text
     assert "rollout_paused 0.0" in text
+
+
+def test_structured_logs_carry_the_request_id(secure):
+    import json
+
+    proc, tls, _ = secure
+    with RolloutClient(proc.target, token="gen-token", retries=0, **tls) as c:
+        with pytest.raises(RolloutError):
+            c.generate(prompt_text="x", top_p=7.0, request_id="trace-me-42")
+    entries = []
+    for line in proc.log.read_text(errors="replace").splitlines():
+        if line.startswith("{"):
+            entries.append(json.loads(line))
+    mine = [e for e in entries if e["request_id"] == "trace-me-42"]
+    assert mine and "INVALID_ARGUMENT" in mine[0]["message"] and "top_p" in mine[0]["message"]
+    assert {"time", "level", "logger", "message"} <= set(mine[0])
