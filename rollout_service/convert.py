@@ -132,6 +132,12 @@ def sampling_params_from_proto(
         ignore_eos=sp.ignore_eos,
         repetition_penalty=repetition_penalty,
         output_kind=output_kind,
+        # vLLM's output processor detokenizes every token incrementally and
+        # decodes every logprob's token (py-spy: ~40% of the server's event
+        # loop at 64 concurrent unary calls). A unary response needs the text
+        # only once, at the end (see completion_to_proto); stop strings and
+        # streamed text deltas still need vLLM's incremental detokenizer.
+        detokenize=bool(sp.stop) or output_kind != RequestOutputKind.FINAL_ONLY,
         **penalties,
     )
 
@@ -239,15 +245,19 @@ def stop_reason_to_str(reason: int | str | None) -> str:
     return "" if reason is None else str(reason)
 
 
-def completion_to_proto(out: CompletionOutput, top_k: int) -> pb.Completion:
-    """Converts one finished vLLM completion."""
+def completion_to_proto(out: CompletionOutput, top_k: int, decode=None) -> pb.Completion:
+    """Converts one finished vLLM completion. `decode` (token ids to text)
+    supplies the text when vLLM did not detokenize."""
     logprobs, top = logprobs_to_proto(out.token_ids, out.logprobs, top_k)
+    text = out.text or ""
+    if not text and decode is not None and out.token_ids:
+        text = decode(out.token_ids)
     return pb.Completion(
         index=out.index,
         token_ids=list(out.token_ids),
         logprobs=logprobs,
         finish_reason=finish_reason_to_proto(out.finish_reason),
-        text=out.text or "",
+        text=text,
         top_logprobs=top,
         stop_reason=stop_reason_to_str(out.stop_reason),
     )

@@ -155,12 +155,23 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         if self.engine.errored:
             raise Unavailable("the engine has died; the server is shutting down")
 
-    def _tokenize(self, text: str) -> list[int]:
+    def _tokenizer_or_none(self):
         if self._tokenizer is None:
             self._tokenizer = self.engine.get_tokenizer()
-            if self._tokenizer is None:
-                raise InvalidArgument("prompt_text", "the model has no tokenizer; send token ids")
-        return self._tokenizer.encode(text)
+        return self._tokenizer
+
+    def _tokenize(self, text: str) -> list[int]:
+        tokenizer = self._tokenizer_or_none()
+        if tokenizer is None:
+            raise InvalidArgument("prompt_text", "the model has no tokenizer; send token ids")
+        return tokenizer.encode(text)
+
+    def _decoder(self, params):
+        """Token ids to text, when vLLM was asked not to detokenize."""
+        tokenizer = self._tokenizer_or_none()
+        if params.detokenize or tokenizer is None:
+            return None
+        return lambda ids: tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)
 
     def _prepare(self, request: pb.GenerateRequest, kind: RequestOutputKind):
         request_id = request.request_id or uuid.uuid4().hex
@@ -189,13 +200,14 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             async for out in self._run(request_id, prompt, params):
                 final = out
         top_k = params.logprobs or 0
+        decode = self._decoder(params)
         usage = convert.usage_to_proto(final)
         metrics.TOKENS.labels("prompt").inc(usage.prompt_tokens)
         metrics.TOKENS.labels("completion").inc(usage.completion_tokens)
         return pb.GenerateResponse(
             request_id=request_id,
             completions=[
-                convert.completion_to_proto(c, top_k)
+                convert.completion_to_proto(c, top_k, decode)
                 for c in sorted(final.outputs, key=lambda c: c.index)
             ],
             weight_version=version,

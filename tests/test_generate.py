@@ -22,7 +22,9 @@ def greedy(client, **kw):
 def collect_stream(client, **kw):
     kw.setdefault("prompt_text", PROMPT)
     tokens, logprobs, finish, usage, versions = [], [], None, None, set()
+    text = []
     for delta in client.generate_stream(max_tokens=12, temperature=0, **kw):
+        text.append(delta.text)
         tokens += delta.token_ids
         logprobs += delta.logprobs
         versions.add(delta.weight_version)
@@ -30,7 +32,7 @@ def collect_stream(client, **kw):
             finish = delta.finish_reason
         if delta.HasField("usage"):
             usage = delta.usage
-    return tokens, logprobs, finish, usage, versions
+    return tokens, logprobs, finish, usage, versions, "".join(text)
 
 
 def test_greedy_is_deterministic_and_tagged(client):
@@ -47,8 +49,10 @@ def test_greedy_is_deterministic_and_tagged(client):
 
 def test_stream_equals_unary(client):
     unary = greedy(client).completions[0]
-    tokens, logprobs, finish, usage, versions = collect_stream(client)
+    tokens, logprobs, finish, usage, versions, text = collect_stream(client)
     assert tokens == list(unary.token_ids)
+    # unary text is decoded once at the end, streamed text incrementally by vLLM
+    assert text == unary.text and text
     assert logprobs == pytest.approx(list(unary.logprobs), abs=1e-5)
     assert finish == unary.finish_reason
     assert usage.completion_tokens == len(tokens) and usage.prompt_tokens > 0
