@@ -59,21 +59,12 @@ class EngineDriver:
     async def __call__(self, prompt: list[int], max_tokens: int) -> Record:
         params = self._params(len(prompt), max_tokens)
         rec = Record(start=time.perf_counter())
-        last = None
         try:
             async for out in self.engine.generate(
                 {"prompt_token_ids": prompt}, params, uuid.uuid4().hex
             ):
-                n = len(out.outputs[0].token_ids)
-                if not n:
-                    continue
-                now = time.perf_counter()
-                if last is None:
-                    rec.ttft = now - rec.start
-                else:
-                    rec.itl.append(now - last)
-                last = now
-                rec.tokens = rec.tokens + n if self.stream else n
+                # DELTA outputs carry the new tokens; FINAL_ONLY comes once with all
+                rec.tokens_arrived(len(out.outputs[0].token_ids))
         except Exception as e:  # counted like a failed RPC
             rec.error = type(e).__name__
         rec.end = time.perf_counter()

@@ -86,19 +86,9 @@ class GrpcDriver:
             prompt_token_ids=prompt, sampling_params=self._params(max_tokens)
         )
         rec = Record(start=time.perf_counter())
-        last = None
         try:
             async for msg in self._stub().GenerateStream(request, timeout=self.timeout):
-                n = len(msg.token_ids)
-                if not n:
-                    continue
-                now = time.perf_counter()
-                if last is None:
-                    rec.ttft = now - rec.start
-                else:
-                    rec.itl.append(now - last)
-                last = now
-                rec.tokens += n
+                rec.tokens_arrived(len(msg.token_ids))
         except grpc.aio.AioRpcError as e:
             rec.error = e.code().name
         rec.end = time.perf_counter()

@@ -75,6 +75,20 @@ class Record:
     itl: list[float] = field(default_factory=list)  # streaming: gaps between token messages
     error: str | None = None  # status code name (or exception type) on failure
     expected: int = 0  # max_tokens asked for
+    _last: float | None = None  # when the previous token-bearing message came
+
+    def tokens_arrived(self, new_tokens: int) -> None:
+        """Records a message carrying `new_tokens` tokens: TTFT for the first,
+        an inter-token gap for the others."""
+        if not new_tokens:
+            return
+        now = time.perf_counter()
+        if self._last is None:
+            self.ttft = now - self.start
+        else:
+            self.itl.append(now - self._last)
+        self._last = now
+        self.tokens += new_tokens
 
 
 Driver = Callable[[list[int], int], Awaitable[Record]]
