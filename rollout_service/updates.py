@@ -50,7 +50,7 @@ class WeightUpdater:
         self.staging = StagingRegion()
         # Set when an engine failure may have left weights half-loaded.
         self.degraded = False
-        self._receiving = False
+        self._busy = False
         # Serialises the engine-touching step of updates and cache resets.
         self._apply_lock = asyncio.Lock()
 
@@ -92,24 +92,31 @@ class WeightUpdater:
         return ack
 
     async def _update(self, messages) -> pb.UpdateWeightsResponse:
-        if self._receiving:
+        # Busy from the first message to the end of the apply, so that a
+        # concurrent update is refused at once in either phase, never queued.
+        if self._busy:
             raise Aborted("another UpdateWeights is in progress; only one runs at a time")
-        self._receiving = True
+        self._busy = True
+        apply = None
         try:
             t0 = time.perf_counter()
             staged = await self._receive(messages)
             receive_s = time.perf_counter() - t0
+            if self.degraded and staged.names != set(self.manifest):
+                raise FailedPrecondition(
+                    "the server is degraded: only a full update (every parameter) can recover "
+                    f"it, this one has {len(staged.names)} of {len(self.manifest)}"
+                )
+            # Shielded: once the engine is touched, the sequence runs to the
+            # end even if the call is cancelled, so the engine is never left
+            # paused or half-updated by a client that went away; the update
+            # stays busy until it has.
+            apply = asyncio.ensure_future(self._apply(staged, receive_s))
+            apply.add_done_callback(lambda _: setattr(self, "_busy", False))
+            return await asyncio.shield(apply)
         finally:
-            self._receiving = False
-        if self.degraded and staged.names != set(self.manifest):
-            raise FailedPrecondition(
-                "the server is degraded: only a full update (every parameter) can recover it, "
-                f"this one has {len(staged.names)} of {len(self.manifest)}"
-            )
-        # Shielded: once the engine is touched, the sequence runs to the end
-        # even if the call is cancelled, so the engine is never left paused
-        # or half-updated by a client that went away.
-        return await asyncio.shield(self._apply(staged, receive_s))
+            if apply is None:
+                self._busy = False
 
     async def _receive(self, messages) -> StagedUpdate:
         assembler = UpdateAssembler(
@@ -126,8 +133,6 @@ class WeightUpdater:
 
         async with self._apply_lock:
             previous = self.gate.version
-            if staged.weight_version == previous:
-                raise Aborted(f"another update already installed version {previous!r}")
             t0 = time.perf_counter()
             async with self.gate.closed():
                 await self._drain(staged.pause_mode)

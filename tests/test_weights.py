@@ -399,3 +399,28 @@ def test_engine_failure_degrades_until_a_full_update(server, client, info, fault
     client.update_weights(random_weights(info.parameters, seed=32), version())
     client.update_weights(full, version())
     assert tokens_and_logprobs(greedy(client)) == tokens_and_logprobs(recovered)
+
+
+def test_update_during_another_updates_apply_is_aborted_at_once(client, info):
+    """The first update is draining (WAIT, a long call in flight): a second
+    one is refused at once instead of queueing behind it."""
+    in_flight = []
+    threads = _long_calls(client, 1, in_flight, max_tokens=600)
+    _wait_running(client, 1)
+    first = {}
+    updater = threading.Thread(
+        target=lambda: first.update(
+            r=client.update_weights(random_weights(info.parameters, seed=51), version())
+        )
+    )
+    updater.start()
+    time.sleep(0.5)  # the first update is now in its apply phase, draining
+    assert updater.is_alive()
+    t0 = time.monotonic()
+    with pytest.raises(RolloutError) as e:
+        client.update_weights(random_weights(info.parameters, seed=52), version())
+    assert e.value.code == grpc.StatusCode.ABORTED
+    assert time.monotonic() - t0 < 0.5 and updater.is_alive()
+    for t in [*threads, updater]:
+        t.join(120)
+    assert client.server_info().weight_version == first["r"].weight_version
