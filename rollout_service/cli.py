@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import os
 import sys
+from dataclasses import fields
 
 from rollout_service import logs
 
@@ -143,23 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_serve_parser().parse_args(argv[1:] + rest)
     from rollout_service.server import ServerConfig, serve
 
+    # Every server flag's dest is the ServerConfig field of the same name
+    # (argparse would refuse an engine flag with the same option string).
     config = ServerConfig(
-        host=args.host,
-        port=args.port,
-        grace_seconds=args.grace_seconds,
-        max_message_bytes=args.max_message_bytes,
-        max_update_bytes=args.max_update_bytes,
-        initial_weight_version=args.initial_weight_version,
-        prefault_staging=args.prefault_staging,
-        tokens_file=args.tokens_file,
-        protect_health=args.protect_health,
-        tls_cert=args.tls_cert,
-        tls_key=args.tls_key,
-        tls_client_ca=args.tls_client_ca,
-        max_concurrent_rpcs=args.max_concurrent_rpcs,
-        max_queued_generate=args.max_queued_generate,
-        max_prompt_tokens=args.max_prompt_tokens,
-        metrics_port=args.metrics_port,
+        **{f.name: getattr(args, f.name) for f in fields(ServerConfig) if hasattr(args, f.name)}
     )
     if bool(config.tls_cert) != bool(config.tls_key):
         sys.exit("rollout-service: --tls-cert and --tls-key go together")

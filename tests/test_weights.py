@@ -289,19 +289,23 @@ def _wait_running(client, n):
         time.sleep(0.01)
 
 
+def _update_in_background(client, weights):
+    """Starts a full update in a thread; its ack lands in result["r"]."""
+    result = {}
+    thread = threading.Thread(
+        target=lambda: result.update(r=client.update_weights(weights, version()))
+    )
+    thread.start()
+    return thread, result
+
+
 def test_wait_mode_finishes_in_flight_on_old_version(client, info):
     old = client.server_info().weight_version
     in_flight, arrivals = [], []
     threads = _long_calls(client, 3, in_flight, max_tokens=400)
     threads += _long_calls(client, 1, in_flight, max_tokens=400, stream=True)
     _wait_running(client, 4)
-    ack = {}
-    updater = threading.Thread(
-        target=lambda: ack.update(
-            r=client.update_weights(random_weights(info.parameters, seed=11), version())
-        )
-    )
-    updater.start()
+    updater, ack = _update_in_background(client, random_weights(info.parameters, seed=11))
     time.sleep(0.3)  # the update is now draining: new calls wait at the gate
     threads += _long_calls(client, 2, arrivals, max_tokens=8)
     for t in [*threads, updater]:
@@ -407,13 +411,7 @@ def test_update_during_another_updates_apply_is_aborted_at_once(client, info):
     in_flight = []
     threads = _long_calls(client, 1, in_flight, max_tokens=600)
     _wait_running(client, 1)
-    first = {}
-    updater = threading.Thread(
-        target=lambda: first.update(
-            r=client.update_weights(random_weights(info.parameters, seed=51), version())
-        )
-    )
-    updater.start()
+    updater, first = _update_in_background(client, random_weights(info.parameters, seed=51))
     time.sleep(0.5)  # the first update is now in its apply phase, draining
     assert updater.is_alive()
     t0 = time.monotonic()
