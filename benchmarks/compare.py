@@ -14,7 +14,13 @@ in turn:
   (c) the same AsyncLLM in-process, FINAL_ONLY  tok/s, and DELTA for TTFT
   (d) `vllm serve`, /v1/completions over HTTP   tok/s
 
-and prints the ratios against their targets. Every engine gets the same
+and prints the ratios against their targets. Every configuration gets the
+same CPU placement: by default (`--placement pinned`) its processes other
+than vLLM's worker run on the cores the worker is not bound to, as
+`rollout-service serve` places itself; `--placement floating` leaves them
+where the OS puts them (`serve --no-cpu-placement`). The load client is not
+placed. Run-to-run spread on this machine is wide, so `--rounds N` measures
+every configuration N times, interleaved, and the ratios are medians. Every engine gets the same
 environment (ENGINE_ENV) and the same engine arguments (ENGINE_ARGS, explicit
 because vLLM picks different batch defaults for its OpenAI server). The
 service always returns the sampled tokens' logprobs, so by default the other
@@ -29,6 +35,7 @@ import asyncio
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,6 +52,7 @@ from benchmarks.loadgen import (
     run_load,
     summarize,
 )
+from rollout_service import placement
 from tests.serverproc import TEST_ENGINE_ENV, ServerProcess, free_port
 
 MODEL = "tiny-qwen2"
@@ -65,8 +73,13 @@ TARGETS = [
     ("ours unary / in-process tok/s", "ours_unary", "inprocess_unary", "tok/s", ">=", 0.95),
     ("ours unary / vllm serve tok/s", "ours_unary", "vllm_serve", "tok/s", ">=", 1.1),
     ("ours stream / in-process TTFT p50", "ours_stream", "inprocess_stream", "ttft", "<=", 1.5),
+    # No target: what CPU placement is worth (only with --only ...,floating).
+    ("ours unary / floating tok/s", "ours_unary", "ours_floating_unary", "tok/s", None, None),
+    ("ours stream / floating TTFT p50", "ours_stream", "ours_floating_stream", "ttft", None, None),
 ]
 CONFIGS = ("ours", "inprocess", "serve")
+# Not run unless asked for (--only ours,floating,...): ours without CPU placement.
+EXTRA_CONFIGS = ("floating",)
 
 
 def engine_env() -> dict[str, str]:
@@ -88,6 +101,23 @@ def workload(args, vocab_size: int) -> Workload:
     return Workload(args.prompt_len, args.output_len, vocab_size, args.seed)
 
 
+def place(args, root_pid: int) -> None:
+    """Applies --placement to a running configuration's processes under
+    ``root_pid`` (rollout-service places itself; this only checks it). The
+    load client is not part of the system under test and is left alone."""
+    if args.placement != "pinned":
+        return
+    placed = placement.keep_off_worker_cores(root_pid)
+    rest = placed[1] if placed else set(os.sched_getaffinity(root_pid))
+    if rest == set(os.sched_getaffinity(0)):
+        raise RuntimeError("--placement pinned: found no vLLM worker bound to cores")
+    print(f"placement: all but the vLLM worker on CPUs {sorted(rest)}", flush=True)
+
+
+def placement_args(args) -> list[str]:
+    return [] if args.placement == "pinned" else ["--no-cpu-placement"]
+
+
 def report(name: str, summary: dict) -> dict:
     print(format_summary(name, summary), flush=True)
     return summary
@@ -102,21 +132,28 @@ async def drive_grpc(args, target: str, stream: bool, vocab_size: int) -> dict:
     return summarize(result, stream)
 
 
-def run_ours(args) -> dict:
-    """(a) and (b): one server, unary then streaming."""
-    server = ServerProcess("--model", MODEL, *ENGINE_ARGS, env=ENGINE_ENV)
-    print(f"\n== rollout-service on {server.target} (log {server.log})", flush=True)
+def run_ours(args, floating: bool = False) -> dict:
+    """(a) and (b): one server, unary then streaming. ``floating``: the
+    server started with --no-cpu-placement, whatever --placement says
+    (what its CPU placement is worth, measured in the same run)."""
+    extra = ["--no-cpu-placement"] if floating else placement_args(args)
+    server = ServerProcess("--model", MODEL, *ENGINE_ARGS, *extra, env=ENGINE_ENV)
+    prefix = "ours_floating" if floating else "ours"
+    name = "rollout-service --no-cpu-placement" if floating else "rollout-service"
+    print(f"\n== {name} on {server.target} (log {server.log})", flush=True)
     try:
         server.wait_ready()
+        if not floating:
+            place(args, server.proc.pid)
         from rollout_client import RolloutClient
 
         with RolloutClient(server.target) as c:
             vocab = c.server_info().vocab_size
         out = {}
-        for key, stream in (("ours_unary", False), ("ours_stream", True)):
+        for kind, stream in (("unary", False), ("stream", True)):
             summary = asyncio.run(drive_grpc(args, server.target, stream, vocab))
             call = "GenerateStream" if stream else "Generate"
-            out[key] = report(f"rollout-service {call}, {spec(args).describe()}", summary)
+            out[f"{prefix}_{kind}"] = report(f"{name} {call}, {spec(args).describe()}", summary)
         return out
     finally:
         server.stop()
@@ -132,7 +169,7 @@ def run_inprocess(args) -> dict:
         "--warmup", str(args.warmup), "--prompt-len", str(args.prompt_len),
         "--output-len", str(args.output_len), "--temperature", str(args.temperature),
         "--seed", str(args.seed), "--json", str(out_json), "--no-progress",
-        "--", "--model", MODEL, *ENGINE_ARGS,
+        "--", "--model", MODEL, *ENGINE_ARGS, *placement_args(args),
     ]  # fmt: skip
     print(f"\n== in-process AsyncLLM (log {log})", flush=True)
     with open(log, "wb") as f:
@@ -253,6 +290,7 @@ def run_serve(args, model_dir: Path) -> dict:
     print(f"\n== vllm serve on {server.base} (log {server.log})", flush=True)
     try:
         server.wait_ready()
+        place(args, server.proc.pid)
         vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
         summary = asyncio.run(drive_http(args, server.base + "/v1/completions", vocab))
         return {
@@ -268,13 +306,21 @@ def metric(summary: dict, name: str) -> float | None:
     return (summary.get(name) or {}).get("p50")
 
 
+def judge(value: float | None, op: str | None, target: float | None) -> dict:
+    if op is None:
+        return {"target": "-", "met": None}
+    ok = None if value is None else (value >= target if op == ">=" else value <= target)
+    return {"target": f"{op} {target}", "met": ok}
+
+
 def ratios(results: dict) -> list[dict]:
     rows = []
     for name, num, den, m, op, target in TARGETS:
         a, b = results.get(num), results.get(den)
-        value = metric(a, m) / metric(b, m) if a and b and metric(a, m) and metric(b, m) else None
-        ok = None if value is None else (value >= target if op == ">=" else value <= target)
-        rows.append({"ratio": name, "value": value, "target": f"{op} {target}", "met": ok})
+        if not (a and b):
+            continue
+        value = metric(a, m) / metric(b, m) if metric(a, m) and metric(b, m) else None
+        rows.append({"ratio": name, "value": value, **judge(value, op, target)})
     return rows
 
 
@@ -316,11 +362,47 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--serve-logprobs", default="0", help="vllm serve `logprobs`, or none")
-    ap.add_argument("--only", default=",".join(CONFIGS), help="subset of " + ",".join(CONFIGS))
+    ap.add_argument(
+        "--placement",
+        choices=("pinned", "floating"),
+        default="pinned",
+        help="everything but the vLLM worker off the worker's cores, or left to the OS",
+    )
+    ap.add_argument("--rounds", type=int, default=3, help="times each configuration runs")
+    ap.add_argument(
+        "--only", default=",".join(CONFIGS), help="of " + ",".join(CONFIGS + EXTRA_CONFIGS)
+    )
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     ap.add_argument("--no-progress", action="store_true")
     return ap
+
+
+def run_round(args, model_dir: Path, only: list[str]) -> dict:
+    """Every selected configuration once, one engine at a time."""
+    results: dict = {}
+    if "ours" in only:
+        results.update(run_ours(args))
+    if "floating" in only:
+        results.update(run_ours(args, floating=True))
+    if "inprocess" in only:
+        results.update(run_inprocess(args))
+    if "serve" in only:
+        results.update(run_serve(args, model_dir))
+    return results
+
+
+def median_rows(rounds: list[list[dict]]) -> list[dict]:
+    """Per ratio: the median over rounds, with every round's value."""
+    rows = []
+    for name, _, _, _, op, target in TARGETS:
+        per_round = [row for r in rounds for row in r if row["ratio"] == name]
+        values = [row["value"] for row in per_round if row["value"] is not None]
+        if not per_round:
+            continue
+        value = statistics.median(values) if values else None
+        rows.append({"ratio": name, "value": value, **judge(value, op, target), "rounds": values})
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -329,23 +411,30 @@ def main(argv: list[str] | None = None) -> int:
 
     model_dir = ensure_model(MODEL)
     only = args.only.split(",")
-    results: dict = {}
-    if "ours" in only:
-        results.update(run_ours(args))
-    if "inprocess" in only:
-        results.update(run_inprocess(args))
-    if "serve" in only:
-        results.update(run_serve(args, model_dir))
-    rows = ratios(results)
-    print(table(results, rows))
+    rounds = []
+    for n in range(1, args.rounds + 1):
+        print(f"\n######## round {n} of {args.rounds}", flush=True)
+        results = run_round(args, model_dir, only)
+        rows = ratios(results)
+        print(table(results, rows), flush=True)
+        rounds.append({"results": results, "ratios": rows})
+    final = median_rows([r["ratios"] for r in rounds])
+    if args.rounds > 1:
+        print(f"\n######## medians over {args.rounds} rounds")
+        print(f"{'ratio':<36} {'median':>7}  {'target':<8} met  rounds")
+        for r in final:
+            value = "n/a" if r["value"] is None else f"{r['value']:.3f}"
+            met = {True: "yes", False: "NO", None: "-"}[r["met"]]
+            each = ", ".join(f"{v:.2f}" for v in r["rounds"])
+            print(f"{r['ratio']:<36} {value:>7}  {r['target']:<8} {met:<4} {each}")
     if args.json:
         config = {k: str(v) if isinstance(v, (Range, Path)) else v for k, v in vars(args).items()}
         config.update(engine_env=ENGINE_ENV, engine_args=ENGINE_ARGS, model=MODEL)
-        out = {"config": config, "results": results, "ratios": rows}
+        out = {"config": config, "rounds": rounds, "ratios": final}
         args.json.write_text(json.dumps(out, indent=2))
         print(f"wrote {args.json}")
-    errors = sum(sum(s["errors"].values()) for s in results.values())
-    missed = args.check and any(r["met"] is False for r in rows)
+    errors = sum(sum(s["errors"].values()) for r in rounds for s in r["results"].values())
+    missed = args.check and any(r["met"] is False for r in final)
     return 1 if errors or missed else 0
 
 

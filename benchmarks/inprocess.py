@@ -72,13 +72,15 @@ class EngineDriver:
 
 
 def start_engine(serve_args: list[str]):
-    """AsyncLLM from `rollout-service serve` arguments, warmed up like the
-    server warms it up. Returns (engine, limits)."""
-    from rollout_service import cli
+    """AsyncLLM from `rollout-service serve` arguments, placed on the CPUs
+    as the server places itself (this process is its front end, as the
+    server is). Returns (engine, limits)."""
+    from rollout_service import cli, placement
     from rollout_service.engine import build_engine, engine_info
 
     args = cli.build_serve_parser().parse_args(serve_args)
     engine = build_engine(cli._engine_args(args))
+    placement.apply(args.cpu_placement)
     return engine, engine_info(engine).limits
 
 

@@ -84,6 +84,13 @@ def _add_server_args(parser) -> None:
         action="store_false",
         help="do not touch the staging memory at start (saves RAM until the first update)",
     )
+    g.add_argument(
+        "--no-cpu-placement",
+        dest="cpu_placement",
+        action="store_false",
+        help="on a CPU host, leave this server and vLLM's engine core free to run on the cores "
+        "vLLM binds its worker to (by default they are moved off them)",
+    )
 
 
 def build_serve_parser():

@@ -18,7 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from rollout.v1 import rollout_pb2
-from rollout_service import metrics
+from rollout_service import metrics, placement
 from rollout_service.auth import AuthInterceptor, Tokens
 from rollout_service.engine import build_engine, engine_info, warm_up
 from rollout_service.gate import AdmissionGate
@@ -66,6 +66,9 @@ class ServerConfig:
     max_prompt_tokens: int | None = None
     # Port of the Prometheus /metrics endpoint; None: off.
     metrics_port: int | None = None
+    # Move this process and the engine core off the cores vLLM's CPU worker
+    # is bound to (see placement.py); a no-op on GPU hosts.
+    cpu_placement: bool = True
     # How often the engine's liveness is checked.
     watchdog_seconds: float = 1.0
 
@@ -161,6 +164,7 @@ async def serve(config: ServerConfig, engine_args) -> int:
             engine = await start
             return 0
         engine = start.result()
+        placement.apply(config.cpu_placement)
         info = engine_info(engine, config.max_prompt_tokens)
         gate = AdmissionGate(config.initial_weight_version, config.max_queued_generate)
         max_update = config.max_update_bytes or (

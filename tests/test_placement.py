@@ -1,0 +1,79 @@
+"""On a CPU host the server and vLLM's engine core keep off the cores vLLM
+binds its worker to (rollout_service.placement), so they never preempt it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from rollout_service.placement import keep_off_worker_cores
+
+
+def _thread_cpus(proc: psutil.Process) -> set[int]:
+    """The union of every thread's CPU mask."""
+    cpus: set[int] = set()
+    for t in proc.threads():
+        cpus |= os.sched_getaffinity(t.id)
+    return cpus
+
+
+def _vllm_process(root: psutil.Process, title: str) -> psutil.Process:
+    found = [p for p in root.children(recursive=True) if " ".join(p.cmdline()).startswith(title)]
+    assert len(found) == 1, [p.cmdline() for p in root.children(recursive=True)]
+    return found[0]
+
+
+def test_server_and_engine_core_run_off_the_worker_cores(server, client):
+    client.generate(prompt_token_ids=[1, 2, 3], max_tokens=2)  # a serving server
+    root = psutil.Process(server.proc.pid)
+    worker_cpus = _thread_cpus(_vllm_process(root, "VLLM::Worker"))
+    assert worker_cpus < os.sched_getaffinity(0), "vLLM bound its worker to every CPU"
+    for proc in (root, _vllm_process(root, "VLLM::EngineCore")):
+        assert not _thread_cpus(proc) & worker_cpus, " ".join(proc.cmdline())
+
+
+# A stand-in for the engine's process tree: a parent with one child bound to
+# the first CPU (the "worker") and one child left floating.
+_TREE = """
+import os, subprocess, sys, time
+first = min(os.sched_getaffinity(0))
+bound = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+os.sched_setaffinity(bound.pid, {first})
+floating = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+print(bound.pid, floating.pid, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def tree():
+    root = subprocess.Popen([sys.executable, "-c", _TREE], stdout=subprocess.PIPE, text=True)
+    bound, floating = (psutil.Process(int(p)) for p in root.stdout.readline().split())
+    yield psutil.Process(root.pid), bound, floating
+    for p in (bound, floating):
+        p.kill()
+    root.kill()
+    root.wait()
+
+
+def test_moves_the_root_and_floating_processes_off_bound_cpus(tree):
+    root, bound, floating = tree
+    allowed = os.sched_getaffinity(0)
+    first = min(allowed)
+    assert keep_off_worker_cores(root.pid) == ({first}, allowed - {first})
+    assert _thread_cpus(root) == allowed - {first}
+    assert _thread_cpus(floating) == allowed - {first}
+    assert _thread_cpus(bound) == {first}
+
+
+def test_nothing_moves_without_a_bound_process(tree):
+    root, bound, floating = tree
+    os.sched_setaffinity(bound.pid, os.sched_getaffinity(0))
+    time.sleep(0.1)
+    assert keep_off_worker_cores(root.pid) is None
+    assert _thread_cpus(root) == os.sched_getaffinity(0)
