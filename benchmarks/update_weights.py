@@ -85,6 +85,9 @@ def main() -> None:
         default="qwen2-150m",
         help="qwen2-150m (built locally, ~300 MB) or an embedded name such as tiny-qwen2",
     )
+    ap.add_argument(
+        "--no-cpu-placement", action="store_true", help="pass it to the server (see placement.py)"
+    )
     ap.add_argument("--cache", default=os.path.expanduser("~/.cache/rollout-service/bench"))
     args = ap.parse_args()
 
@@ -92,7 +95,8 @@ def main() -> None:
         model_dir = build_big_model(Path(args.cache) / "qwen2-150m")
     else:
         model_dir = ensure_model(args.model)
-    server = ServerProcess("--model", str(model_dir), "--max-model-len", "512")
+    extra = ["--no-cpu-placement"] if args.no_cpu_placement else []
+    server = ServerProcess("--model", str(model_dir), "--max-model-len", "512", *extra)
     sink_port = free_port()
     sink = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.sink_server", "--port", str(sink_port)]
