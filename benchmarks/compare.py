@@ -20,8 +20,8 @@ than vLLM's worker run on the cores the worker is not bound to, as
 `rollout-service serve` places itself; `--placement floating` leaves them
 where the OS puts them (`serve --no-cpu-placement`). The load client is not
 placed. Run-to-run spread on this machine is wide, so `--rounds N` measures
-every configuration N times, interleaved, and the ratios are medians. Every engine gets the same
-environment (ENGINE_ENV) and the same engine arguments (ENGINE_ARGS, explicit
+every configuration N times, interleaved, and the ratios are medians. Every
+engine gets the same environment (ENGINE_ENV) and the same engine arguments (ENGINE_ARGS, explicit
 because vLLM picks different batch defaults for its OpenAI server). The
 service always returns the sampled tokens' logprobs, so by default the other
 configurations compute them too (`--serve-logprobs none` drops them for
@@ -340,12 +340,20 @@ def table(results: dict, rows: list[dict]) -> str:
             f"{key:<22} {s['output_tokens_per_s']:9,.0f} {s['requests_per_s']:7.1f} "
             f"{p50:8.1f} {p99:8.1f} {ttft_ms} {sum(s['errors'].values()):>6}"
         )
-    lines += ["", f"{'ratio':<36} {'value':>7}  {'target':<8} met"]
+    return "\n".join([*lines, "", *ratio_lines(rows)])
+
+
+def ratio_lines(rows: list[dict], column: str = "value") -> list[str]:
+    """Ratio rows against their targets; medians also list every round's value."""
+    lines = [
+        f"{'ratio':<36} {column:>7}  {'target':<8} met" + ("  rounds" if column == "median" else "")
+    ]
     for r in rows:
         value = "n/a" if r["value"] is None else f"{r['value']:.3f}"
         met = {True: "yes", False: "NO", None: "-"}[r["met"]]
-        lines.append(f"{r['ratio']:<36} {value:>7}  {r['target']:<8} {met}")
-    return "\n".join(lines)
+        each = ", ".join(f"{v:.2f}" for v in r.get("rounds", ()))
+        lines.append(f"{r['ratio']:<36} {value:>7}  {r['target']:<8} {met:<4} {each}".rstrip())
+    return lines
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -421,12 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     final = median_rows([r["ratios"] for r in rounds])
     if args.rounds > 1:
         print(f"\n######## medians over {args.rounds} rounds")
-        print(f"{'ratio':<36} {'median':>7}  {'target':<8} met  rounds")
-        for r in final:
-            value = "n/a" if r["value"] is None else f"{r['value']:.3f}"
-            met = {True: "yes", False: "NO", None: "-"}[r["met"]]
-            each = ", ".join(f"{v:.2f}" for v in r["rounds"])
-            print(f"{r['ratio']:<36} {value:>7}  {r['target']:<8} {met:<4} {each}")
+        print("\n".join(ratio_lines(final, column="median")))
     if args.json:
         config = {k: str(v) if isinstance(v, (Range, Path)) else v for k, v in vars(args).items()}
         config.update(engine_env=ENGINE_ENV, engine_args=ENGINE_ARGS, model=MODEL)

@@ -9,8 +9,8 @@ of every request in the batch. ``keep_off_worker_cores`` moves them onto the
 cores no worker is bound to. On a GPU host no worker is bound and it changes
 nothing. Linux only (``sched_setaffinity`` per thread).
 
-What it is worth is measured by ``python -m benchmarks.compare --placement
-floating`` against the default (BENCHMARKS.md).
+What it is worth is measured against ``--no-cpu-placement`` in one run by
+``python -m benchmarks.compare --only ours,floating`` (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def apply(enabled: bool) -> None:
     worker, rest = placed
     log.info(
         "CPU placement: vLLM worker on CPUs %s; this server and the engine core moved to %s "
-        "(--cpu-placement off keeps them floating)",
+        "(--no-cpu-placement keeps them floating)",
         sorted(worker),
         sorted(rest),
     )

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
@@ -74,6 +73,5 @@ def test_moves_the_root_and_floating_processes_off_bound_cpus(tree):
 def test_nothing_moves_without_a_bound_process(tree):
     root, bound, floating = tree
     os.sched_setaffinity(bound.pid, os.sched_getaffinity(0))
-    time.sleep(0.1)
     assert keep_off_worker_cores(root.pid) is None
     assert _thread_cpus(root) == os.sched_getaffinity(0)
