@@ -76,12 +76,12 @@ def start_engine(serve_args: list[str]):
     as the server places itself (this process is its front end, as the
     server is). Returns (engine, limits)."""
     from rollout_service import cli, placement
-    from rollout_service.engine import build_engine, engine_info
+    from rollout_service.engine import build_engine, model_limits
 
     args = cli.build_serve_parser().parse_args(serve_args)
     engine = build_engine(cli._engine_args(args))
     placement.apply(args.cpu_placement)
-    return engine, engine_info(engine).limits
+    return engine, model_limits(engine)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,17 +10,18 @@ without an engine.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import crc32c
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service import dtypes
+from rollout_client import dtypes
 from rollout_service.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from rollout_service.staged import StagedTensor
 
 # Tensors start on this alignment inside the region.
-_ALIGN = 64
+ALIGN = 64
 
 
 @dataclass
@@ -68,13 +69,32 @@ class StagedUpdate:
 
     weight_version: str
     pause_mode: int
-    # The backend's tensor table (see weights_backend.ShmUpdateInfo).
-    tensors: list[dict[str, Any]]
+    tensors: list[StagedTensor]
     bytes_received: int
+    # CRC-32C of each tensor the client declared one for (checked).
+    declared_crcs: dict[str, int]
+    # Seconds the client allows for draining in-flight calls (0: the server's).
+    drain_timeout_seconds: float = 0.0
 
     @property
     def names(self) -> set[str]:
-        return {t["name"] for t in self.tensors}
+        return {t.name for t in self.tensors}
+
+    def content(self, buf) -> tuple:
+        """What identifies this update's bytes: every tensor's name, dtype,
+        shape and CRC-32C (computed here where the client declared none).
+        A retry of an applied update is recognised by it."""
+        return tuple(
+            (
+                t.name,
+                t.dtype,
+                t.shape,
+                self.declared_crcs.get(t.name)
+                if t.name in self.declared_crcs
+                else crc32c.crc32c(buf[t.offset : t.offset + t.nbytes]),
+            )
+            for t in self.tensors
+        )
 
 
 class UpdateAssembler:
@@ -86,9 +106,16 @@ class UpdateAssembler:
         max_update_bytes: int,
         staging,
         current_version: str,
+        groups: Mapping[str, Sequence[str]] | None = None,
+        replayable_version: str | None = None,
     ) -> None:
         self._manifest = manifest
         self._current_version = current_version
+        # name -> every name of its group (param_groups.py); absent: alone.
+        self._groups = groups or {}
+        # The served version may be named again by a retry of the update that
+        # installed it: the updater then compares contents (updates.py).
+        self._replayable = replayable_version
         self._max_bytes = max_update_bytes
         self._staging = staging
         self._begin: pb.UpdateWeightsBegin | None = None
@@ -118,9 +145,13 @@ class UpdateAssembler:
     def _on_begin(self, begin: pb.UpdateWeightsBegin) -> None:
         if not begin.weight_version:
             raise InvalidArgument("begin.weight_version", "must not be empty")
-        if begin.weight_version == self._current_version:
+        if begin.weight_version == self._current_version != self._replayable:
             raise FailedPrecondition(
                 f"begin.weight_version: {begin.weight_version!r} is already the served version"
+            )
+        if begin.HasField("drain_timeout_seconds") and not begin.drain_timeout_seconds > 0:
+            raise InvalidArgument(
+                "begin.drain_timeout_seconds", f"must be > 0, got {begin.drain_timeout_seconds}"
             )
         if not begin.tensors:
             raise InvalidArgument("begin.tensors", "must name at least one tensor")
@@ -128,6 +159,7 @@ class UpdateAssembler:
             raise InvalidArgument("begin.pause_mode", f"unknown value {begin.pause_mode}")
         seen: set[str] = set()
         offset = 0
+        self._begin_tensors = begin.tensors
         for i, spec in enumerate(begin.tensors):
             where = f"begin.tensors[{i}]"
             expected = self._manifest.get(spec.name)
@@ -151,7 +183,8 @@ class UpdateAssembler:
                 )
             nbytes = dtypes.nbytes(spec.dtype, spec.shape)
             self._tensors.append(_Staged(spec=spec, offset=offset, nbytes=nbytes))
-            offset += -(-nbytes // _ALIGN) * _ALIGN
+            offset += -(-nbytes // ALIGN) * ALIGN
+        self._check_groups(seen)
         if offset > self._max_bytes:
             raise ResourceExhausted(
                 f"begin.tensors: the update is {offset} bytes, over the limit of "
@@ -159,6 +192,19 @@ class UpdateAssembler:
             )
         self._begin = begin
         self._buf = self._staging.ensure(offset)
+
+    def _check_groups(self, names: set[str]) -> None:
+        """Every tensor of a fused module, or none (see param_groups.py)."""
+        for i, spec in enumerate(self._begin_tensors):
+            group = self._groups.get(spec.name, ())
+            missing = [n for n in group if n not in names]
+            if missing:
+                raise InvalidArgument(
+                    f"begin.tensors[{i}].name",
+                    f"{spec.name} loads into one engine module together with "
+                    f"{', '.join(missing)}: send all {len(group)} tensors of that group or none "
+                    "(GetServerInfo.parameter_groups lists the groups)",
+                )
 
     def _on_chunk(self, chunk: pb.TensorChunk) -> None:
         if chunk.tensor_index >= len(self._tensors):
@@ -212,14 +258,18 @@ class UpdateAssembler:
             weight_version=self._begin.weight_version,
             pause_mode=self._begin.pause_mode,
             tensors=[
-                {
-                    "name": t.spec.name,
-                    "dtype": dtypes.TORCH_NAME[t.spec.dtype],
-                    "shape": list(t.spec.shape),
-                    "offset": t.offset,
-                    "nbytes": t.nbytes,
-                }
+                StagedTensor(
+                    name=t.spec.name,
+                    dtype=dtypes.torch_name(t.spec.dtype),
+                    shape=tuple(t.spec.shape),
+                    offset=t.offset,
+                    nbytes=t.nbytes,
+                )
                 for t in self._tensors
             ],
             bytes_received=self.bytes_received,
+            declared_crcs={
+                t.spec.name: t.spec.crc32c for t in self._tensors if t.spec.HasField("crc32c")
+            },
+            drain_timeout_seconds=self._begin.drain_timeout_seconds,
         )

@@ -74,6 +74,13 @@ def _add_server_args(parser) -> None:
         help="Generate calls running or waiting (default: %(default)s)",
     )
     g.add_argument("--max-prompt-tokens", type=int, help="longest prompt (default: the context)")
+    g.add_argument(
+        "--drain-timeout-seconds",
+        type=float,
+        default=d.drain_timeout_seconds,
+        help="longest wait for in-flight Generate calls before an update or cache reset; "
+        "those still running then are aborted (default: %(default)s)",
+    )
     g.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     g.add_argument(
         "--log-json", action="store_true", help="log JSON lines (with request ids) to stderr"
@@ -82,7 +89,8 @@ def _add_server_args(parser) -> None:
         "--no-prefault-staging",
         dest="prefault_staging",
         action="store_false",
-        help="do not touch the staging memory at start (saves RAM until the first update)",
+        help="do not touch the staging memory's pages at start (it is reserved either way; "
+        "the first update then pays the page faults)",
     )
     g.add_argument(
         "--no-cpu-placement",
@@ -160,7 +168,14 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("rollout-service: --tls-cert and --tls-key go together")
     if config.tls_client_ca and not config.tls_cert:
         sys.exit("rollout-service: --tls-client-ca needs --tls-cert and --tls-key")
-    return asyncio.run(serve(config, _engine_args(args)))
+    from rollout_service.engine import UnsupportedConfig, check_supported
+
+    engine_args = _engine_args(args)
+    try:
+        check_supported(engine_args)
+    except UnsupportedConfig as e:
+        sys.exit(f"rollout-service: {e}")
+    return asyncio.run(serve(config, engine_args))
 
 
 if __name__ == "__main__":

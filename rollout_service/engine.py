@@ -6,10 +6,10 @@ import glob
 import logging
 import os
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service import dtypes
+from rollout_client import dtypes
 from rollout_service.convert import ModelLimits
 from rollout_service.plugins import register
 from rollout_service.weights_backend import BACKEND_NAME
@@ -25,53 +25,115 @@ class EngineInfo:
     limits: ModelLimits
     # The tensors UpdateWeights accepts, by checkpoint-format name.
     manifest: dict[str, pb.TensorSpec]
+    # Tensors that load into one engine module, by module (param_groups.py).
+    groups: dict[str, list[str]] = field(default_factory=dict)
+    # Whether a KV connector is configured (its cache is reset with the rest).
+    kv_connector: bool = False
 
     @property
     def model_bytes(self) -> int:
         return sum(dtypes.nbytes(s.dtype, s.shape) for s in self.manifest.values())
 
 
+WORKER_EXTENSION = "rollout_service.worker_ext.RolloutWorkerExtension"
+
+
+class UnsupportedConfig(ValueError):
+    """An engine configuration this service refuses at start, saying why."""
+
+
+def check_supported(engine_args) -> None:
+    """Refuses, before anything starts, what would break the update promise."""
+    if engine_args.worker_extension_cls not in (None, "", WORKER_EXTENSION):
+        raise UnsupportedConfig(
+            f"--worker-extension-cls {engine_args.worker_extension_cls}: this service installs "
+            f"its own ({WORKER_EXTENSION}) to load weights safely; vLLM takes only one"
+        )
+    kv = engine_args.kv_transfer_config
+    if kv is not None:
+        name = kv.kv_connector if hasattr(kv, "kv_connector") else kv.get("kv_connector")
+        if not _connector_resets_its_cache(name):
+            raise UnsupportedConfig(
+                f"--kv-transfer-config: the KV connector {name!r} cannot reset its cache "
+                "(it does not implement reset_cache), so KV computed under old weights could "
+                "be served after an update; use a connector that does (e.g. "
+                "OffloadingConnector) or none"
+            )
+
+
+def _connector_resets_its_cache(name: str | None) -> bool:
+    """Whether vLLM's connector class overrides the base reset_cache (the
+    base's does nothing and reports success: stale KV would survive)."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+
+    try:
+        cls = KVConnectorFactory.get_connector_class_by_name(name)
+    except ValueError:
+        return False  # a connector we cannot inspect is refused, not trusted
+    return cls.reset_cache is not KVConnectorBase_V1.reset_cache
+
+
 def build_engine(engine_args):  # -> AsyncLLM
-    """Starts an AsyncLLM with this project's weight-transfer backend."""
+    """Starts an AsyncLLM with this project's weight-transfer backend and
+    worker extension."""
     from vllm.config.weight_transfer import WeightTransferConfig
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    check_supported(engine_args)
     register()  # the factory validates the backend name in this process too
     engine_args.weight_transfer_config = WeightTransferConfig(backend=BACKEND_NAME)
+    engine_args.worker_extension_cls = WORKER_EXTENSION
     return AsyncLLM.from_engine_args(engine_args, usage_context=UsageContext.API_SERVER)
 
 
-def read_manifest(model_dir: str, served_dtype) -> dict[str, pb.TensorSpec]:
-    """The checkpoint's tensors (names and shapes from the safetensors
-    headers), with the dtype the engine serves them in."""
+def read_manifest(model_dir: str) -> dict[str, pb.TensorSpec]:
+    """The checkpoint's tensors: names, shapes and each tensor's own dtype,
+    from the safetensors headers (a bf16 model may keep float32 norms or
+    scales, or integer buffers; each loads as it is stored)."""
     from safetensors import safe_open
 
     manifest: dict[str, pb.TensorSpec] = {}
     for path in sorted(glob.glob(os.path.join(model_dir, "*.safetensors"))):
         with safe_open(path, framework="pt") as f:
             for name in f.keys():
-                shape = f.get_slice(name).get_shape()
+                sl = f.get_slice(name)
                 manifest[name] = pb.TensorSpec(
-                    name=name, dtype=dtypes.from_torch(served_dtype), shape=shape
+                    name=name, dtype=dtypes.from_safetensors(sl.get_dtype()), shape=sl.get_shape()
                 )
     return manifest
 
 
-def engine_info(engine, max_prompt_tokens: int | None = None) -> EngineInfo:
-    """Reads the served model's limits and manifest from a running engine."""
+def model_limits(engine, max_prompt_tokens: int | None = None) -> ModelLimits:
+    """The served model's limits, from a running engine."""
     mc = engine.model_config
-    limits = ModelLimits(
+    return ModelLimits(
         vocab_size=mc.get_vocab_size(),
         max_model_len=mc.max_model_len,
         max_logprobs=max(mc.max_logprobs, 0),
         supports_images=bool(mc.is_multimodal_model),
         max_prompt_tokens=max_prompt_tokens,
     )
-    manifest = read_manifest(mc.model, mc.dtype) if os.path.isdir(mc.model) else {}
+
+
+async def engine_info(engine, max_prompt_tokens: int | None = None) -> EngineInfo:
+    """Reads the served model's limits, manifest and parameter groups from a
+    running engine."""
+    mc = engine.model_config
+    limits = model_limits(engine, max_prompt_tokens)
+    manifest = read_manifest(mc.model) if os.path.isdir(mc.model) else {}
     if not manifest:
         log.warning("no local safetensors found for %s: UpdateWeights accepts nothing", mc.model)
-    return EngineInfo(model=mc.served_model_name or mc.model, limits=limits, manifest=manifest)
+    # Every worker holds the same modules; the first one answers.
+    groups = (await engine.collective_rpc("rollout_parameter_groups", args=(list(manifest),)))[0]
+    return EngineInfo(
+        model=mc.served_model_name or mc.model,
+        limits=limits,
+        manifest=manifest,
+        groups=groups,
+        kv_connector=engine.vllm_config.kv_transfer_config is not None,
+    )
 
 
 async def warm_up(engine) -> None:

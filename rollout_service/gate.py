@@ -2,19 +2,41 @@
 
 Every Generate call is admitted through the gate and tagged with the version
 current at admission. An update (or cache reset) closes the gate, so new calls
-wait, and then drains the calls already admitted, by waiting for them (WAIT)
-or by aborting their engine requests (ABORT). Only when no admitted call is
-left does it touch the engine; reopening admits the waiting calls on the new
-version. So no call ever spans two versions.
+wait, and then drains the calls already admitted, by waiting for their engine
+requests to finish (WAIT) or by aborting them (ABORT). Only when no admitted
+call has an engine request left does it touch the engine; reopening admits
+the waiting calls on the new version. So no call ever spans two versions.
+
+A call whose engine request has finished no longer holds an update back,
+even while its handler is still writing the last outputs to a client that
+reads slowly: those outputs were computed with the old weights and carry the
+old version. The wait is bounded: past the deadline, the remaining engine
+requests are aborted (they end with FINISH_REASON_ABORT and their partial
+tokens), so a stalled client or a very long request can delay an update,
+never hang it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
 from rollout_service.errors import ResourceExhausted
+
+
+class Ticket:
+    """One admitted call: its version and its engine request, once made."""
+
+    __slots__ = ("version", "engine_id", "started")
+
+    def __init__(self, version: str) -> None:
+        self.version = version
+        # The call's engine request, once made: a drain follows or aborts it.
+        self.engine_id: str | None = None
+        # True once the engine produced an output for the request: from then
+        # on the engine's own bookkeeping tells whether it is still running.
+        self.started = False
 
 
 class AdmissionGate:
@@ -29,8 +51,7 @@ class AdmissionGate:
         self._open.set()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._admitted = 0
-        self._engine_ids: set[str] = set()
+        self._tickets: set[Ticket] = set()
 
     @property
     def is_open(self) -> bool:
@@ -39,17 +60,18 @@ class AdmissionGate:
     @property
     def admitted(self) -> int:
         """Calls admitted and not yet finished."""
-        return self._admitted
+        return len(self._tickets)
 
     @asynccontextmanager
-    async def admit(self) -> AsyncIterator[str]:
-        """Waits until the gate is open, then yields the served version.
+    async def admit(self) -> AsyncIterator[Ticket]:
+        """Waits until the gate is open, then yields the call's ticket, which
+        carries the served version.
 
         The wait is bounded by the caller's deadline: gRPC cancels the handler.
         """
-        if self.max_pending is not None and self._admitted + self.waiting >= self.max_pending:
+        if self.max_pending is not None and self.admitted + self.waiting >= self.max_pending:
             raise ResourceExhausted(
-                f"{self._admitted + self.waiting} Generate calls are already running or "
+                f"{self.admitted + self.waiting} Generate calls are already running or "
                 f"waiting, the limit (--max-queued-generate) is {self.max_pending}"
             )
         # Re-check after every wake-up: the gate may close again between the
@@ -60,24 +82,15 @@ class AdmissionGate:
                 await self._open.wait()
         finally:
             self.waiting -= 1
-        self._admitted += 1
+        ticket = Ticket(self.version)
+        self._tickets.add(ticket)
         self._idle.clear()
         try:
-            yield self.version
+            yield ticket
         finally:
-            self._admitted -= 1
-            if self._admitted == 0:
+            self._tickets.discard(ticket)
+            if not self._tickets:
                 self._idle.set()
-
-    @contextmanager
-    def track(self, engine_request_id: str) -> Iterator[None]:
-        """Registers an engine request of an admitted call, so that an ABORT
-        drain can find it."""
-        self._engine_ids.add(engine_request_id)
-        try:
-            yield
-        finally:
-            self._engine_ids.discard(engine_request_id)
 
     @asynccontextmanager
     async def closed(self) -> AsyncIterator[None]:
@@ -90,22 +103,40 @@ class AdmissionGate:
 
     async def drain(
         self,
-        abort: Callable[[list[str]], Awaitable[None]] | None = None,
+        engine_running: Callable[[str], bool],
+        abort: Callable[[list[str]], Awaitable[None]],
+        abort_after: float | None,
         poll_seconds: float = 0.02,
-    ) -> None:
-        """Waits until no admitted call is left (call inside `closed()`).
+    ) -> int:
+        """Waits until no admitted call has an engine request left (call
+        inside `closed()`); returns how many engine requests it aborted.
 
-        With `abort`, it is called on the engine requests of admitted calls
-        until they are all gone; calls that register a request after a round
-        are caught by the next one.
+        `abort_after` seconds into the wait (0: at once, None: never), the
+        engine requests still running are aborted, round after round, so
+        that calls registering a request late are caught too.
         """
-        if abort is None:
-            await self._idle.wait()
-            return
-        while not self._idle.is_set():
-            if self._engine_ids:
-                await abort(sorted(self._engine_ids))
+        loop = asyncio.get_running_loop()
+        deadline = None if abort_after is None else loop.time() + abort_after
+        aborted: set[str] = set()
+        while True:
+            pending = [t for t in self._tickets if not self._engine_done(t, engine_running)]
+            if not pending:
+                return len(aborted)
+            if deadline is not None and loop.time() >= deadline:
+                ids = sorted(t.engine_id for t in pending if t.engine_id)
+                if ids:
+                    await abort(ids)
+                    aborted.update(ids)
+            wait = poll_seconds
+            if deadline is not None:
+                wait = max(0.0, min(wait, deadline - loop.time())) or poll_seconds
             try:
-                await asyncio.wait_for(self._idle.wait(), poll_seconds)
+                await asyncio.wait_for(self._idle.wait(), wait)
             except TimeoutError:
                 pass
+
+    @staticmethod
+    def _engine_done(ticket: Ticket, engine_running: Callable[[str], bool]) -> bool:
+        return ticket.started and ticket.engine_id is not None and not engine_running(
+            ticket.engine_id
+        )

@@ -2,17 +2,22 @@
 
 vLLM runs this in every process it starts (engine core, workers, the model
 registry's inspection subprocess), which is the only place where code of ours
-reaches all of them.
+reaches all of them. Not quite: a process vLLM *forks* inherits the "plugins
+loaded" flag from its parent and skips it; what it needs it inherits too
+(parent_watch.py explains how its watcher reaches forked processes).
 """
 
 from __future__ import annotations
 
 
 def register() -> None:
-    """Registers the staging-region weight-transfer backend, and lets LLaVA
-    import without torchvision."""
+    """Registers the staging-region weight-transfer backend, lets LLaVA
+    import without torchvision, and, in an engine process that was spawned,
+    ends it when its parent dies."""
+    from rollout_service import parent_watch
     from rollout_service.tiny_models import install_pixtral_alias
     from rollout_service.weights_backend import register as register_backend
 
     install_pixtral_alias()
     register_backend()
+    parent_watch.start_in_spawned_child()

@@ -18,13 +18,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from rollout.v1 import rollout_pb2
-from rollout_service import metrics, placement
+from rollout_service import metrics, parent_watch, placement
 from rollout_service.auth import AuthInterceptor, Tokens
 from rollout_service.engine import build_engine, engine_info, warm_up
 from rollout_service.gate import AdmissionGate
 from rollout_service.metrics import MetricsInterceptor
+from rollout_service.reservation import region_bytes, reserve_for_checkpoint
 from rollout_service.servicer import RolloutServicer, add_to_server
-from rollout_service.staging import remove_stale_segments
+from rollout_service.staging import StagingRegion, StagingSpaceError, remove_stale_segments
 from rollout_service.updates import WeightUpdater
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,10 @@ class ServerConfig:
     cpu_placement: bool = True
     # How often the engine's liveness is checked.
     watchdog_seconds: float = 1.0
+    # Longest wait for in-flight calls before an update or cache reset; past
+    # it they are aborted (see updates.py). Long enough for ordinary
+    # rollouts, short enough that a stalled client cannot hold updates back.
+    drain_timeout_seconds: float = 120.0
 
 
 def _set_health(servicer: health.aio.HealthServicer, serving: bool):
@@ -108,6 +113,15 @@ async def _watch_engine(engine, every: float) -> None:
 async def serve(config: ServerConfig, engine_args) -> int:
     """Runs the server until a signal; returns the process exit code."""
     remove_stale_segments()
+    # Engine processes end if this one is killed (parent_watch.py).
+    parent_watch.arm()
+    # Before anything slow: a /dev/shm too small fails now (reservation.py).
+    staging = StagingRegion()
+    try:
+        reserve_for_checkpoint(staging, engine_args.model, config.max_update_bytes)
+    except StagingSpaceError as e:
+        log.error("cannot start: %s", e)
+        return 1
     options = [
         ("grpc.max_send_message_length", config.max_message_bytes),
         ("grpc.max_receive_message_length", config.max_message_bytes),
@@ -165,7 +179,7 @@ async def serve(config: ServerConfig, engine_args) -> int:
             return 0
         engine = start.result()
         placement.apply(config.cpu_placement)
-        info = engine_info(engine, config.max_prompt_tokens)
+        info = await engine_info(engine, config.max_prompt_tokens)
         gate = AdmissionGate(config.initial_weight_version, config.max_queued_generate)
         max_update = config.max_update_bytes or (
             info.model_bytes + info.model_bytes // 4 + (64 << 20)
@@ -176,8 +190,18 @@ async def serve(config: ServerConfig, engine_args) -> int:
             info.manifest,
             max_update,
             on_degraded=lambda degraded: _set_health(health_servicer, serving=not degraded),
+            groups=info.groups,
+            kv_connector=info.kv_connector,
+            drain_timeout_seconds=config.drain_timeout_seconds,
+            staging=staging,
         )
-        await updater.start(prefault_bytes=info.model_bytes if config.prefault_staging else 0)
+        try:
+            if nbytes := region_bytes(info.manifest, max_update):
+                staging.ensure(nbytes, prefault=config.prefault_staging)
+        except StagingSpaceError as e:
+            log.error("cannot start: %s", e)
+            return 1
+        await updater.start()
         await warm_up(engine)
         servicer.attach(engine, info, gate, updater)
         metrics.bind(gate, updater)
@@ -201,6 +225,7 @@ async def serve(config: ServerConfig, engine_args) -> int:
         await server.stop(config.grace_seconds)
         if updater is not None:
             updater.close()
+        staging.close()
         if engine is not None:
             engine.shutdown(timeout=10)
         log.info("shutdown complete")

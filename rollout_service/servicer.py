@@ -7,10 +7,10 @@ conversions live in `convert.py`, the update machinery in `updates.py`.
 from __future__ import annotations
 
 import functools
-import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import grpc
 from vllm.sampling_params import RequestOutputKind
@@ -19,39 +19,10 @@ from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
 from rollout_service import __version__, convert, logs, metrics
 from rollout_service.engine import EngineInfo
-from rollout_service.errors import InvalidArgument, RpcError, Unavailable, status_details
-from rollout_service.gate import AdmissionGate
+from rollout_service.errors import InvalidArgument, Unavailable, abort
+from rollout_service.gate import AdmissionGate, Ticket
 from rollout_service.rpc_handlers import make_handler
 from rollout_service.updates import WeightUpdater
-
-log = logging.getLogger(__name__)
-
-
-def _engine_error(e: Exception) -> RpcError | None:
-    """Maps engine exceptions that are the caller's business to a status."""
-    from vllm.v1.engine.exceptions import EngineDeadError
-
-    if isinstance(e, EngineDeadError):
-        return Unavailable("the engine has died; the server is shutting down")
-    if isinstance(e, ValueError):  # vLLM's input validation (VLLMValidationError)
-        return InvalidArgument("request", str(e))
-    return None
-
-
-async def _fail(context: grpc.aio.ServicerContext, e: Exception, rpc: str) -> None:
-    """The one error policy: known errors keep their status, the rest is
-    logged and becomes INTERNAL. context.abort raises, ending the call."""
-    err = e if isinstance(e, RpcError) else _engine_error(e)
-    if err is None:
-        log.exception("%s failed", rpc)  # the request id comes from logs.request_id
-        err = RpcError(f"{rpc} failed: {type(e).__name__}: {e}")
-    elif err.code == grpc.StatusCode.INTERNAL:
-        log.error("%s failed: %s", rpc, err.message)
-    else:
-        log.info("%s refused: %s %s", rpc, err.code.name, err.message)
-    await context.abort(
-        err.code, err.message, trailing_metadata=(("grpc-status-details-bin", status_details(err)),)
-    )
 
 
 class Malformed:
@@ -98,7 +69,7 @@ def add_to_server(servicer: RolloutServicer, server) -> None:
 
 
 def unary(method):
-    """Applies the error policy to a unary-response RPC."""
+    """Applies the error policy (errors.abort) to a unary-response RPC."""
 
     @functools.wraps(method)
     async def wrapper(self, request, context):
@@ -107,15 +78,15 @@ def unary(method):
                 request.fail()
             return await method(self, request, context)
         except Exception as e:  # CancelledError is a BaseException: it passes
-            if isinstance(e, grpc.aio.AbortError):
-                raise
-            await _fail(context, e, method.__name__)
+            await abort(context, e, method.__name__)
 
     return wrapper
 
 
 def streaming(method):
-    """Applies the error policy inside a response-streaming RPC."""
+    """Applies the error policy (errors.abort) inside a response-streaming
+    RPC: its errors surface while it is iterated, so the handling sits in
+    the generator."""
 
     @functools.wraps(method)
     async def wrapper(self, request, context):
@@ -125,9 +96,7 @@ def streaming(method):
             async for item in method(self, request, context):
                 yield item
         except Exception as e:
-            if isinstance(e, grpc.aio.AbortError):
-                raise
-            await _fail(context, e, method.__name__)
+            await abort(context, e, method.__name__)
 
     return wrapper
 
@@ -184,20 +153,29 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         )
         return request_id, prompt, params
 
-    async def _run(self, request_id: str, prompt, params) -> AsyncIterator:
-        """Runs one engine request of an admitted call; cancellation of the
+    @asynccontextmanager
+    async def _admitted(self) -> AsyncIterator[Ticket]:
+        """Admission through the gate, then the degraded check again: calls
+        that waited at the gate while an update failed inside the engine must
+        not run on it."""
+        async with self.gate.admit() as ticket:
+            self.updater.check_serving()
+            yield ticket
+
+    async def _run(self, ticket: Ticket, request_id: str, prompt, params) -> AsyncIterator:
+        """Runs the engine request of an admitted call; cancellation of the
         call (client gone, deadline) aborts it inside AsyncLLM.generate."""
-        engine_id = f"{request_id}-{uuid.uuid4().hex[:8]}"
-        with self.gate.track(engine_id):
-            async for out in self.engine.generate(prompt.prompt, params, engine_id):
-                yield out
+        ticket.engine_id = f"{request_id}-{uuid.uuid4().hex[:8]}"
+        async for out in self.engine.generate(prompt.prompt, params, ticket.engine_id):
+            ticket.started = True
+            yield out
 
     @unary
     async def Generate(self, request, context):
         request_id, prompt, params = self._prepare(request, RequestOutputKind.FINAL_ONLY)
-        async with self.gate.admit() as version:
+        async with self._admitted() as ticket:
             final = None
-            async for out in self._run(request_id, prompt, params):
+            async for out in self._run(ticket, request_id, prompt, params):
                 final = out
         top_k = params.logprobs or 0
         decode = self._decoder(params)
@@ -210,7 +188,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 convert.completion_to_proto(c, top_k, decode)
                 for c in sorted(final.outputs, key=lambda c: c.index)
             ],
-            weight_version=version,
+            weight_version=ticket.version,
             usage=usage,
         )
 
@@ -220,9 +198,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         request_id, prompt, params = self._prepare(as_unary, RequestOutputKind.DELTA)
         top_k = params.logprobs or 0
         usage = pb.Usage()
-        async with self.gate.admit() as version:
+        async with self._admitted() as ticket:
+            version = ticket.version
             t0 = time.perf_counter()
-            async for out in self._run(request_id, prompt, params):
+            async for out in self._run(ticket, request_id, prompt, params):
                 if t0:
                     metrics.TTFT.observe(time.perf_counter() - t0)
                     t0 = 0.0
@@ -264,6 +243,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             server_version=__version__,
             degraded=self.updater.degraded,
             engine_requests=self.engine.output_processor.get_num_unfinished_requests(),
+            parameter_groups=[
+                pb.ParameterGroup(module=m, names=names) for m, names in self.info.groups.items()
+            ],
+            drain_timeout_seconds=self.updater.drain_timeout_seconds,
         )
 
     @unary

@@ -2,10 +2,22 @@
 
 Receive: the stream is assembled and validated in the staging region while
 generation goes on. Apply, as one step that a cancelled call cannot cut in
-half: close admission, drain admitted calls (WAIT) or abort them (ABORT),
-pause the engine, load the staged tensors through vLLM's weight-transfer API,
-reset the prefix/KV, multimodal and encoder caches, resume, reopen admission
+half: close admission, drain admitted calls (WAIT, bounded by a deadline
+past which they are aborted) or abort them (ABORT), pause the engine, load
+the staged tensors through vLLM's weight-transfer API, reset the prefix/KV
+(and KV connector), multimodal and encoder caches, resume, reopen admission
 on the new version. Only then is the update acknowledged.
+
+A failure inside the engine while loading leaves layers that were already
+written with the new weights and the others with the old ones: the server
+is then degraded (no version claimed, Generate refused, health NOT_SERVING)
+until a full update succeeds. Putting the old weights back would need a
+copy of them that the engine does not keep (see param_groups.py).
+
+Retries: an update that was applied after its client went away (the apply
+is shielded from cancellation) is recognised when the client retries the
+same version with the same tensors and bytes, and answered with the
+original acknowledgement instead of "already the served version".
 """
 
 from __future__ import annotations
@@ -13,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service import metrics
@@ -29,6 +42,15 @@ class EngineFailure(RpcError):
     """The engine failed while loading: INTERNAL, and the server is degraded."""
 
 
+@dataclass
+class _Applied:
+    """The update that installed the served version, for retries."""
+
+    ack: pb.UpdateWeightsResponse
+    # Its content (StagedUpdate.content), computed beside the apply.
+    content: asyncio.Future
+
+
 class WeightUpdater:
     """Owns the staging region, the degraded state and the apply sequence."""
 
@@ -39,6 +61,10 @@ class WeightUpdater:
         manifest: dict[str, pb.TensorSpec],
         max_update_bytes: int,
         on_degraded=None,
+        groups: dict[str, list[str]] | None = None,
+        kv_connector: bool = False,
+        drain_timeout_seconds: float = 120.0,
+        staging: StagingRegion | None = None,
     ) -> None:
         self.engine = engine
         # Called with True when an update fails inside the engine, False when
@@ -47,20 +73,24 @@ class WeightUpdater:
         self.gate = gate
         self.manifest = manifest
         self.max_update_bytes = max_update_bytes
-        self.staging = StagingRegion()
+        # name -> every name of its fused group (param_groups.py)
+        self._groups = {n: names for names in (groups or {}).values() for n in names}
+        self._kv_connector = kv_connector
+        self.drain_timeout_seconds = drain_timeout_seconds
+        # Reserved by the server before the engine started (reservation.py).
+        self.staging = staging or StagingRegion()
         # Set when an engine failure may have left weights half-loaded.
         self.degraded = False
         self._busy = False
+        self._last: _Applied | None = None
         # Serialises the engine-touching step of updates and cache resets.
         self._apply_lock = asyncio.Lock()
 
-    async def start(self, prefault_bytes: int = 0) -> None:
+    async def start(self) -> None:
         """Initialises the weight-transfer backend in the workers."""
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
         await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info={}))
-        if prefault_bytes:
-            self.staging.ensure(prefault_bytes, prefault=True)
         log.info("weight transfer backend %s ready", BACKEND_NAME)
 
     def close(self) -> None:
@@ -102,6 +132,8 @@ class WeightUpdater:
             t0 = time.perf_counter()
             staged = await self._receive(messages)
             receive_s = time.perf_counter() - t0
+            if staged.weight_version == self.gate.version:
+                return await self._replay(staged)
             if self.degraded and staged.names != set(self.manifest):
                 raise FailedPrecondition(
                     "the server is degraded: only a full update (every parameter) can recover "
@@ -119,8 +151,18 @@ class WeightUpdater:
                 self._busy = False
 
     async def _receive(self, messages) -> StagedUpdate:
+        last = self._last
+        if last is not None and not last.content.done():
+            # The last update's content is still being read from the region
+            # that this stream is about to overwrite.
+            await asyncio.shield(last.content)
         assembler = UpdateAssembler(
-            self.manifest, self.max_update_bytes, self.staging, self.gate.version
+            self.manifest,
+            self.max_update_bytes,
+            self.staging,
+            self.gate.version,
+            groups=self._groups,
+            replayable_version=last.ack.weight_version if last is not None else None,
         )
         async for msg in messages:
             if hasattr(msg, "fail"):  # servicer.Malformed: bytes that did not parse
@@ -128,14 +170,36 @@ class WeightUpdater:
             assembler.feed(msg)
         return assembler.finish()
 
+    async def _replay(self, staged: StagedUpdate) -> pb.UpdateWeightsResponse:
+        """A stream naming the served version: the original acknowledgement
+        if it is a retry of the update that installed it, else refused."""
+        last = self._last
+        content = await asyncio.to_thread(staged.content, self.staging.ensure(0))
+        if last is None or await last.content != content:
+            raise FailedPrecondition(
+                f"begin.weight_version: {staged.weight_version!r} is already the served "
+                "version, and this stream's tensors differ from the update that installed it"
+            )
+        log.info("UpdateWeights %r: a retry of the applied update", staged.weight_version)
+        ack = pb.UpdateWeightsResponse()
+        ack.CopyFrom(last.ack)
+        ack.replayed = True
+        return ack
+
     async def _apply(self, staged: StagedUpdate, receive_s: float) -> pb.UpdateWeightsResponse:
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
         async with self._apply_lock:
             previous = self.gate.version
+            # Read beside the apply, off its critical path (crc32c releases
+            # the GIL); awaited before the region is written again.
+            content = asyncio.ensure_future(
+                asyncio.to_thread(staged.content, self.staging.ensure(0))
+            )
+            self._last = None
             t0 = time.perf_counter()
             async with self.gate.closed():
-                await self._drain(staged.pause_mode)
+                aborted = await self._drain(staged.pause_mode, staged.drain_timeout_seconds)
                 await self._pause_engine()
                 try:
                     t_load = time.perf_counter()
@@ -144,7 +208,7 @@ class WeightUpdater:
                         WeightTransferUpdateRequest(
                             update_info={
                                 "shm_name": self.staging.name,
-                                "tensors": staged.tensors,
+                                "tensors": [t.as_wire() for t in staged.tensors],
                             }
                         )
                     )
@@ -153,6 +217,9 @@ class WeightUpdater:
                     results = await self._reset_all()
                 except Exception as e:
                     log.exception("weight update %r failed in the engine", staged.weight_version)
+                    await self._abandon()
+                    # No version is claimed for weights that may be mixed.
+                    self.gate.version = ""
                     await self._set_degraded(True)
                     raise EngineFailure(
                         f"loading {staged.weight_version!r} failed inside the engine "
@@ -176,7 +243,7 @@ class WeightUpdater:
             t_reset - t0,
             t_end - t_reset,
         )
-        return pb.UpdateWeightsResponse(
+        ack = pb.UpdateWeightsResponse(
             weight_version=staged.weight_version,
             previous_weight_version=previous,
             bytes_received=staged.bytes_received,
@@ -189,7 +256,18 @@ class WeightUpdater:
                 admission_closed_seconds=t_end - t0,
                 load_seconds=t_reset - t_load,
             ),
+            requests_aborted=aborted,
         )
+        self._last = _Applied(ack=ack, content=content)
+        return ack
+
+    async def _abandon(self) -> None:
+        """Clears whatever a failed load left in the workers (reload_state.py);
+        the backend does it too when loading raises, this covers the rest."""
+        try:
+            await self.engine.collective_rpc("rollout_abandon_weight_update")
+        except Exception:
+            log.exception("could not clear the workers' reload state")
 
     async def _pause_engine(self) -> None:
         """Pauses the scheduler; nothing is running (the gate has drained
@@ -212,25 +290,45 @@ class WeightUpdater:
         if changed and self._on_degraded is not None:
             await self._on_degraded(degraded)
 
-    async def _drain(self, pause_mode: int) -> None:
+    async def _drain(self, pause_mode: int, drain_timeout: float = 0.0) -> int:
+        """Drains admitted calls; returns how many engine requests it aborted.
+
+        WAIT past its deadline falls back to ABORT rather than failing the
+        update: the trainer asked for new weights, and a request that
+        outlives the deadline is a straggler it would rather drop than wait
+        for (its partial tokens still come back, tagged with the old version).
+        """
+        outputs = self.engine.output_processor
         if pause_mode == pb.PAUSE_MODE_ABORT:
-            await self.gate.drain(abort=self.engine.abort)
+            abort_after = 0.0
         else:
-            await self.gate.drain()
+            limit = self.drain_timeout_seconds
+            abort_after = min(drain_timeout, limit) if drain_timeout else limit
+        aborted = await self.gate.drain(
+            engine_running=lambda eid: eid in outputs.external_req_ids,
+            abort=self.engine.abort,
+            abort_after=abort_after,
+        )
+        if aborted and pause_mode != pb.PAUSE_MODE_ABORT:
+            log.warning(
+                "drain deadline (%.1fs) passed: aborted %d in-flight requests", abort_after, aborted
+            )
+        return aborted
 
     async def _reset_all(self) -> list[pb.CacheResetResult]:
-        """Resets the three caches (engine paused, nothing running); any
-        failure raises, so that a stale cache is never acknowledged."""
-        if not await self.engine.reset_prefix_cache():
+        """Resets every cache (engine paused, nothing running), a configured
+        KV connector's too; any failure raises, so that a stale cache is never
+        acknowledged."""
+        if not await self.engine.reset_prefix_cache(reset_connector=self._kv_connector):
             raise RuntimeError("the engine refused to reset the prefix cache")
         await self.engine.reset_mm_cache()
         await self.engine.reset_encoder_cache()
-        for cache in ("prefix", "multimodal", "encoder"):
-            metrics.CACHE_RESETS.labels(cache).inc()
-        return [
-            pb.CacheResetResult(cache=kind, reset=True)
-            for kind in (pb.CACHE_KIND_PREFIX, pb.CACHE_KIND_MULTIMODAL, pb.CACHE_KIND_ENCODER)
-        ]
+        kinds = [pb.CACHE_KIND_PREFIX, pb.CACHE_KIND_MULTIMODAL, pb.CACHE_KIND_ENCODER]
+        if self._kv_connector:
+            kinds.append(pb.CACHE_KIND_KV_CONNECTOR)
+        for kind in kinds:
+            metrics.CACHE_RESETS.labels(pb.CacheKind.Name(kind).removeprefix("CACHE_KIND_").lower()).inc()
+        return [pb.CacheResetResult(cache=kind, reset=True) for kind in kinds]
 
     async def reset_caches(self) -> pb.ResetCachesResponse:
         """ResetCaches: the same gate, drain, pause, reset, resume sequence."""
@@ -240,7 +338,7 @@ class WeightUpdater:
         async with self._apply_lock:
             t0 = time.perf_counter()
             async with self.gate.closed():
-                await self.gate.drain()
+                await self._drain(pb.PAUSE_MODE_WAIT)
                 await self._pause_engine()
                 try:
                     results = await self._reset_all()

@@ -13,8 +13,8 @@ worker processes with no other wiring.
 
 from __future__ import annotations
 
-import mmap
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,15 +25,11 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-BACKEND_NAME = "rollout_shm"
+from rollout_service import reload_state
+from rollout_service.staged import StagedTensor
+from rollout_service.staging import SegmentReader
 
-_TORCH_DTYPES = {
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float32": torch.float32,
-    "float8_e4m3fn": torch.float8_e4m3fn,
-    "float8_e5m2": torch.float8_e5m2,
-}
+BACKEND_NAME = "rollout_shm"
 
 
 @dataclass
@@ -46,31 +42,8 @@ class ShmUpdateInfo(WeightTransferUpdateInfo):
     """Where each tensor of one update lies in the staging segment."""
 
     shm_name: str
-    # One dict per tensor: name, dtype (a key of _TORCH_DTYPES), shape,
-    # offset and nbytes inside the segment.
+    # StagedTensor.as_wire() of each tensor (see staged.py).
     tensors: list[dict[str, Any]] = field(default_factory=list)
-
-
-class _Mapping:
-    """A mapping of a named shared-memory segment (read, never written).
-
-    Opened through /dev/shm directly rather than
-    multiprocessing.shared_memory: on Python < 3.13 attaching through the
-    latter registers the segment with this process's resource tracker, which
-    would unlink the server's segment when the worker exits.
-    """
-
-    def __init__(self, name: str) -> None:
-        # Mapped writable only because torch.frombuffer warns on read-only
-        # buffers; the worker never writes to it.
-        fd = os.open(f"/dev/shm/{name.lstrip('/')}", os.O_RDWR)
-        try:
-            size = os.fstat(fd).st_size
-            self.mm = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        self.name = name
-        self.size = size
 
 
 class ShmWeightTransferEngine(WeightTransferEngine[ShmInitInfo, ShmUpdateInfo]):
@@ -81,7 +54,7 @@ class ShmWeightTransferEngine(WeightTransferEngine[ShmInitInfo, ShmUpdateInfo]):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._mapping: _Mapping | None = None
+        self._reader = SegmentReader()
 
     def init_transfer_engine(self, init_info: ShmInitInfo) -> None:
         pass
@@ -89,46 +62,66 @@ class ShmWeightTransferEngine(WeightTransferEngine[ShmInitInfo, ShmUpdateInfo]):
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
+        # A reload that failed half-way must not be resumed: its layers would
+        # replay stale views of the staging segment (see reload_state.py).
+        reload_state.discard(self.model)
         initialize_layerwise_reload(self.model)
 
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
-        finalize_layerwise_reload(self.model, self.model_config)
-
-    def _segment(self, name: str, needed: int) -> mmap.mmap:
-        # The server reuses one segment between updates; remap only when it
-        # was replaced (a new name) or grown.
-        m = self._mapping
-        if m is None or m.name != name or m.size < needed:
-            self._mapping = m = _Mapping(name)
-        return m.mm
+        try:
+            finalize_layerwise_reload(self.model, self.model_config)
+        except BaseException:
+            reload_state.discard(self.model)
+            raise
 
     def receive_weights(self, update_info: ShmUpdateInfo) -> None:
-        _maybe_inject_fault()
-        specs = update_info.tensors
-        needed = max((t["offset"] + t["nbytes"] for t in specs), default=0)
-        mm = self._segment(update_info.shm_name, needed)
-        named = []
-        for t in specs:
-            dtype = _TORCH_DTYPES[t["dtype"]]
-            flat = torch.frombuffer(mm, dtype=torch.uint8, count=t["nbytes"], offset=t["offset"])
-            named.append((t["name"], flat.view(dtype).view(*t["shape"])))
-        self.model.load_weights(named)
+        specs = [StagedTensor.from_wire(t) for t in update_info.tensors]
+        needed = max((t.offset + t.nbytes for t in specs), default=0)
+        mm = self._reader.view(update_info.shm_name, needed)
+        try:
+            self.model.load_weights(_with_fault(tensor_view(mm, t) for t in specs))
+        except BaseException:
+            # Put unfinished layers back on the weights they were serving and
+            # drop the buffered views; the server reports the engine degraded.
+            reload_state.discard(self.model)
+            raise
 
     def shutdown(self) -> None:
-        self._mapping = None
+        self._reader.close()
 
 
-# Tests set this to a path; while a file exists there, loading fails, which
-# is the only way to exercise the degraded state against a real engine.
+def tensor_view(buf, t: StagedTensor) -> tuple[str, torch.Tensor]:
+    """A zero-copy tensor over the staged bytes of `t` (any dtype torch
+    knows, 0-d and empty tensors included)."""
+    dtype = getattr(torch, t.dtype)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"{t.name}: unknown dtype {t.dtype!r}")
+    if t.nbytes == 0:  # frombuffer refuses a count of 0
+        return t.name, torch.empty(t.shape, dtype=dtype)
+    flat = torch.frombuffer(buf, dtype=torch.uint8, count=t.nbytes, offset=t.offset)
+    return t.name, flat.view(dtype).reshape(t.shape)
+
+
+# Tests set this to a path. While a file exists there, loading fails inside
+# `load_weights` after as many tensors as the file's content says (0 when
+# empty): the only way to exercise a failure half-way through a real load.
 FAULT_FILE_ENV = "ROLLOUT_SERVICE_FAULT_FILE"
 
 
-def _maybe_inject_fault() -> None:
+def _with_fault(named: Iterator[tuple[str, torch.Tensor]]) -> Iterator:
     path = os.environ.get(FAULT_FILE_ENV)
-    if path and os.path.exists(path):
-        raise RuntimeError(f"fault injected for tests ({FAULT_FILE_ENV}={path})")
+    if not path or not os.path.exists(path):
+        yield from named
+        return
+    with open(path) as f:
+        after = int(f.read().strip() or 0)
+    for i, item in enumerate(named):
+        if i == after:
+            break
+        yield item
+    raise RuntimeError(f"fault injected for tests after {after} tensors ({FAULT_FILE_ENV}={path})")
 
 
 def register() -> None:

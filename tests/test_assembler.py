@@ -53,10 +53,10 @@ def test_chunks_in_any_order_land_at_their_offsets():
     staged = asm.finish()
     buf = asm._staging.buf
     a, b = staged.tensors
-    assert bytes(buf[a["offset"] : a["offset"] + 64]) == data_a
-    assert bytes(buf[b["offset"] : b["offset"] + 6]) == data_b
+    assert bytes(buf[a.offset : a.offset + 64]) == data_a
+    assert bytes(buf[b.offset : b.offset + 6]) == data_b
     assert staged.bytes_received == 70 and staged.weight_version == "v1"
-    assert b["offset"] % 64 == 0 and a["dtype"] == "bfloat16" and a["shape"] == [4, 8]
+    assert b.offset % 64 == 0 and a.dtype == "bfloat16" and a.shape == (4, 8)
 
 
 def test_checksum_is_verified():
@@ -115,3 +115,41 @@ def test_coverage_detects_overlap(ranges, ok):
     if ok:
         assert cov.starts == [min(a for a, _ in ranges)]
         assert cov.received == sum(b - a for a, b in ranges)
+
+
+def test_a_piece_of_a_fused_group_is_refused_at_begin_naming_the_rest():
+    manifest = {n: pb.TensorSpec(name=n, dtype=pb.D_TYPE_BFLOAT16, shape=[2]) for n in "qkvo"}
+    group = ["k", "q", "v"]
+
+    def grouped():
+        return UpdateAssembler(
+            manifest, 1 << 20, FakeStaging(), "v0", groups=dict.fromkeys(group, group)
+        )
+
+    with pytest.raises(InvalidArgument) as e:
+        grouped().feed(begin(manifest["q"], manifest["o"]))
+    assert "k, v" in str(e.value) and "begin.tensors[0].name" in str(e.value)
+    grouped().feed(begin(manifest["q"], manifest["k"], manifest["v"]))  # the whole group is fine
+    grouped().feed(begin(manifest["o"]))  # so is a tensor outside any group
+
+
+def test_0d_and_empty_tensors_stage_and_their_content_is_recorded():
+    manifest = {
+        "scale": pb.TensorSpec(name="scale", dtype=pb.D_TYPE_FLOAT32, shape=[]),
+        "none": pb.TensorSpec(name="none", dtype=pb.D_TYPE_INT64, shape=[0, 4]),
+    }
+    asm = UpdateAssembler(manifest, 1 << 20, FakeStaging(), "v0")
+    for msg in [begin(manifest["scale"], manifest["none"]), chunk(0, 0, b"\0\0\0?"), COMMIT]:
+        asm.feed(msg)
+    staged = asm.finish()
+    scale, none = staged.tensors
+    assert (scale.shape, scale.nbytes, none.shape, none.nbytes) == ((), 4, (0, 4), 0)
+    content = staged.content(asm._staging.buf)
+    assert content[0] == ("scale", "float32", (), crc32c.crc32c(b"\0\0\0?"))
+
+
+def test_the_served_version_is_accepted_only_as_a_retry_of_its_update():
+    with pytest.raises(FailedPrecondition):
+        assembler(current="v1").feed(begin(MANIFEST["a"], version="v1"))
+    asm = UpdateAssembler(MANIFEST, 1 << 20, FakeStaging(), "v1", replayable_version="v1")
+    asm.feed(begin(MANIFEST["a"], version="v1"))  # compared by content later (updates.py)

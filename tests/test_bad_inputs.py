@@ -47,6 +47,9 @@ GENERATE_CASES = {
     "top_k -5": (gen({"top_k": -5}), INV, "top_k"),
     "min_p 1.5": (gen({"min_p": 1.5}), INV, "min_p"),
     "n 0": (gen({"n": 0}), INV, "sampling_params.n"),
+    # Refused by vLLM's SamplingParams, not by our checks: see errors.from_vllm.
+    "n 1000000": (gen({"n": 1_000_000}), INV, "sampling_params.n: n must be at most"),
+    "n 64 greedy": (gen({"n": 64, "temperature": 0}), INV, "sampling_params.n: n must be 1"),
     "logprobs 10000": (gen({"logprobs": 10000}), INV, "logprobs"),
     "empty stop string": (gen({"stop": [""]}), INV, "stop[0]"),
     "stop token past vocab": (gen({"stop_token_ids": [9999]}), INV, "stop_token_ids[0]"),
@@ -160,6 +163,28 @@ def test_battery(client, channel, info):
         except AssertionError as e:
             raise AssertionError(f"case {name!r}: {e}") from e
     assert fingerprint(client) == before
+
+
+@pytest.mark.parametrize(
+    "sp",
+    [{"n": 1_000_000}, {"n": 64, "temperature": 0}],
+    ids=["n over vLLM's limit", "n > 1 with greedy sampling"],
+)
+def test_engine_refusals_are_invalid_argument_naming_the_field(channel, sp):
+    """What vLLM itself refuses is the caller's error, with the field named in
+    the message and in a google.rpc.BadRequest field violation."""
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
+    stub = rollout_pb2_grpc.RolloutServiceStub(channel)
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Generate(gen(sp), timeout=30)
+    assert e.value.code() == INV, e.value.details()
+    assert e.value.details().startswith("sampling_params.n: "), e.value.details()
+    bad = error_details_pb2.BadRequest()
+    assert rpc_status.from_call(e.value).details[0].Unpack(bad)
+    assert bad.field_violations[0].field == "sampling_params.n"
+    assert healthy(channel)
 
 
 finite = st.floats(allow_nan=True, allow_infinity=True, width=32)

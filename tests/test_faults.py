@@ -3,7 +3,6 @@ the engine process dying."""
 
 from __future__ import annotations
 
-import glob
 import signal
 import subprocess
 import sys
@@ -28,7 +27,13 @@ def fingerprint(client):
 
 
 def segments(pid: int) -> list[str]:
-    return glob.glob(f"/dev/shm/rollout-staging-{pid}-*")
+    """The staging segments server `pid` maps (names are random, so they are
+    found through the process). One replaced but still mapped shows as
+    "... (deleted)": a leak."""
+    with open(f"/proc/{pid}/maps") as f:
+        return sorted(
+            {line.split(maxsplit=5)[5].strip() for line in f if "/rollout-staging-" in line}
+        )
 
 
 def test_client_killed_mid_update_changes_nothing(server, client, info):

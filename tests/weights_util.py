@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from rollout_client import pb
+from rollout_client import dtypes, pb
 
 
 def random_weights(parameters, seed: int, std: float = 0.08) -> dict[str, torch.Tensor]:
@@ -24,9 +24,12 @@ def random_weights(parameters, seed: int, std: float = 0.08) -> dict[str, torch.
     return out
 
 
-def write_checkpoint(base: Path, weights: dict[str, torch.Tensor], dest: Path) -> Path:
+def write_checkpoint(
+    base: Path, weights: dict[str, torch.Tensor], dest: Path, cast_to_base: bool = True
+) -> Path:
     """A copy of the checkpoint at `base` whose tensors are replaced by
-    `weights` (the rest kept), as one safetensors file."""
+    `weights` (the rest kept), as one safetensors file; each stored in the
+    base's dtype, or in its own with `cast_to_base=False`."""
     from safetensors.torch import load_file
 
     shutil.copytree(base, dest)
@@ -36,7 +39,7 @@ def write_checkpoint(base: Path, weights: dict[str, torch.Tensor], dest: Path) -
         f.unlink()
     for name, t in weights.items():
         assert name in merged, name
-        merged[name] = t.to(merged[name].dtype)
+        merged[name] = t.to(merged[name].dtype) if cast_to_base else t
     (dest / "model.safetensors.index.json").unlink(missing_ok=True)
     save_file({k: v.contiguous() for k, v in merged.items()}, dest / "model.safetensors")
     return dest
@@ -51,7 +54,7 @@ def tensor_bytes(t: torch.Tensor) -> bytes:
 
 
 def spec(name: str, t: torch.Tensor, **kw) -> pb.TensorSpec:
-    dtype = {torch.bfloat16: pb.D_TYPE_BFLOAT16, torch.float32: pb.D_TYPE_FLOAT32}[t.dtype]
+    dtype = dtypes.from_torch(t.dtype)
     return pb.TensorSpec(name=name, dtype=dtype, shape=list(t.shape), **kw)
 
 

@@ -17,8 +17,9 @@ import sys
 
 from google.protobuf import json_format
 
+from rollout_client import dtypes
 from rollout_client.client import RolloutClient, RolloutError
-from rollout_client.weights import DTYPE_SIZE, ManifestMismatch
+from rollout_client.weights import ManifestMismatch
 
 
 def _json(msg) -> str:
@@ -42,10 +43,7 @@ def _info(client: RolloutClient, args) -> None:
 
 
 def _nbytes(spec) -> int:
-    size = DTYPE_SIZE.get(spec.dtype, 0)
-    for d in spec.shape:
-        size *= d
-    return size
+    return dtypes.nbytes(spec.dtype, spec.shape) if spec.dtype in dtypes.TABLE else 0
 
 
 def _generate(client: RolloutClient, args) -> None:

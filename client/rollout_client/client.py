@@ -213,16 +213,21 @@ class RolloutClient:
         checksum: bool = False,
         progress: bool = False,
         timeout: float | None = None,
+        drain_timeout_seconds: float | None = None,
     ) -> pb.UpdateWeightsResponse:
         """Streams `source` (state_dict, module, safetensors path or
-        (name, tensor) iterable) after checking it against the manifest."""
+        (name, tensor) iterable) after checking it against the manifest.
+        `drain_timeout_seconds` bounds the wait for in-flight calls (WAIT
+        mode; see UpdateWeightsBegin)."""
         manifest = self.server_info(timeout).parameters
         tensors = prepare_tensors(source, manifest, checksum=checksum)
         bar = _progress_bar(sum(t.nbytes for t in tensors), progress)
         try:
             return self._call(
                 self.stub.UpdateWeights,
-                lambda: iter_update_requests(tensors, version, pause_mode, chunk_bytes, bar),
+                lambda: iter_update_requests(
+                    tensors, version, pause_mode, chunk_bytes, bar, drain_timeout_seconds
+                ),
                 timeout,
             )
         finally:
@@ -315,6 +320,7 @@ class AsyncRolloutClient:
         checksum: bool = False,
         progress: bool = False,
         timeout: float | None = None,
+        drain_timeout_seconds: float | None = None,
     ) -> pb.UpdateWeightsResponse:
         manifest = (await self.server_info(timeout)).parameters
         tensors = prepare_tensors(source, manifest, checksum=checksum)
@@ -323,7 +329,9 @@ class AsyncRolloutClient:
             return await self._call(
                 self.stub.UpdateWeights,
                 lambda: _aiter(
-                    iter_update_requests(tensors, version, pause_mode, chunk_bytes, bar)
+                    iter_update_requests(
+                        tensors, version, pause_mode, chunk_bytes, bar, drain_timeout_seconds
+                    )
                 ),
                 timeout,
             )

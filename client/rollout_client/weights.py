@@ -14,25 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollout.v1 import rollout_pb2 as pb
+from rollout_client import dtypes
 
 DEFAULT_CHUNK_BYTES = 1 << 20
-
-_DTYPES = {
-    "bfloat16": pb.D_TYPE_BFLOAT16,
-    "float16": pb.D_TYPE_FLOAT16,
-    "float32": pb.D_TYPE_FLOAT32,
-    "float8_e4m3fn": pb.D_TYPE_FLOAT8_E4M3FN,
-    "float8_e5m2": pb.D_TYPE_FLOAT8_E5M2,
-}
-
-# Bytes per element, by DType.
-DTYPE_SIZE = {
-    pb.D_TYPE_BFLOAT16: 2,
-    pb.D_TYPE_FLOAT16: 2,
-    pb.D_TYPE_FLOAT32: 4,
-    pb.D_TYPE_FLOAT8_E4M3FN: 1,
-    pb.D_TYPE_FLOAT8_E5M2: 1,
-}
 
 
 class ManifestMismatch(ValueError):
@@ -51,10 +35,6 @@ class PreparedTensor:
         return len(self.data)
 
 
-def _dtype_name(t: Any) -> str:
-    return str(t.dtype).removeprefix("torch.")
-
-
 def _as_bytes(t: Any) -> memoryview:
     """Row-major bytes of a torch tensor or numpy array, without a copy when
     it is already contiguous on the CPU."""
@@ -64,8 +44,9 @@ def _as_bytes(t: Any) -> memoryview:
         t = t.detach()
         if getattr(t, "full_tensor", None):  # FSDP DTensor
             t = t.full_tensor()
-        t = t.to("cpu").contiguous()
-        return memoryview(t.view(torch.uint8).reshape(-1).numpy()).cast("B")
+        # reshape first: a 0-d tensor cannot be viewed as bytes directly
+        t = t.to("cpu").contiguous().reshape(-1)
+        return memoryview(t.view(torch.uint8).numpy()).cast("B")
     import numpy as np
 
     return memoryview(np.ascontiguousarray(t)).cast("B")
@@ -95,7 +76,7 @@ def prepare_tensors(
     expected = {s.name: s for s in manifest} if manifest is not None else None
     prepared = []
     for name, tensor in iter_named_tensors(source):
-        dtype = _DTYPES.get(_dtype_name(tensor))
+        dtype = dtypes.from_torch(tensor.dtype)
         if dtype is None:
             raise ManifestMismatch(f"{name}: dtype {tensor.dtype} is not supported")
         shape = [int(d) for d in tensor.shape]
@@ -130,16 +111,18 @@ def iter_update_requests(
     pause_mode: int = pb.PAUSE_MODE_WAIT,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     progress=None,
+    drain_timeout_seconds: float | None = None,
 ) -> Iterator[pb.UpdateWeightsRequest]:
     """begin, the chunks of every tensor in order, commit. `progress` (a
     tqdm-like object) is advanced by the bytes of each chunk sent."""
-    yield pb.UpdateWeightsRequest(
-        begin=pb.UpdateWeightsBegin(
-            weight_version=weight_version,
-            tensors=[t.spec for t in tensors],
-            pause_mode=pause_mode,
-        )
+    begin = pb.UpdateWeightsBegin(
+        weight_version=weight_version,
+        tensors=[t.spec for t in tensors],
+        pause_mode=pause_mode,
     )
+    if drain_timeout_seconds is not None:
+        begin.drain_timeout_seconds = drain_timeout_seconds
+    yield pb.UpdateWeightsRequest(begin=begin)
     for index, t in enumerate(tensors):
         for offset in range(0, t.nbytes, chunk_bytes):
             piece = t.data[offset : offset + chunk_bytes]

@@ -22,6 +22,13 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     D_TYPE_FLOAT32: _ClassVar[DType]
     D_TYPE_FLOAT8_E4M3FN: _ClassVar[DType]
     D_TYPE_FLOAT8_E5M2: _ClassVar[DType]
+    D_TYPE_INT8: _ClassVar[DType]
+    D_TYPE_UINT8: _ClassVar[DType]
+    D_TYPE_INT16: _ClassVar[DType]
+    D_TYPE_INT32: _ClassVar[DType]
+    D_TYPE_INT64: _ClassVar[DType]
+    D_TYPE_BOOL: _ClassVar[DType]
+    D_TYPE_FLOAT64: _ClassVar[DType]
 
 class PauseMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -35,6 +42,7 @@ class CacheKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CACHE_KIND_PREFIX: _ClassVar[CacheKind]
     CACHE_KIND_MULTIMODAL: _ClassVar[CacheKind]
     CACHE_KIND_ENCODER: _ClassVar[CacheKind]
+    CACHE_KIND_KV_CONNECTOR: _ClassVar[CacheKind]
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -45,6 +53,13 @@ D_TYPE_FLOAT16: DType
 D_TYPE_FLOAT32: DType
 D_TYPE_FLOAT8_E4M3FN: DType
 D_TYPE_FLOAT8_E5M2: DType
+D_TYPE_INT8: DType
+D_TYPE_UINT8: DType
+D_TYPE_INT16: DType
+D_TYPE_INT32: DType
+D_TYPE_INT64: DType
+D_TYPE_BOOL: DType
+D_TYPE_FLOAT64: DType
 PAUSE_MODE_UNSPECIFIED: PauseMode
 PAUSE_MODE_WAIT: PauseMode
 PAUSE_MODE_ABORT: PauseMode
@@ -52,6 +67,7 @@ CACHE_KIND_UNSPECIFIED: CacheKind
 CACHE_KIND_PREFIX: CacheKind
 CACHE_KIND_MULTIMODAL: CacheKind
 CACHE_KIND_ENCODER: CacheKind
+CACHE_KIND_KV_CONNECTOR: CacheKind
 
 class SamplingParams(_message.Message):
     __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "n", "logprobs", "stop", "stop_token_ids", "ignore_eos", "repetition_penalty", "presence_penalty", "frequency_penalty", "min_tokens")
@@ -206,14 +222,16 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., crc32c: _Optional[int] = ...) -> None: ...
 
 class UpdateWeightsBegin(_message.Message):
-    __slots__ = ("weight_version", "tensors", "pause_mode")
+    __slots__ = ("weight_version", "tensors", "pause_mode", "drain_timeout_seconds")
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     PAUSE_MODE_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     weight_version: str
     tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
     pause_mode: PauseMode
-    def __init__(self, weight_version: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., pause_mode: _Optional[_Union[PauseMode, str]] = ...) -> None: ...
+    drain_timeout_seconds: float
+    def __init__(self, weight_version: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., pause_mode: _Optional[_Union[PauseMode, str]] = ..., drain_timeout_seconds: _Optional[float] = ...) -> None: ...
 
 class TensorChunk(_message.Message):
     __slots__ = ("tensor_index", "offset", "data")
@@ -264,20 +282,24 @@ class UpdateTimings(_message.Message):
     def __init__(self, receive_seconds: _Optional[float] = ..., apply_seconds: _Optional[float] = ..., reset_seconds: _Optional[float] = ..., admission_closed_seconds: _Optional[float] = ..., load_seconds: _Optional[float] = ...) -> None: ...
 
 class UpdateWeightsResponse(_message.Message):
-    __slots__ = ("weight_version", "bytes_received", "tensors_loaded", "caches_reset", "timings", "previous_weight_version")
+    __slots__ = ("weight_version", "bytes_received", "tensors_loaded", "caches_reset", "timings", "previous_weight_version", "replayed", "requests_aborted")
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     TENSORS_LOADED_FIELD_NUMBER: _ClassVar[int]
     CACHES_RESET_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_ABORTED_FIELD_NUMBER: _ClassVar[int]
     weight_version: str
     bytes_received: int
     tensors_loaded: int
     caches_reset: _containers.RepeatedCompositeFieldContainer[CacheResetResult]
     timings: UpdateTimings
     previous_weight_version: str
-    def __init__(self, weight_version: _Optional[str] = ..., bytes_received: _Optional[int] = ..., tensors_loaded: _Optional[int] = ..., caches_reset: _Optional[_Iterable[_Union[CacheResetResult, _Mapping]]] = ..., timings: _Optional[_Union[UpdateTimings, _Mapping]] = ..., previous_weight_version: _Optional[str] = ...) -> None: ...
+    replayed: bool
+    requests_aborted: int
+    def __init__(self, weight_version: _Optional[str] = ..., bytes_received: _Optional[int] = ..., tensors_loaded: _Optional[int] = ..., caches_reset: _Optional[_Iterable[_Union[CacheResetResult, _Mapping]]] = ..., timings: _Optional[_Union[UpdateTimings, _Mapping]] = ..., previous_weight_version: _Optional[str] = ..., replayed: _Optional[bool] = ..., requests_aborted: _Optional[int] = ...) -> None: ...
 
 class ResetCachesRequest(_message.Message):
     __slots__ = ()
@@ -291,12 +313,20 @@ class ResetCachesResponse(_message.Message):
     duration_seconds: float
     def __init__(self, results: _Optional[_Iterable[_Union[CacheResetResult, _Mapping]]] = ..., duration_seconds: _Optional[float] = ...) -> None: ...
 
+class ParameterGroup(_message.Message):
+    __slots__ = ("module", "names")
+    MODULE_FIELD_NUMBER: _ClassVar[int]
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    module: str
+    names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, module: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class GetServerInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class GetServerInfoResponse(_message.Message):
-    __slots__ = ("model", "max_model_len", "vocab_size", "weight_version", "supports_images", "parameters", "max_message_bytes", "recommended_chunk_bytes", "max_update_bytes", "max_logprobs", "server_version", "degraded", "engine_requests")
+    __slots__ = ("model", "max_model_len", "vocab_size", "weight_version", "supports_images", "parameters", "max_message_bytes", "recommended_chunk_bytes", "max_update_bytes", "max_logprobs", "server_version", "degraded", "engine_requests", "parameter_groups", "drain_timeout_seconds")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -310,6 +340,8 @@ class GetServerInfoResponse(_message.Message):
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
     ENGINE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    PARAMETER_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     model: str
     max_model_len: int
     vocab_size: int
@@ -323,4 +355,6 @@ class GetServerInfoResponse(_message.Message):
     server_version: str
     degraded: bool
     engine_requests: int
-    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., weight_version: _Optional[str] = ..., supports_images: _Optional[bool] = ..., parameters: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., max_message_bytes: _Optional[int] = ..., recommended_chunk_bytes: _Optional[int] = ..., max_update_bytes: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., server_version: _Optional[str] = ..., degraded: _Optional[bool] = ..., engine_requests: _Optional[int] = ...) -> None: ...
+    parameter_groups: _containers.RepeatedCompositeFieldContainer[ParameterGroup]
+    drain_timeout_seconds: float
+    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., weight_version: _Optional[str] = ..., supports_images: _Optional[bool] = ..., parameters: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., max_message_bytes: _Optional[int] = ..., recommended_chunk_bytes: _Optional[int] = ..., max_update_bytes: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., server_version: _Optional[str] = ..., degraded: _Optional[bool] = ..., engine_requests: _Optional[int] = ..., parameter_groups: _Optional[_Iterable[_Union[ParameterGroup, _Mapping]]] = ..., drain_timeout_seconds: _Optional[float] = ...) -> None: ...

@@ -84,8 +84,21 @@ class RolloutServiceServicer:
     def UpdateWeights(self, request_iterator, context):
         """Streams new weights into the engine: one `begin`, any number of `chunk`s,
         one `commit`. Acknowledged only after the weights are loaded and every
-        cache is reset. All or nothing: on any error the served weights are
-        unchanged.
+        cache is reset. All or nothing: on any error before the engine is
+        touched the served weights are unchanged; a failure inside the engine
+        while loading leaves the server degraded (see GetServerInfoResponse.degraded).
+
+        What a client that cancels (or loses its connection) sees, by phase:
+        - before its `commit` reached the server: nothing was applied; the
+        staged bytes are discarded.
+        - after `commit` reached the server: the update is validated and, if
+        valid, applied to the end regardless (an engine is never left
+        half-updated by a client that went away). The client cannot tell from
+        its CANCELLED status whether it applied. Retrying the same stream (same
+        weight_version, same tensors and bytes) is safe: if it applied, the retry
+        returns the original acknowledgement with `replayed` set, without
+        touching the engine; if it did not, the retry applies it. A retry that
+        arrives while the original is still applying gets ABORTED; retry again.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,27 @@
+"""Methods this service adds to vLLM's workers (vLLM's `worker_extension_cls`),
+called through `AsyncLLM.collective_rpc` by name."""
+
+from __future__ import annotations
+
+
+class RolloutWorkerExtension:
+    """Mixed into vLLM's Worker class; `self` is the worker."""
+
+    def rollout_parameter_groups(self, names: list[str]) -> dict[str, list[str]]:
+        """Checkpoint tensors that load into one module (param_groups.py)."""
+        from rollout_service.param_groups import model_groups
+
+        return model_groups(self.get_model(), names)
+
+    def rollout_abandon_weight_update(self) -> int:
+        """Ends a weight update that failed half-way, leaving no reload state
+        behind (reload_state.py), so the next update starts clean. vLLM's
+        worker clears its own "update active" flag when loading raises, but
+        not when finishing raises; both are cleared here."""
+        from rollout_service.reload_state import discard
+
+        restored = discard(self.get_model())
+        self._weight_update_active = False
+        if self.weight_transfer_engine is not None:
+            self.weight_transfer_engine.reset_weight_update_target()
+        return restored

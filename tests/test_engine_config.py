@@ -1,0 +1,42 @@
+"""Engine configurations that would break the update promise are refused at
+start, with a message saying why (no engine is started for them)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from rollout_service.engine import _connector_resets_its_cache
+
+SERVE = str(Path(sys.executable).with_name("rollout-service"))
+
+
+def serve(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [SERVE, "serve", "--port", "0", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_a_kv_connector_that_cannot_reset_its_cache_is_refused():
+    # ExampleConnector stores KV on disk and does not implement reset_cache:
+    # KV computed under old weights would outlive an update.
+    p = serve(
+        "--kv-transfer-config",
+        json.dumps({"kv_connector": "ExampleConnector", "kv_role": "kv_both"}),
+    )
+    assert p.returncode != 0
+    assert "ExampleConnector" in p.stderr and "reset" in p.stderr, p.stderr[-2000:]
+    assert "SERVING" not in p.stderr
+
+
+def test_a_foreign_worker_extension_is_refused():
+    p = serve("--worker-extension-cls", "somewhere.Else")
+    assert p.returncode != 0 and "worker-extension-cls" in p.stderr, p.stderr[-2000:]
+
+
+def test_connectors_are_judged_by_their_reset_cache():
+    assert _connector_resets_its_cache("OffloadingConnector")
+    assert not _connector_resets_its_cache("ExampleConnector")
+    assert not _connector_resets_its_cache("NoSuchConnector")

@@ -1,0 +1,213 @@
+"""The error policy alone (no engine): vLLM's exceptions are built directly,
+or raised by vLLM's own SamplingParams checks, so that a vLLM upgrade that
+changes them shows up here."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2, status_pb2
+from vllm import SamplingParams
+from vllm.exceptions import (
+    LoRAAdapterNotFoundError,
+    MaxQueuedTokensError,
+    QueueOverflowError,
+    VLLMUnprocessableEntityError,
+    VLLMValidationError,
+)
+from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+
+from rollout_service.errors import (
+    Aborted,
+    FailedPrecondition,
+    InvalidArgument,
+    ResourceExhausted,
+    abort,
+    from_exception,
+)
+from rollout_service.servicer import streaming, unary
+
+INV = grpc.StatusCode.INVALID_ARGUMENT
+PROMPT = "prompt_token_ids/prompt_text"
+
+
+def raised_by(**kw) -> Exception:
+    with pytest.raises(Exception) as e:
+        SamplingParams(**kw)
+    return e.value
+
+
+def wrapped(cause: Exception) -> EngineGenerateError:
+    """As AsyncLLM.generate raises it: `raise EngineGenerateError() from e`."""
+    e = EngineGenerateError()
+    e.__cause__ = cause
+    return e
+
+
+@pytest.mark.parametrize(
+    "error, field, message",
+    [
+        # SamplingParams checks that set no parameter: named by their message.
+        (raised_by(n=1_000_000), "sampling_params.n", "n must be at most 16384, got 1000000."),
+        (raised_by(n=64, temperature=0), "sampling_params.n", "n must be 1 when using greedy"),
+        (raised_by(presence_penalty=3), "sampling_params.presence_penalty", "presence_penalty"),
+        (raised_by(stop=[""]), "sampling_params.stop", "stop cannot contain an empty string."),
+        # A parameter vLLM names itself.
+        (raised_by(temperature=-1), "sampling_params.temperature", "temperature must be non-"),
+        # The prompt checks of vLLM's renderer and input processor.
+        (
+            VLLMValidationError(
+                "This model's maximum context length is 2048 tokens. However, your prompt "
+                "contains 2058 input tokens, which exceeds this limit even without any "
+                "output tokens. Please reduce the length of the input prompt.",
+                parameter="input_tokens",
+                value=2058,
+            ),
+            PROMPT,
+            "This model's maximum context length is 2048 tokens.",
+        ),
+        (
+            VLLMValidationError(
+                "The decoder prompt (length 2048) plus the number of requested output tokens "
+                "(at least 1) is longer than the maximum model length of 2048."
+            ),
+            PROMPT,
+            "The decoder prompt (length 2048)",
+        ),
+        (VLLMValidationError("The decoder prompt cannot be empty"), PROMPT, "The decoder"),
+        (VLLMValidationError("Token id 600 is out of vocabulary"), PROMPT, "Token id 600"),
+        # Not a field of ours: the request, with vLLM's parameter in the message.
+        (
+            VLLMValidationError("too many ids", parameter="logprob_token_ids", value=200),
+            "request",
+            "too many ids (parameter=logprob_token_ids, value=200)",
+        ),
+        (
+            VLLMUnprocessableEntityError("cannot fetch the image", parameter="image_url"),
+            "request",
+            "cannot fetch the image (parameter=image_url)",
+        ),
+        (LoRAAdapterNotFoundError("a", "/b"), "request", "Loading lora a failed"),
+        # Unmigrated ValueErrors, raised directly or under AsyncLLM.generate's wrapper.
+        (ValueError("bad thing"), "request", "bad thing"),
+        (
+            wrapped(ValueError("Multi-modal processor not available for text-only models")),
+            "request",
+            "Multi-modal processor not available for text-only models",
+        ),
+    ],
+)
+def test_client_errors_are_invalid_argument_naming_the_field(error, field, message):
+    err = from_exception(error)
+    assert isinstance(err, InvalidArgument)
+    assert err.code == INV
+    assert err.field == field
+    assert err.message.startswith(f"{field}: {message}"), err.message
+
+
+@pytest.mark.parametrize(
+    "error, code",
+    [
+        (EngineDeadError(), grpc.StatusCode.UNAVAILABLE),
+        (QueueOverflowError(), grpc.StatusCode.RESOURCE_EXHAUSTED),
+        (MaxQueuedTokensError(), grpc.StatusCode.RESOURCE_EXHAUSTED),
+    ],
+)
+def test_engine_state_errors(error, code):
+    assert from_exception(error).code == code
+
+
+@pytest.mark.parametrize(
+    "error",
+    [RuntimeError("boom"), EngineGenerateError(), wrapped(RuntimeError("boom")), TypeError("x")],
+)
+def test_the_unexpected_maps_to_nothing(error):
+    assert from_exception(error) is None  # abort makes it INTERNAL
+
+
+class Context:
+    """Records what the policy aborts with; aborting raises, as in grpc.aio."""
+
+    def __init__(self) -> None:
+        self.aborted = None
+
+    async def abort(self, code, details, trailing_metadata=()):
+        self.aborted = (code, details, dict(trailing_metadata))
+        raise grpc.aio.AbortError()
+
+
+def aborted(error: Exception, rpc: str = "Generate"):
+    context = Context()
+    with pytest.raises(grpc.aio.AbortError):
+        asyncio.run(abort(context, error, rpc))
+    code, details, trailers = context.aborted
+    status = status_pb2.Status.FromString(trailers["grpc-status-details-bin"])
+    assert (status.code, status.message) == (code.value[0], details)
+    return code, details, status
+
+
+def test_abort_sends_a_field_violation_for_vllm_errors():
+    code, details, status = aborted(raised_by(n=64, temperature=0))
+    assert code == INV
+    assert details == "sampling_params.n: n must be 1 when using greedy sampling, got 64."
+    bad = error_details_pb2.BadRequest()
+    assert status.details[0].Unpack(bad)
+    assert bad.field_violations[0].field == "sampling_params.n"
+
+
+@pytest.mark.parametrize(
+    "error", [FailedPrecondition("stale"), Aborted("lost"), ResourceExhausted("full")]
+)
+def test_our_errors_keep_their_status(error):
+    code, details, status = aborted(error)
+    assert (code, details) == (error.code, error.message)
+    info = error_details_pb2.ErrorInfo()
+    assert status.details[0].Unpack(info) and info.reason == type(error).__name__.upper()
+
+
+def test_the_unexpected_is_logged_and_internal(caplog):
+    with caplog.at_level(logging.INFO, logger="rollout_service.errors"):
+        code, details, _ = aborted(RuntimeError("boom"), rpc="ResetCaches")
+    assert code == grpc.StatusCode.INTERNAL
+    assert details == "ResetCaches failed: RuntimeError: boom"
+    (record,) = caplog.records
+    assert record.levelno == logging.ERROR and record.exc_info[1].args == ("boom",)
+
+
+def test_abort_error_passes_untouched():
+    context = Context()
+    error = grpc.aio.AbortError()
+    with pytest.raises(grpc.aio.AbortError) as e:
+        asyncio.run(abort(context, error, "Generate"))
+    assert e.value is error and context.aborted is None
+
+
+class Service:
+    @unary
+    async def Unary(self, request, context):
+        raise request
+
+    @streaming
+    async def Stream(self, request, context):
+        yield 1
+        raise request
+
+
+async def drain(stream) -> list:
+    return [item async for item in stream]
+
+
+@pytest.mark.parametrize("kind", ["unary", "streaming"])
+def test_decorators_apply_the_policy_and_let_cancellation_pass(kind):
+    call = Service().Unary if kind == "unary" else lambda r, c: drain(Service().Stream(r, c))
+    context = Context()
+    with pytest.raises(grpc.aio.AbortError):
+        asyncio.run(call(raised_by(n=1_000_000), context))
+    assert context.aborted[0] == INV and context.aborted[1].startswith("sampling_params.n: ")
+    context = Context()
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(call(asyncio.CancelledError(), context))
+    assert context.aborted is None
