@@ -20,7 +20,7 @@ import numpy as np
 from benchmarks.loadgen import RunResult
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
-from rollout_client.weights import PreparedTensor, iter_update_requests, prepare_tensors
+from rollout_client import push
 
 PAUSE_MODES = {"wait": pb.PAUSE_MODE_WAIT, "abort": pb.PAUSE_MODE_ABORT}
 
@@ -75,7 +75,13 @@ class UpdatePusher:
         self.pause_mode = PAUSE_MODES[pause_mode]
         self.channel = grpc.aio.insecure_channel(target, options=channel_options())
         self.stub = rollout_pb2_grpc.RolloutServiceStub(self.channel)
-        self.tensors: list[PreparedTensor] = []
+        self.weights: dict = {}
+        # Serialized requests (see push.py): no protobuf serializer.
+        self._update_weights = self.channel.stream_unary(
+            push.UPDATE_WEIGHTS,
+            request_serializer=None,
+            response_deserializer=pb.UpdateWeightsResponse.FromString,
+        )
         self.updates: list[UpdateRecord] = []
         self._stop = asyncio.Event()
 
@@ -84,14 +90,15 @@ class UpdatePusher:
         info = await self.stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=30)
         if not info.parameters:
             raise SystemExit("the server's manifest is empty: it accepts no weight updates")
-        weights = random_bf16_weights(info.parameters, self.seed)
-        self.tensors = prepare_tensors(weights, info.parameters)
-        return sum(t.nbytes for t in self.tensors)
+        self.manifest = info.parameters
+        self.weights = random_bf16_weights(info.parameters, self.seed)
+        return sum(t.numel() * t.element_size() for t in self.weights.values())
 
     async def _requests(self, version: str):
         """The update stream, yielding to the event loop between chunks so
         that the generation load keeps being served by this process."""
-        for msg in iter_update_requests(self.tensors, version, self.pause_mode):
+        u = push.prepare(self.weights, version, self.manifest, pause_mode=self.pause_mode)
+        for msg in push.update_weights_requests(u):
             yield msg
             await asyncio.sleep(0)
 
@@ -99,7 +106,7 @@ class UpdatePusher:
         version = f"bench-{uuid.uuid4().hex[:8]}"
         start = time.perf_counter()
         try:
-            ack = await self.stub.UpdateWeights(self._requests(version), timeout=600)
+            ack = await self._update_weights(self._requests(version), timeout=600)
         except grpc.aio.AioRpcError as e:
             return UpdateRecord(version, start, time.perf_counter(), error=e.code().name)
         t = ack.timings

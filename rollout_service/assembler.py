@@ -17,6 +17,7 @@ import crc32c
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_client import dtypes
+from rollout_client.wire import RawChunk
 from rollout_service.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from rollout_service.staged import StagedTensor
 
@@ -124,8 +125,15 @@ class UpdateAssembler:
         self._committed = False
         self.bytes_received = 0
 
-    def feed(self, msg: pb.UpdateWeightsRequest) -> None:
-        """Validates and applies one message of the stream."""
+    def feed(self, msg: pb.UpdateWeightsRequest | RawChunk) -> None:
+        """Validates and applies one message of an UpdateWeights stream (a
+        RawChunk: a chunk message parsed without protobuf, see wire.py)."""
+        if isinstance(msg, RawChunk):
+            if self._begin is None:
+                raise InvalidArgument("chunk", "the first message must be begin")
+            if self._committed:
+                raise InvalidArgument("commit", "a chunk message came after commit")
+            return self.add_chunk(msg.tensor_index, msg.offset, msg.data)
         kind = msg.WhichOneof("kind")
         if self._committed:
             raise InvalidArgument("commit", f"a {kind or 'empty'} message came after commit")
@@ -136,11 +144,17 @@ class UpdateAssembler:
         elif self._begin is None:
             raise InvalidArgument(kind or "kind", "the first message must be begin")
         elif kind == "chunk":
-            self._on_chunk(msg.chunk)
+            self.add_chunk(msg.chunk.tensor_index, msg.chunk.offset, msg.chunk.data)
         elif kind == "commit":
             self._committed = True
         else:
             raise InvalidArgument("kind", "message sets none of begin, chunk, commit")
+
+    def begin(self, begin: pb.UpdateWeightsBegin) -> None:
+        """Validates `begin` (a staged update's, without a stream)."""
+        if self._begin is not None:
+            raise InvalidArgument("begin", "the update has two begin messages")
+        self._on_begin(begin)
 
     def _on_begin(self, begin: pb.UpdateWeightsBegin) -> None:
         if not begin.weight_version:
@@ -206,15 +220,15 @@ class UpdateAssembler:
                     "(GetServerInfo.parameter_groups lists the groups)",
                 )
 
-    def _on_chunk(self, chunk: pb.TensorChunk) -> None:
-        if chunk.tensor_index >= len(self._tensors):
+    def add_chunk(self, tensor_index: int, start: int, data) -> None:
+        """Validates one chunk and writes it into the region."""
+        if tensor_index >= len(self._tensors):
             raise InvalidArgument(
                 "chunk.tensor_index",
-                f"{chunk.tensor_index} is out of range: "
-                f"begin declared {len(self._tensors)} tensors",
+                f"{tensor_index} is out of range: begin declared {len(self._tensors)} tensors",
             )
-        t = self._tensors[chunk.tensor_index]
-        start, size = chunk.offset, len(chunk.data)
+        t = self._tensors[tensor_index]
+        size = len(data)
         if size == 0:
             raise InvalidArgument("chunk.data", f"{t.spec.name}: empty chunk")
         end = start + size
@@ -230,18 +244,55 @@ class UpdateAssembler:
                 f"{t.spec.name}: bytes [{start}, {end}) overlap bytes already received",
             )
         assert self._buf is not None
-        self._buf[t.offset + start : t.offset + end] = chunk.data
+        self._buf[t.offset + start : t.offset + end] = data
         self.bytes_received += size
 
-    def finish(self) -> StagedUpdate:
-        """Checks that the stream is complete; returns the staged update."""
+    @property
+    def tensor_offsets(self) -> list[int]:
+        """Where each tensor of begin lies in the staging region."""
+        return [t.offset for t in self._tensors]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.nbytes for t in self._tensors)
+
+    def missing(self) -> list[tuple[int, int, int]]:
+        """(tensor index, offset, length) of every byte range not received."""
+        gaps = []
+        for i, t in enumerate(self._tensors):
+            pos = 0
+            for start, end in zip(t.coverage.starts, t.coverage.ends):
+                if start > pos:
+                    gaps.append((i, pos, start - pos))
+                pos = end
+            if pos < t.nbytes:
+                gaps.append((i, pos, t.nbytes - pos))
+        return gaps
+
+    def mark_written(self) -> None:
+        """Counts every byte as received: a same-host client wrote them into
+        the region itself (their checksums, when declared, are still checked)."""
+        for t in self._tensors:
+            t.coverage = _Coverage(starts=[0], ends=[t.nbytes], received=t.nbytes)
+        self.bytes_received = self.total_bytes
+
+    def finish(self, require_commit: bool = True) -> StagedUpdate:
+        """Checks that the update is complete (and, for a stream, that it
+        ended with commit); returns the staged update."""
         if self._begin is None:
             raise InvalidArgument("begin", "the stream ended before begin")
-        if not self._committed:
+        if require_commit and not self._committed:
             raise InvalidArgument("commit", "the stream ended without commit")
         assert self._buf is not None
         for i, t in enumerate(self._tensors):
             if t.coverage.received != t.nbytes:
+                if self._begin.weight_version == self._current_version:
+                    # Not a complete retry of the update that installed it.
+                    raise FailedPrecondition(
+                        f"begin.weight_version: {self._current_version!r} is already the "
+                        f"served version, and this update is incomplete ({t.spec.name}: "
+                        f"{t.coverage.received} of {t.nbytes} bytes)"
+                    )
                 raise InvalidArgument(
                     f"begin.tensors[{i}]",
                     f"{t.spec.name}: received {t.coverage.received} of {t.nbytes} bytes",

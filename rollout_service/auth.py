@@ -1,10 +1,10 @@
 """Bearer-token authentication with two roles, as a server interceptor.
 
 Roles: `generate` may call Generate, GenerateStream and GetServerInfo; `admin`
-may call everything, including UpdateWeights and ResetCaches. Health checking
-and reflection stay open unless `protect_health` is set. A call without a
-known token gets UNAUTHENTICATED; a known token without the role gets
-PERMISSION_DENIED.
+may call everything, including UpdateWeights, the staged-update RPCs and
+ResetCaches. Health checking and reflection stay open unless
+`protect_health` is set. A call without a known token gets UNAUTHENTICATED; a
+known token without the role gets PERMISSION_DENIED.
 
 Tokens never come from the command line (it is visible in `ps`): a file of
 `role:token` lines, or the same comma-separated in an environment variable.
@@ -24,7 +24,15 @@ from rollout_service.rpc_handlers import like
 ROLES = ("generate", "admin")
 TOKENS_ENV = "ROLLOUT_SERVICE_TOKENS"
 
-_ADMIN_ONLY = {"UpdateWeights", "ResetCaches"}
+_ADMIN_ONLY = {
+    "UpdateWeights",
+    "ResetCaches",
+    "BeginUpdate",
+    "UploadChunks",
+    "GetUpdateStatus",
+    "CommitUpdate",
+    "AbortUpdate",
+}
 _OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 

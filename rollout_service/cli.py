@@ -81,6 +81,13 @@ def _add_server_args(parser) -> None:
         help="longest wait for in-flight Generate calls before an update or cache reset; "
         "those still running then are aborted (default: %(default)s)",
     )
+    g.add_argument(
+        "--update-idle-timeout-seconds",
+        type=float,
+        default=d.update_idle_timeout_seconds,
+        help="an open update (staged, or an UpdateWeights stream between two messages) idle "
+        "for longer is discarded (default: %(default)s)",
+    )
     g.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     g.add_argument(
         "--log-json", action="store_true", help="log JSON lines (with request ids) to stderr"

@@ -71,6 +71,12 @@ class ResourceExhausted(RpcError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+class DeadlineExceeded(RpcError):
+    """Work that waited too long on the caller (a stalled update)."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
 class Unavailable(RpcError):
     """The server cannot serve right now (shutting down, engine dead)."""
 

@@ -1,9 +1,16 @@
-"""Building gRPC method handlers by shape, shared by the servicer's
-registration and the interceptors that replace handlers."""
+"""gRPC method handlers: built by shape (shared by the servicer's
+registration and the interceptors that replace handlers), with lenient
+request parsing and the error policy applied around each RPC."""
 
 from __future__ import annotations
 
+import functools
+
 import grpc
+
+from rollout.v1 import rollout_pb2 as pb
+from rollout_client import wire
+from rollout_service.errors import InvalidArgument, abort
 
 _FACTORIES = {
     (False, False): grpc.unary_unary_rpc_method_handler,
@@ -31,3 +38,94 @@ def like(handler: grpc.RpcMethodHandler, behavior) -> grpc.RpcMethodHandler:
         handler.request_deserializer,
         handler.response_serializer,
     )
+
+
+class Malformed:
+    """Stands in for a request whose bytes did not parse, so that the error
+    policy answers INVALID_ARGUMENT instead of gRPC's UNKNOWN."""
+
+    def __init__(self, message_type: str, error: Exception) -> None:
+        self.message_type = message_type
+        self.error = error
+
+    def fail(self):
+        raise InvalidArgument("request", f"malformed {self.message_type}: {self.error}")
+
+
+# Chunk messages parsed without protobuf: the data stays a view of the
+# received bytes instead of being copied into a message (wire.py).
+_FAST_PARSERS = {
+    "UpdateWeightsRequest": wire.parse_update_weights_chunk,
+    "UploadChunksRequest": wire.parse_upload_chunk,
+}
+
+
+def _lenient(message_cls):
+    from google.protobuf.message import DecodeError
+
+    fast = _FAST_PARSERS.get(message_cls.DESCRIPTOR.name)
+
+    def parse(data: bytes):
+        if fast is not None:
+            try:
+                return fast(data)
+            except wire.NotAChunk:
+                pass
+        try:
+            return message_cls.FromString(data)
+        except DecodeError as e:
+            return Malformed(message_cls.DESCRIPTOR.full_name, e)
+
+    return parse
+
+
+def add_to_server(servicer, server) -> None:
+    """Registers every RPC of the proto's RolloutService, with deserializers
+    that report malformed bytes as INVALID_ARGUMENT."""
+    service = pb.DESCRIPTOR.services_by_name["RolloutService"]
+    handlers = {
+        m.name: make_handler(
+            m.client_streaming,
+            m.server_streaming,
+            getattr(servicer, m.name),
+            _lenient(getattr(pb, m.input_type.name)),
+            getattr(pb, m.output_type.name).SerializeToString,
+        )
+        for m in service.methods
+    }
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service.full_name, handlers),)
+    )
+
+
+def unary(method):
+    """Applies the error policy (errors.abort) to a unary-response RPC."""
+
+    @functools.wraps(method)
+    async def wrapper(self, request, context):
+        try:
+            if isinstance(request, Malformed):
+                request.fail()
+            return await method(self, request, context)
+        except Exception as e:  # CancelledError is a BaseException: it passes
+            await abort(context, e, method.__name__)
+
+    return wrapper
+
+
+def streaming(method):
+    """Applies the error policy (errors.abort) inside a response-streaming
+    RPC: its errors surface while it is iterated, so the handling sits in
+    the generator."""
+
+    @functools.wraps(method)
+    async def wrapper(self, request, context):
+        try:
+            if isinstance(request, Malformed):
+                request.fail()
+            async for item in method(self, request, context):
+                yield item
+        except Exception as e:
+            await abort(context, e, method.__name__)
+
+    return wrapper

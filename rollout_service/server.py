@@ -24,8 +24,10 @@ from rollout_service.engine import build_engine, engine_info, warm_up
 from rollout_service.gate import AdmissionGate
 from rollout_service.metrics import MetricsInterceptor
 from rollout_service.reservation import region_bytes, reserve_for_checkpoint
-from rollout_service.servicer import RolloutServicer, add_to_server
+from rollout_service.rpc_handlers import add_to_server
+from rollout_service.servicer import RolloutServicer
 from rollout_service.staging import StagingRegion, StagingSpaceError, remove_stale_segments
+from rollout_service.update_sessions import UpdateSessions
 from rollout_service.updates import WeightUpdater
 
 log = logging.getLogger(__name__)
@@ -76,6 +78,10 @@ class ServerConfig:
     # it they are aborted (see updates.py). Long enough for ordinary
     # rollouts, short enough that a stalled client cannot hold updates back.
     drain_timeout_seconds: float = 120.0
+    # An open update (a staged one, or an UpdateWeights stream between two
+    # messages) idle for longer is discarded, so that a stalled trainer
+    # cannot hold updates back.
+    update_idle_timeout_seconds: float = 300.0
 
 
 def _set_health(servicer: health.aio.HealthServicer, serving: bool):
@@ -203,7 +209,8 @@ async def serve(config: ServerConfig, engine_args) -> int:
             return 1
         await updater.start()
         await warm_up(engine)
-        servicer.attach(engine, info, gate, updater)
+        sessions = UpdateSessions(updater, config.update_idle_timeout_seconds)
+        servicer.attach(engine, info, gate, updater, sessions)
         metrics.bind(gate, updater)
         await _set_health(health_servicer, serving=True)
         log.info("SERVING %s on %s:%d", info.model, config.host, port)

@@ -6,102 +6,26 @@ conversions live in `convert.py`, the update machinery in `updates.py`.
 
 from __future__ import annotations
 
-import functools
 import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import grpc
 from vllm.sampling_params import RequestOutputKind
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
 from rollout_service import __version__, convert, logs, metrics
 from rollout_service.engine import EngineInfo
-from rollout_service.errors import InvalidArgument, Unavailable, abort
+from rollout_service.errors import InvalidArgument, Unavailable
 from rollout_service.gate import AdmissionGate, Ticket
-from rollout_service.rpc_handlers import make_handler
+from rollout_service.rpc_handlers import streaming, unary
+from rollout_service.update_rpcs import UpdateRpcs
+from rollout_service.update_sessions import UpdateSessions
 from rollout_service.updates import WeightUpdater
 
 
-class Malformed:
-    """Stands in for a request whose bytes did not parse, so that the error
-    policy answers INVALID_ARGUMENT instead of gRPC's UNKNOWN."""
-
-    def __init__(self, message_type: str, error: Exception) -> None:
-        self.message_type = message_type
-        self.error = error
-
-    def fail(self):
-        raise InvalidArgument("request", f"malformed {self.message_type}: {self.error}")
-
-
-def _lenient(message_cls):
-    from google.protobuf.message import DecodeError
-
-    def parse(data: bytes):
-        try:
-            return message_cls.FromString(data)
-        except DecodeError as e:
-            return Malformed(message_cls.DESCRIPTOR.full_name, e)
-
-    return parse
-
-
-def add_to_server(servicer: RolloutServicer, server) -> None:
-    """Registers every RPC of the proto's RolloutService, with deserializers
-    that report malformed bytes as INVALID_ARGUMENT."""
-    service = pb.DESCRIPTOR.services_by_name["RolloutService"]
-    handlers = {
-        m.name: make_handler(
-            m.client_streaming,
-            m.server_streaming,
-            getattr(servicer, m.name),
-            _lenient(getattr(pb, m.input_type.name)),
-            getattr(pb, m.output_type.name).SerializeToString,
-        )
-        for m in service.methods
-    }
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(service.full_name, handlers),)
-    )
-
-
-def unary(method):
-    """Applies the error policy (errors.abort) to a unary-response RPC."""
-
-    @functools.wraps(method)
-    async def wrapper(self, request, context):
-        try:
-            if isinstance(request, Malformed):
-                request.fail()
-            return await method(self, request, context)
-        except Exception as e:  # CancelledError is a BaseException: it passes
-            await abort(context, e, method.__name__)
-
-    return wrapper
-
-
-def streaming(method):
-    """Applies the error policy (errors.abort) inside a response-streaming
-    RPC: its errors surface while it is iterated, so the handling sits in
-    the generator."""
-
-    @functools.wraps(method)
-    async def wrapper(self, request, context):
-        try:
-            if isinstance(request, Malformed):
-                request.fail()
-            async for item in method(self, request, context):
-                yield item
-        except Exception as e:
-            await abort(context, e, method.__name__)
-
-    return wrapper
-
-
-class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
+class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
     """Serves rollout.v1.RolloutService on one AsyncLLM."""
 
     def __init__(self, config) -> None:
@@ -111,11 +35,19 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self.engine = None
         self._tokenizer = None
 
-    def attach(self, engine, info: EngineInfo, gate: AdmissionGate, updater: WeightUpdater) -> None:
+    def attach(
+        self,
+        engine,
+        info: EngineInfo,
+        gate: AdmissionGate,
+        updater: WeightUpdater,
+        sessions: UpdateSessions,
+    ) -> None:
         """Starts serving on a running engine."""
         self.info = info
         self.gate = gate
         self.updater = updater
+        self.sessions = sessions
         self.engine = engine
 
     def _check_ready(self) -> None:
@@ -248,13 +180,3 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             ],
             drain_timeout_seconds=self.updater.drain_timeout_seconds,
         )
-
-    @unary
-    async def ResetCaches(self, request, context):
-        self._check_ready()
-        return await self.updater.reset_caches()
-
-    @unary
-    async def UpdateWeights(self, request_iterator, context):
-        self._check_ready()
-        return await self.updater.update(request_iterator)

@@ -18,6 +18,9 @@ Retries: an update that was applied after its client went away (the apply
 is shielded from cancellation) is recognised when the client retries the
 same version with the same tensors and bytes, and answered with the
 original acknowledgement instead of "already the served version".
+
+Receiving (one UpdateWeights stream, or a staged update's uploads) is
+update_sessions.py's; this module takes a complete update from there.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from dataclasses import dataclass
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service import metrics
 from rollout_service.assembler import StagedUpdate, UpdateAssembler
-from rollout_service.errors import Aborted, FailedPrecondition, RpcError
+from rollout_service.errors import FailedPrecondition, RpcError
 from rollout_service.gate import AdmissionGate
 from rollout_service.staging import StagingRegion
 from rollout_service.weights_backend import BACKEND_NAME
@@ -81,7 +84,6 @@ class WeightUpdater:
         self.staging = staging or StagingRegion()
         # Set when an engine failure may have left weights half-loaded.
         self.degraded = False
-        self._busy = False
         self._last: _Applied | None = None
         # Serialises the engine-touching step of updates and cache resets.
         self._apply_lock = asyncio.Lock()
@@ -104,10 +106,26 @@ class WeightUpdater:
                 "push a full update (every parameter) to recover"
             )
 
-    async def update(self, messages) -> pb.UpdateWeightsResponse:
-        """Receives one UpdateWeights stream, then applies it."""
+    async def assembler(self) -> UpdateAssembler:
+        """A new assembler writing into the staging region, once the region
+        is free: the last update's content may still be being read from it."""
+        last = self._last
+        if last is not None and not last.content.done():
+            await asyncio.shield(last.content)
+        return UpdateAssembler(
+            self.manifest,
+            self.max_update_bytes,
+            self.staging,
+            self.gate.version,
+            groups=self._groups,
+            replayable_version=last.ack.weight_version if last is not None else None,
+        )
+
+    async def apply(self, staged: StagedUpdate, receive_s: float) -> pb.UpdateWeightsResponse:
+        """Applies a complete, validated update (or recognises a retry of the
+        one that installed the served version); counted in the metrics."""
         try:
-            ack = await self._update(messages)
+            ack = await self._apply_or_replay(staged, receive_s)
         except RpcError as e:
             metrics.UPDATES.labels(e.code.name).inc()
             raise
@@ -121,54 +139,20 @@ class WeightUpdater:
         metrics.WEIGHT_VERSION.info({"version": ack.weight_version})
         return ack
 
-    async def _update(self, messages) -> pb.UpdateWeightsResponse:
-        # Busy from the first message to the end of the apply, so that a
-        # concurrent update is refused at once in either phase, never queued.
-        if self._busy:
-            raise Aborted("another UpdateWeights is in progress; only one runs at a time")
-        self._busy = True
-        apply = None
-        try:
-            t0 = time.perf_counter()
-            staged = await self._receive(messages)
-            receive_s = time.perf_counter() - t0
-            if staged.weight_version == self.gate.version:
-                return await self._replay(staged)
-            if self.degraded and staged.names != set(self.manifest):
-                raise FailedPrecondition(
-                    "the server is degraded: only a full update (every parameter) can recover "
-                    f"it, this one has {len(staged.names)} of {len(self.manifest)}"
-                )
-            # Shielded: once the engine is touched, the sequence runs to the
-            # end even if the call is cancelled, so the engine is never left
-            # paused or half-updated by a client that went away; the update
-            # stays busy until it has.
-            apply = asyncio.ensure_future(self._apply(staged, receive_s))
-            apply.add_done_callback(lambda _: setattr(self, "_busy", False))
-            return await asyncio.shield(apply)
-        finally:
-            if apply is None:
-                self._busy = False
-
-    async def _receive(self, messages) -> StagedUpdate:
-        last = self._last
-        if last is not None and not last.content.done():
-            # The last update's content is still being read from the region
-            # that this stream is about to overwrite.
-            await asyncio.shield(last.content)
-        assembler = UpdateAssembler(
-            self.manifest,
-            self.max_update_bytes,
-            self.staging,
-            self.gate.version,
-            groups=self._groups,
-            replayable_version=last.ack.weight_version if last is not None else None,
-        )
-        async for msg in messages:
-            if hasattr(msg, "fail"):  # servicer.Malformed: bytes that did not parse
-                msg.fail()
-            assembler.feed(msg)
-        return assembler.finish()
+    async def _apply_or_replay(
+        self, staged: StagedUpdate, receive_s: float
+    ) -> pb.UpdateWeightsResponse:
+        if staged.weight_version == self.gate.version:
+            return await self._replay(staged)
+        if self.degraded and staged.names != set(self.manifest):
+            raise FailedPrecondition(
+                "the server is degraded: only a full update (every parameter) can recover "
+                f"it, this one has {len(staged.names)} of {len(self.manifest)}"
+            )
+        # Shielded: once the engine is touched, the sequence runs to the end
+        # even if the call is cancelled, so the engine is never left paused or
+        # half-updated by a client that went away.
+        return await asyncio.shield(self._apply(staged, receive_s))
 
     async def _replay(self, staged: StagedUpdate) -> pb.UpdateWeightsResponse:
         """A stream naming the served version: the original acknowledgement

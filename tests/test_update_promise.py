@@ -18,7 +18,7 @@ import torch
 
 from rollout.v1 import rollout_pb2_grpc
 from rollout_client import RolloutClient, RolloutError, pb
-from rollout_client.weights import ManifestMismatch
+from rollout_client.push import ManifestMismatch
 from rollout_service.tiny_models import ensure_model
 from tests.serverproc import ServerProcess
 from tests.weights_util import (
@@ -223,23 +223,31 @@ def test_calls_waiting_at_the_gate_when_an_apply_fails_are_refused(
     assert not client.server_info().degraded
 
 
-def test_a_slow_stream_reader_does_not_hold_an_update_back(client, info, base):
+def test_a_slow_stream_reader_does_not_hold_an_update_back(server, client, base):
     old = client.server_info().weight_version
-    # Large deltas (20 alternatives per token) that the client does not read:
-    # the server's writes block on flow control long before the end.
-    stream = client.generate_stream(
-        prompt_token_ids=[9, 8, 7], max_tokens=1500, ignore_eos=True, temperature=0, logprobs=20
-    )
-    first = next(stream)
-    deadline = time.monotonic() + 60
-    while client.server_info().engine_requests:  # the engine finishes regardless
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    t0 = time.monotonic()
-    ack = client.update_weights(base, version(), timeout=30)
-    assert time.monotonic() - t0 < 20
-    assert ack.requests_aborted == 0
-    deltas = [first, *stream]
+    # A reader that does not read, on a channel whose flow-control window
+    # stays small (no BDP probing): the server's writes of these large
+    # deltas (20 alternatives per token) block long before the last one.
+    with grpc.insecure_channel(server.target, options=[("grpc.http2.bdp_probe", 0)]) as ch:
+        stream = rollout_pb2_grpc.RolloutServiceStub(ch).GenerateStream(
+            pb.GenerateStreamRequest(
+                prompt_token_ids=[9, 8, 7],
+                sampling_params=pb.SamplingParams(
+                    max_tokens=1500, ignore_eos=True, temperature=0, logprobs=20
+                ),
+            ),
+            timeout=120,
+        )
+        first = next(stream)
+        deadline = time.monotonic() + 60
+        while client.server_info().engine_requests:  # the engine finishes regardless
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        ack = client.update_weights(base, version(), timeout=30)
+        assert time.monotonic() - t0 < 20
+        assert ack.requests_aborted == 0
+        deltas = [first, *stream]
     assert sum(len(d.token_ids) for d in deltas) == 1500
     assert {d.weight_version for d in deltas} == {old}
     assert deltas[-1].finish_reason == pb.FINISH_REASON_LENGTH

@@ -19,7 +19,7 @@ from google.protobuf import json_format
 
 from rollout_client import dtypes
 from rollout_client.client import RolloutClient, RolloutError
-from rollout_client.weights import ManifestMismatch
+from rollout_client.push import ManifestMismatch
 
 
 def _json(msg) -> str:

@@ -24,11 +24,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
-from rollout_client.weights import (
-    DEFAULT_CHUNK_BYTES,
-    iter_update_requests,
-    prepare_tensors,
-)
+from rollout_client import push
+from rollout_client.push import DEFAULT_CHUNK_BYTES
 
 # Leaves room for a 1 MiB chunk plus framing; the server's default is larger.
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
@@ -113,9 +110,13 @@ class ConnectionOptions:
             self.root_certificates, self.private_key, self.certificate_chain
         )
 
-    def channel(self, target: str, aio: bool):
+    def channel(self, target: str, aio: bool, own_connection: bool = False):
+        """A channel; with `own_connection`, one that shares no connection
+        with the others (parallel uploads need one each)."""
         mod = grpc.aio if aio else grpc
         options = _channel_options(self.max_message_bytes)
+        if own_connection:
+            options.append(("grpc.use_local_subchannel_pool", 1))
         creds = self.credentials()
         if creds is None:
             return mod.insecure_channel(target, options=options)
@@ -138,6 +139,7 @@ class RolloutClient:
         **option_fields: Any,
     ) -> None:
         self.timeout = timeout
+        self.target = target
         self.options = options or ConnectionOptions(**option_fields)
         self.channel = self.options.channel(target, aio=False)
         self.stub = rollout_pb2_grpc.RolloutServiceStub(self.channel)
@@ -214,25 +216,49 @@ class RolloutClient:
         progress: bool = False,
         timeout: float | None = None,
         drain_timeout_seconds: float | None = None,
+        streams: int = 1,
+        same_host: bool = False,
     ) -> pb.UpdateWeightsResponse:
-        """Streams `source` (state_dict, module, safetensors path or
-        (name, tensor) iterable) after checking it against the manifest.
+        """Sends `source` (a safetensors file or folder, a state_dict, a
+        module or an iterable of (name, tensor)), read tensor by tensor,
+        after checking it against the manifest. `streams` > 1 uploads over
+        that many connections at once; `same_host` writes the bytes straight
+        into the server's staging region (same host, /dev/shm and user).
         `drain_timeout_seconds` bounds the wait for in-flight calls (WAIT
-        mode; see UpdateWeightsBegin)."""
+        mode; see UpdateWeightsBegin). Retried like the other calls: a retry
+        of an applied update returns its acknowledgement."""
         manifest = self.server_info(timeout).parameters
-        tensors = prepare_tensors(source, manifest, checksum=checksum)
-        bar = _progress_bar(sum(t.nbytes for t in tensors), progress)
+        u = push.prepare(
+            source,
+            version,
+            manifest,
+            pause_mode=pause_mode,
+            chunk_bytes=chunk_bytes,
+            checksum=checksum,
+            drain_timeout_seconds=drain_timeout_seconds,
+        )
+        return self._push(u, progress, timeout, streams, same_host)
+
+    def _push(self, u: push.Update, progress: bool, timeout, streams: int, on_host: bool):
+        total = sum(t.nbytes for t in u.tensors)
+        u.progress = _progress_bar(total, progress)
+        u.timeout = timeout or self.timeout
+        u.metadata = self.options.metadata()
+
+        def new_channel():
+            return self.options.channel(self.target, aio=False, own_connection=True)
+
         try:
-            return self._call(
-                self.stub.UpdateWeights,
-                lambda: iter_update_requests(
-                    tensors, version, pause_mode, chunk_bytes, bar, drain_timeout_seconds
-                ),
-                timeout,
-            )
+            for delay in [*self.options.delays(), None]:
+                try:
+                    return push.send(u, self.channel, new_channel, streams, on_host)
+                except grpc.RpcError as e:
+                    if e.code() != grpc.StatusCode.UNAVAILABLE or delay is None:
+                        raise RolloutError.wrap(e) from None
+                    time.sleep(delay)
         finally:
-            if bar is not None:
-                bar.close()
+            if u.progress is not None:
+                u.progress.close()
 
 
 class AsyncRolloutClient:
@@ -247,13 +273,17 @@ class AsyncRolloutClient:
         **option_fields: Any,
     ) -> None:
         self.timeout = timeout
+        self.target = target
         self.options = options or ConnectionOptions(**option_fields)
         self.channel = self.options.channel(target, aio=True)
         self.stub = rollout_pb2_grpc.RolloutServiceStub(self.channel)
         self._health = health_pb2_grpc.HealthStub(self.channel)
+        self._sync: RolloutClient | None = None  # for update_weights
 
     async def close(self) -> None:
         await self.channel.close()
+        if self._sync is not None:
+            self._sync.close()
 
     async def __aenter__(self) -> AsyncRolloutClient:
         return self
@@ -321,25 +351,23 @@ class AsyncRolloutClient:
         progress: bool = False,
         timeout: float | None = None,
         drain_timeout_seconds: float | None = None,
+        streams: int = 1,
+        same_host: bool = False,
     ) -> pb.UpdateWeightsResponse:
-        manifest = (await self.server_info(timeout)).parameters
-        tensors = prepare_tensors(source, manifest, checksum=checksum)
-        bar = _progress_bar(sum(t.nbytes for t in tensors), progress)
-        try:
-            return await self._call(
-                self.stub.UpdateWeights,
-                lambda: _aiter(
-                    iter_update_requests(
-                        tensors, version, pause_mode, chunk_bytes, bar, drain_timeout_seconds
-                    )
-                ),
-                timeout,
-            )
-        finally:
-            if bar is not None:
-                bar.close()
-
-
-async def _aiter(items):
-    for item in items:
-        yield item
+        """RolloutClient.update_weights, run in a thread on a blocking
+        client to the same target (the sending code is the same)."""
+        if self._sync is None:
+            self._sync = RolloutClient(self.target, timeout=self.timeout, options=self.options)
+        return await asyncio.to_thread(
+            self._sync.update_weights,
+            source,
+            version,
+            pause_mode=pause_mode,
+            chunk_bytes=chunk_bytes,
+            checksum=checksum,
+            progress=progress,
+            timeout=timeout,
+            drain_timeout_seconds=drain_timeout_seconds,
+            streams=streams,
+            same_host=same_host,
+        )

@@ -257,6 +257,96 @@ class UpdateWeightsRequest(_message.Message):
     commit: UpdateWeightsCommit
     def __init__(self, begin: _Optional[_Union[UpdateWeightsBegin, _Mapping]] = ..., chunk: _Optional[_Union[TensorChunk, _Mapping]] = ..., commit: _Optional[_Union[UpdateWeightsCommit, _Mapping]] = ...) -> None: ...
 
+class BeginUpdateRequest(_message.Message):
+    __slots__ = ("begin", "same_host")
+    BEGIN_FIELD_NUMBER: _ClassVar[int]
+    SAME_HOST_FIELD_NUMBER: _ClassVar[int]
+    begin: UpdateWeightsBegin
+    same_host: bool
+    def __init__(self, begin: _Optional[_Union[UpdateWeightsBegin, _Mapping]] = ..., same_host: _Optional[bool] = ...) -> None: ...
+
+class SharedStaging(_message.Message):
+    __slots__ = ("path", "tensor_offsets")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    tensor_offsets: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, path: _Optional[str] = ..., tensor_offsets: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class BeginUpdateResponse(_message.Message):
+    __slots__ = ("update_id", "total_bytes", "shared_staging", "idle_timeout_seconds")
+    UPDATE_ID_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHARED_STAGING_FIELD_NUMBER: _ClassVar[int]
+    IDLE_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    update_id: str
+    total_bytes: int
+    shared_staging: SharedStaging
+    idle_timeout_seconds: float
+    def __init__(self, update_id: _Optional[str] = ..., total_bytes: _Optional[int] = ..., shared_staging: _Optional[_Union[SharedStaging, _Mapping]] = ..., idle_timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class UploadChunksRequest(_message.Message):
+    __slots__ = ("update_id", "chunk")
+    UPDATE_ID_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    update_id: str
+    chunk: TensorChunk
+    def __init__(self, update_id: _Optional[str] = ..., chunk: _Optional[_Union[TensorChunk, _Mapping]] = ...) -> None: ...
+
+class UploadChunksResponse(_message.Message):
+    __slots__ = ("bytes_received",)
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    bytes_received: int
+    def __init__(self, bytes_received: _Optional[int] = ...) -> None: ...
+
+class GetUpdateStatusRequest(_message.Message):
+    __slots__ = ("update_id",)
+    UPDATE_ID_FIELD_NUMBER: _ClassVar[int]
+    update_id: str
+    def __init__(self, update_id: _Optional[str] = ...) -> None: ...
+
+class ByteRange(_message.Message):
+    __slots__ = ("tensor_index", "offset", "length")
+    TENSOR_INDEX_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    tensor_index: int
+    offset: int
+    length: int
+    def __init__(self, tensor_index: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+
+class GetUpdateStatusResponse(_message.Message):
+    __slots__ = ("bytes_received", "total_bytes", "missing")
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    bytes_received: int
+    total_bytes: int
+    missing: _containers.RepeatedCompositeFieldContainer[ByteRange]
+    def __init__(self, bytes_received: _Optional[int] = ..., total_bytes: _Optional[int] = ..., missing: _Optional[_Iterable[_Union[ByteRange, _Mapping]]] = ...) -> None: ...
+
+class CommitUpdateRequest(_message.Message):
+    __slots__ = ("update_id",)
+    UPDATE_ID_FIELD_NUMBER: _ClassVar[int]
+    update_id: str
+    def __init__(self, update_id: _Optional[str] = ...) -> None: ...
+
+class CommitUpdateResponse(_message.Message):
+    __slots__ = ("result",)
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    result: UpdateWeightsResponse
+    def __init__(self, result: _Optional[_Union[UpdateWeightsResponse, _Mapping]] = ...) -> None: ...
+
+class AbortUpdateRequest(_message.Message):
+    __slots__ = ("update_id",)
+    UPDATE_ID_FIELD_NUMBER: _ClassVar[int]
+    update_id: str
+    def __init__(self, update_id: _Optional[str] = ...) -> None: ...
+
+class AbortUpdateResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class CacheResetResult(_message.Message):
     __slots__ = ("cache", "reset", "detail")
     CACHE_FIELD_NUMBER: _ClassVar[int]

@@ -50,6 +50,31 @@ class RolloutServiceStub:
                 request_serializer=rollout_dot_v1_dot_rollout__pb2.UpdateWeightsRequest.SerializeToString,
                 response_deserializer=rollout_dot_v1_dot_rollout__pb2.UpdateWeightsResponse.FromString,
                 _registered_method=True)
+        self.BeginUpdate = channel.unary_unary(
+                '/rollout.v1.RolloutService/BeginUpdate',
+                request_serializer=rollout_dot_v1_dot_rollout__pb2.BeginUpdateRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_rollout__pb2.BeginUpdateResponse.FromString,
+                _registered_method=True)
+        self.UploadChunks = channel.stream_unary(
+                '/rollout.v1.RolloutService/UploadChunks',
+                request_serializer=rollout_dot_v1_dot_rollout__pb2.UploadChunksRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_rollout__pb2.UploadChunksResponse.FromString,
+                _registered_method=True)
+        self.GetUpdateStatus = channel.unary_unary(
+                '/rollout.v1.RolloutService/GetUpdateStatus',
+                request_serializer=rollout_dot_v1_dot_rollout__pb2.GetUpdateStatusRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_rollout__pb2.GetUpdateStatusResponse.FromString,
+                _registered_method=True)
+        self.CommitUpdate = channel.unary_unary(
+                '/rollout.v1.RolloutService/CommitUpdate',
+                request_serializer=rollout_dot_v1_dot_rollout__pb2.CommitUpdateRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_rollout__pb2.CommitUpdateResponse.FromString,
+                _registered_method=True)
+        self.AbortUpdate = channel.unary_unary(
+                '/rollout.v1.RolloutService/AbortUpdate',
+                request_serializer=rollout_dot_v1_dot_rollout__pb2.AbortUpdateRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_rollout__pb2.AbortUpdateResponse.FromString,
+                _registered_method=True)
         self.ResetCaches = channel.unary_unary(
                 '/rollout.v1.RolloutService/ResetCaches',
                 request_serializer=rollout_dot_v1_dot_rollout__pb2.ResetCachesRequest.SerializeToString,
@@ -104,6 +129,54 @@ class RolloutServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BeginUpdate(self, request, context):
+        """Opens a staged update: the same `begin` as UpdateWeights', validated the
+        same way. Its bytes then arrive through any number of UploadChunks
+        streams (concurrently, over several channels), or, on the server's host,
+        are written straight into the staging region (BeginUpdateRequest.same_host).
+        Nothing touches the engine before CommitUpdate, so a fleet of replicas can
+        stage everywhere, then commit everywhere. One staged update at a time
+        (ABORTED while another is open or applying); one idle for longer than
+        BeginUpdateResponse.idle_timeout_seconds is aborted by the server.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UploadChunks(self, request_iterator, context):
+        """Carries chunks of an open staged update. Each chunk is validated as in
+        UpdateWeights (inside its tensor, every byte exactly once) and written at
+        once; a stream that breaks keeps what it delivered, and
+        GetUpdateStatus tells which byte ranges are still missing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetUpdateStatus(self, request, context):
+        """Which bytes of an open staged update have arrived, and which are missing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CommitUpdate(self, request, context):
+        """Applies an open staged update, exactly as UpdateWeights applies its
+        stream after `commit`: complete and checksums right, or INVALID_ARGUMENT
+        and the update stays open for the missing bytes. Committing an update
+        that was already applied returns its acknowledgement again (`replayed`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AbortUpdate(self, request, context):
+        """Discards an open staged update; the served weights are unchanged.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ResetCaches(self, request, context):
         """Atomically resets the prefix/KV cache, the multimodal input cache and the
         encoder cache.
@@ -137,6 +210,31 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     servicer.UpdateWeights,
                     request_deserializer=rollout_dot_v1_dot_rollout__pb2.UpdateWeightsRequest.FromString,
                     response_serializer=rollout_dot_v1_dot_rollout__pb2.UpdateWeightsResponse.SerializeToString,
+            ),
+            'BeginUpdate': grpc.unary_unary_rpc_method_handler(
+                    servicer.BeginUpdate,
+                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.BeginUpdateRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_rollout__pb2.BeginUpdateResponse.SerializeToString,
+            ),
+            'UploadChunks': grpc.stream_unary_rpc_method_handler(
+                    servicer.UploadChunks,
+                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.UploadChunksRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_rollout__pb2.UploadChunksResponse.SerializeToString,
+            ),
+            'GetUpdateStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetUpdateStatus,
+                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.GetUpdateStatusRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_rollout__pb2.GetUpdateStatusResponse.SerializeToString,
+            ),
+            'CommitUpdate': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitUpdate,
+                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.CommitUpdateRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_rollout__pb2.CommitUpdateResponse.SerializeToString,
+            ),
+            'AbortUpdate': grpc.unary_unary_rpc_method_handler(
+                    servicer.AbortUpdate,
+                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.AbortUpdateRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_rollout__pb2.AbortUpdateResponse.SerializeToString,
             ),
             'ResetCaches': grpc.unary_unary_rpc_method_handler(
                     servicer.ResetCaches,
@@ -231,6 +329,141 @@ class RolloutService:
             '/rollout.v1.RolloutService/UpdateWeights',
             rollout_dot_v1_dot_rollout__pb2.UpdateWeightsRequest.SerializeToString,
             rollout_dot_v1_dot_rollout__pb2.UpdateWeightsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BeginUpdate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollout.v1.RolloutService/BeginUpdate',
+            rollout_dot_v1_dot_rollout__pb2.BeginUpdateRequest.SerializeToString,
+            rollout_dot_v1_dot_rollout__pb2.BeginUpdateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UploadChunks(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/rollout.v1.RolloutService/UploadChunks',
+            rollout_dot_v1_dot_rollout__pb2.UploadChunksRequest.SerializeToString,
+            rollout_dot_v1_dot_rollout__pb2.UploadChunksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetUpdateStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollout.v1.RolloutService/GetUpdateStatus',
+            rollout_dot_v1_dot_rollout__pb2.GetUpdateStatusRequest.SerializeToString,
+            rollout_dot_v1_dot_rollout__pb2.GetUpdateStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitUpdate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollout.v1.RolloutService/CommitUpdate',
+            rollout_dot_v1_dot_rollout__pb2.CommitUpdateRequest.SerializeToString,
+            rollout_dot_v1_dot_rollout__pb2.CommitUpdateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AbortUpdate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollout.v1.RolloutService/AbortUpdate',
+            rollout_dot_v1_dot_rollout__pb2.AbortUpdateRequest.SerializeToString,
+            rollout_dot_v1_dot_rollout__pb2.AbortUpdateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,284 @@
+"""Sending an update to one server, three ways:
+
+- one stream (UpdateWeights): begin, chunks, commit on one call;
+- parallel uploads (BeginUpdate, UploadChunks on several channels at once,
+  CommitUpdate), resuming the byte ranges a broken stream did not deliver;
+- the same-host handoff (BeginUpdate with same_host): the bytes are written
+  straight into the server's staging region, nothing but the calls over gRPC.
+
+Chunk messages are serialized by hand (wire.py): the data is copied once,
+into the message, instead of into a protobuf message and out again. Sources
+are read lazily (sources.py). These are plain functions over sync channels;
+the asyncio client runs them in a thread.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from rollout.v1 import rollout_pb2 as pb
+from rollout_client import dtypes, wire
+from rollout_client.sources import SourceTensor
+
+_SERVICE = "/rollout.v1.RolloutService/"
+_COMMIT = pb.UpdateWeightsRequest(commit=pb.UpdateWeightsCommit()).SerializeToString()
+
+
+class ManifestMismatch(ValueError):
+    """A tensor the server would refuse (unknown name, wrong dtype or shape)."""
+
+
+def describe(
+    tensors: Sequence[SourceTensor],
+    manifest: Sequence[pb.TensorSpec] | None,
+    checksum: bool = False,
+) -> list[pb.TensorSpec]:
+    """The begin message's tensor specs, checked against the manifest (when
+    given) before a byte is read or sent. `checksum` reads every tensor once
+    more, to declare its CRC-32C."""
+    expected = {s.name: s for s in manifest} if manifest is not None else None
+    specs = []
+    for t in tensors:
+        if expected is not None:
+            want = expected.get(t.name)
+            if want is None:
+                raise ManifestMismatch(f"{t.name}: not a parameter of the served model")
+            if want.dtype != t.dtype:
+                raise ManifestMismatch(
+                    f"{t.name}: dtype {dtypes.name(t.dtype)}, the server takes "
+                    f"{dtypes.name(want.dtype)}"
+                )
+            if list(want.shape) != t.shape:
+                raise ManifestMismatch(
+                    f"{t.name}: shape {t.shape}, the server takes {list(want.shape)}"
+                )
+        spec = pb.TensorSpec(name=t.name, dtype=t.dtype, shape=t.shape)
+        if checksum:
+            import crc32c
+
+            crc = 0
+            for _, data in t.chunks(1 << 24):
+                crc = crc32c.crc32c(data, crc)
+            spec.crc32c = crc
+        specs.append(spec)
+    if not specs:
+        raise ValueError("the weight source holds no tensors")
+    return specs
+
+
+@dataclass
+class Update:
+    """What to send and how."""
+
+    tensors: Sequence[SourceTensor]
+    begin: pb.UpdateWeightsBegin
+    chunk_bytes: int = 1 << 20
+    progress: Any = None  # tqdm-like: .update(n)
+    timeout: float | None = None
+    metadata: Any = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def advance(self, n: int) -> None:
+        if self.progress is not None:
+            with self._lock:
+                self.progress.update(n)
+
+
+UPDATE_WEIGHTS = _SERVICE + "UpdateWeights"
+
+
+def update_weights_requests(u: Update) -> Iterator[bytes]:
+    """The serialized messages of an UpdateWeights stream: begin, every
+    chunk in order, commit. Call the method with request_serializer=None."""
+    yield pb.UpdateWeightsRequest(begin=u.begin).SerializeToString()
+    for i, t in enumerate(u.tensors):
+        for offset, data in t.chunks(u.chunk_bytes):
+            yield wire.update_weights_chunk(i, offset, data)
+            u.advance(len(data))
+    yield _COMMIT
+
+
+def one_stream(channel: grpc.Channel, u: Update) -> pb.UpdateWeightsResponse:
+    """UpdateWeights: begin, every chunk in order, commit."""
+    call = channel.stream_unary(
+        UPDATE_WEIGHTS,
+        request_serializer=None,  # the requests are serialized already
+        response_deserializer=pb.UpdateWeightsResponse.FromString,
+    )
+    return call(update_weights_requests(u), timeout=u.timeout, metadata=u.metadata)
+
+
+def parallel(
+    channels: Sequence[grpc.Channel], u: Update, resume_attempts: int = 2
+) -> pb.UpdateWeightsResponse:
+    """BeginUpdate, the chunks spread over one UploadChunks stream per
+    channel, CommitUpdate; ranges a broken stream did not deliver are sent
+    again (GetUpdateStatus), up to `resume_attempts` times. Aborted on error."""
+    stub = _stub(channels[0])
+    opened = stub.BeginUpdate(
+        pb.BeginUpdateRequest(begin=u.begin), timeout=u.timeout, metadata=u.metadata
+    )
+    uid = opened.update_id
+    try:
+        pieces: Iterator[tuple[int, int, int]] = (
+            (i, off, min(u.chunk_bytes, t.nbytes - off))
+            for i, t in enumerate(u.tensors)
+            for off in range(0, t.nbytes, u.chunk_bytes)
+        )
+        for attempt in range(resume_attempts + 1):
+            errors = _upload(channels, u, uid, pieces)
+            status = stub.GetUpdateStatus(
+                pb.GetUpdateStatusRequest(update_id=uid), timeout=u.timeout, metadata=u.metadata
+            )
+            if not status.missing:
+                break
+            if attempt == resume_attempts:
+                raise errors[0] if errors else RuntimeError("upload incomplete")
+            pieces = (
+                (r.tensor_index, off, min(u.chunk_bytes, r.offset + r.length - off))
+                for r in status.missing
+                for off in range(r.offset, r.offset + r.length, u.chunk_bytes)
+            )
+        return stub.CommitUpdate(
+            pb.CommitUpdateRequest(update_id=uid), timeout=u.timeout, metadata=u.metadata
+        ).result
+    except BaseException:
+        _abort(stub, uid, u)
+        raise
+
+
+def _upload(channels, u: Update, uid: str, pieces) -> list[grpc.RpcError]:
+    """One UploadChunks stream per channel, all pulling from `pieces`."""
+    lock = threading.Lock()
+    errors: list[grpc.RpcError] = []
+
+    def requests() -> Iterator[bytes]:
+        while True:
+            with lock:
+                piece = next(pieces, None)
+            if piece is None:
+                return
+            i, off, n = piece
+            yield wire.upload_chunk(uid, i, off, u.tensors[i].read(off, n))
+            u.advance(n)
+
+    def run(channel) -> None:
+        call = channel.stream_unary(
+            _SERVICE + "UploadChunks",
+            request_serializer=None,
+            response_deserializer=pb.UploadChunksResponse.FromString,
+        )
+        try:
+            call(requests(), timeout=u.timeout, metadata=u.metadata)
+        except grpc.RpcError as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(ch,)) for ch in channels]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+
+def same_host(channel: grpc.Channel, u: Update) -> pb.UpdateWeightsResponse:
+    """BeginUpdate(same_host), each tensor read straight into the server's
+    staging region, CommitUpdate. Needs the server's host, /dev/shm and
+    user; nothing but the calls goes over gRPC."""
+    stub = _stub(channel)
+    opened = stub.BeginUpdate(
+        pb.BeginUpdateRequest(begin=u.begin, same_host=True),
+        timeout=u.timeout,
+        metadata=u.metadata,
+    )
+    try:
+        region = opened.shared_staging
+        fd = os.open(region.path, os.O_RDWR)
+        try:
+            size = os.fstat(fd).st_size
+            with mmap.mmap(fd, size) as mm:
+                view = memoryview(mm)
+                try:
+                    for t, at in zip(u.tensors, region.tensor_offsets):
+                        for off in range(0, t.nbytes, u.chunk_bytes << 4):
+                            n = min(u.chunk_bytes << 4, t.nbytes - off)
+                            t.read_into(off, view[at + off : at + off + n])
+                            u.advance(n)
+                        t.release()
+                finally:
+                    view.release()
+        finally:
+            os.close(fd)
+        return stub.CommitUpdate(
+            pb.CommitUpdateRequest(update_id=opened.update_id),
+            timeout=u.timeout,
+            metadata=u.metadata,
+        ).result
+    except BaseException:
+        _abort(stub, opened.update_id, u)
+        raise
+
+
+def _stub(channel):
+    from rollout.v1 import rollout_pb2_grpc
+
+    return rollout_pb2_grpc.RolloutServiceStub(channel)
+
+
+def _abort(stub, uid: str, u: Update) -> None:
+    try:
+        stub.AbortUpdate(pb.AbortUpdateRequest(update_id=uid), timeout=10, metadata=u.metadata)
+    except grpc.RpcError:
+        pass  # gone already, or the server is: nothing to abort
+
+
+
+
+DEFAULT_CHUNK_BYTES = 1 << 20
+
+
+def prepare(
+    source: Any,
+    version: str,
+    manifest: Sequence[pb.TensorSpec] | None,
+    *,
+    pause_mode: int = pb.PAUSE_MODE_WAIT,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    checksum: bool = False,
+    drain_timeout_seconds: float | None = None,
+) -> Update:
+    """An Update of `source` (see sources.open_source), checked against the
+    manifest; no tensor bytes are read yet unless `checksum`."""
+    from rollout_client.sources import open_source
+
+    tensors = open_source(source)
+    begin = pb.UpdateWeightsBegin(
+        weight_version=version,
+        tensors=describe(tensors, manifest, checksum),
+        pause_mode=pause_mode,
+    )
+    if drain_timeout_seconds is not None:
+        begin.drain_timeout_seconds = drain_timeout_seconds
+    return Update(tensors=tensors, begin=begin, chunk_bytes=chunk_bytes)
+
+
+def send(u: Update, channel: grpc.Channel, new_channel, streams: int = 1, on_host: bool = False):
+    """Sends `u` the chosen way; `new_channel()` makes the extra channels
+    (separate connections) that parallel uploads use."""
+    if on_host:
+        return same_host(channel, u)
+    if streams <= 1:
+        return one_stream(channel, u)
+    channels = [new_channel() for _ in range(streams)]
+    try:
+        return parallel(channels, u)
+    finally:
+        for ch in channels:
+            ch.close()

@@ -1,0 +1,198 @@
+"""Receiving updates: one UpdateWeights stream, or a staged update (begin,
+any number of concurrent upload streams or a same-host write, commit).
+
+Both feed one UpdateAssembler, which writes into the staging region and
+validates everything before the engine is touched; both end in
+WeightUpdater.apply. At most one update is open or applying at a time: the
+staging region is single, and a second update waiting behind the first would
+only apply stale weights later, so it is refused at once (ABORTED).
+
+An open update that nobody touches for `idle_timeout_seconds` (a stalled or
+vanished trainer) is aborted, so it cannot hold updates back for ever; the
+same bound applies between two messages of an UpdateWeights stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+from rollout.v1 import rollout_pb2 as pb
+from rollout_client.wire import RawChunk
+from rollout_service.assembler import UpdateAssembler
+from rollout_service.errors import (
+    Aborted,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+)
+from rollout_service.updates import WeightUpdater
+
+log = logging.getLogger(__name__)
+
+
+class UpdateSession:
+    """One open update."""
+
+    def __init__(self, assembler: UpdateAssembler, same_host: bool) -> None:
+        self.id = uuid.uuid4().hex
+        self.assembler = assembler
+        self.same_host = same_host
+        self.started = time.perf_counter()
+        self.touched = time.monotonic()
+        # open -> committing -> done, or open -> aborted
+        self.state = "open"
+
+    def touch(self) -> None:
+        self.touched = time.monotonic()
+
+
+class UpdateSessions:
+    """The open update, if any, and the calls that drive it."""
+
+    def __init__(self, updater: WeightUpdater, idle_timeout_seconds: float = 300.0) -> None:
+        self.updater = updater
+        self.idle_timeout_seconds = idle_timeout_seconds
+        self._current: UpdateSession | None = None
+        # The last committed update: CommitUpdate retried returns its ack.
+        self._committed: tuple[str, pb.UpdateWeightsResponse] | None = None
+
+    async def begin(self, begin: pb.UpdateWeightsBegin, same_host: bool = False) -> UpdateSession:
+        """Opens an update: validates begin and takes the staging region."""
+        if self._current is not None:
+            what = "being applied" if self._current.state == "committing" else "open"
+            raise Aborted(f"another update is {what}; only one runs at a time")
+        # Taken before the first await, so that a concurrent begin is refused.
+        self._current = placeholder = UpdateSession(None, same_host)  # type: ignore[arg-type]
+        try:
+            assembler = await self.updater.assembler()
+            assembler.begin(begin)
+        except BaseException:
+            self._current = None
+            raise
+        placeholder.assembler = assembler
+        asyncio.ensure_future(self._expire_when_idle(placeholder))
+        return placeholder
+
+    def get(self, update_id: str) -> UpdateSession:
+        """The open update named `update_id`."""
+        s = self._current
+        if s is None or s.id != update_id:
+            raise FailedPrecondition(
+                f"update_id: {update_id!r} is not open (never begun, committed, aborted or "
+                "expired after the idle timeout)"
+            )
+        if s.state != "open":
+            raise FailedPrecondition(f"update_id: {update_id!r} is being applied")
+        s.touch()
+        return s
+
+    def upload(self, session: UpdateSession, chunk: RawChunk | pb.TensorChunk) -> int:
+        """Writes one chunk; returns its size."""
+        if session.state != "open":
+            raise FailedPrecondition(f"update_id: {session.id!r} is no longer open")
+        session.touch()
+        session.assembler.add_chunk(chunk.tensor_index, chunk.offset, chunk.data)
+        return len(chunk.data)
+
+    def status(self, session: UpdateSession) -> pb.GetUpdateStatusResponse:
+        a = session.assembler
+        return pb.GetUpdateStatusResponse(
+            bytes_received=a.bytes_received,
+            total_bytes=a.total_bytes,
+            missing=[pb.ByteRange(tensor_index=i, offset=o, length=n) for i, o, n in a.missing()],
+        )
+
+    async def commit(self, update_id: str) -> pb.UpdateWeightsResponse:
+        """Applies the open update; a retry of the last commit gets its ack."""
+        if self._committed is not None and self._committed[0] == update_id:
+            ack = pb.UpdateWeightsResponse()
+            ack.CopyFrom(self._committed[1])
+            ack.replayed = True
+            return ack
+        session = self.get(update_id)
+        if session.same_host:
+            session.assembler.mark_written()
+        # Incomplete or corrupt: refused, and the update stays open for the
+        # missing bytes (GetUpdateStatus names them).
+        staged = session.assembler.finish(require_commit=False)
+        return await self._apply(session, staged)
+
+    def abort(self, session: UpdateSession, why: str = "aborted") -> None:
+        if session.state == "open" and self._current is session:
+            session.state = "aborted"
+            self._current = None
+            received = session.assembler.bytes_received
+            log.info("update %s %s after %d bytes", session.id, why, received)
+
+    async def _apply(self, session: UpdateSession, staged) -> pb.UpdateWeightsResponse:
+        session.state = "committing"
+        receive_s = time.perf_counter() - session.started
+        apply = asyncio.ensure_future(self.updater.apply(staged, receive_s))
+
+        def done(f: asyncio.Future) -> None:
+            session.state = "done"
+            if self._current is session:
+                self._current = None
+            if not f.cancelled() and f.exception() is None:
+                # Even when the caller went away: its retry gets this ack.
+                self._committed = (session.id, f.result())
+
+        apply.add_done_callback(done)
+        # The apply is shielded inside; this shield keeps the session busy
+        # until it has finished even when the caller goes away.
+        return await asyncio.shield(apply)
+
+    async def _expire_when_idle(self, session: UpdateSession) -> None:
+        while session.state == "open" and self._current is session:
+            idle = time.monotonic() - session.touched
+            if idle >= self.idle_timeout_seconds:
+                self.abort(session, f"expired after {idle:.0f}s without a call")
+                return
+            await asyncio.sleep(self.idle_timeout_seconds - idle)
+
+    async def update_stream(self, messages) -> pb.UpdateWeightsResponse:
+        """One UpdateWeights stream: begin, chunks, commit, then the apply.
+        Before the commit is applied, an error or a cancelled call aborts."""
+        session = None
+        try:
+            try:
+                session = await self._receive(messages)
+            except TimeoutError:
+                raise DeadlineExceeded(
+                    f"UpdateWeights: no message for {self.idle_timeout_seconds:.0f}s "
+                    "(--update-idle-timeout-seconds); the update is discarded"
+                ) from None
+            return await self._apply(session, session.assembler.finish())
+        finally:
+            if session is not None:
+                self.abort(session, "ended without being applied")
+
+    async def _receive(self, messages) -> UpdateSession:
+        loop = asyncio.get_running_loop()
+        session = None
+        # One timer for the whole stream, pushed back at every message
+        # (cheaper than a timeout per message).
+        try:
+            async with asyncio.timeout(None) as idle:
+                async for msg in messages:
+                    idle.reschedule(loop.time() + self.idle_timeout_seconds)
+                    if hasattr(msg, "fail"):  # rpc_handlers.Malformed: bytes that did not parse
+                        msg.fail()
+                    if session is None:
+                        kind = "chunk" if isinstance(msg, RawChunk) else msg.WhichOneof("kind")
+                        if kind != "begin":
+                            raise InvalidArgument(kind or "kind", "the first message must be begin")
+                        session = await self.begin(msg.begin)
+                    else:
+                        session.touch()
+                        session.assembler.feed(msg)
+        except BaseException:
+            if session is not None:
+                self.abort(session, "ended without being applied")
+            raise
+        if session is None:
+            raise InvalidArgument("begin", "the stream ended before begin")
+        return session

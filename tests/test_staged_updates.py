@@ -1,0 +1,206 @@
+"""Staged updates against the real engine: begin, parallel and resumed
+uploads, the same-host handoff, commit, abort. Whatever way the bytes come,
+the served weights are exactly the ones sent."""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+
+import grpc
+import pytest
+from safetensors.torch import save_file
+
+from rollout.v1 import rollout_pb2_grpc
+from rollout_client import RolloutError, pb, wire
+from tests.weights_util import random_weights, spec, tensor_bytes, version
+
+PROMPT = list(range(40, 120))
+
+
+def output(client):
+    r = client.generate(prompt_token_ids=PROMPT, max_tokens=12, temperature=0)
+    return r.weight_version, list(r.completions[0].token_ids), list(r.completions[0].logprobs)
+
+
+@pytest.fixture(scope="module")
+def weights(info):
+    return random_weights(info.parameters, seed=2001)
+
+
+@pytest.fixture(scope="module")
+def expected(client, info, weights):
+    """The output on `weights`, pushed the plain way (one stream)."""
+    client.update_weights(random_weights(info.parameters, seed=2002), version())
+    client.update_weights(weights, version())
+    return output(client)[1:]
+
+
+@pytest.fixture(scope="module")
+def stub(server):
+    with grpc.insecure_channel(server.target) as ch:
+        yield rollout_pb2_grpc.RolloutServiceStub(ch)
+
+
+def _reset_to_other(client, info):
+    client.update_weights(random_weights(info.parameters, seed=2003), version())
+
+
+def test_four_parallel_streams_load_the_same_weights(client, info, weights, expected):
+    _reset_to_other(client, info)
+    v = version()
+    ack = client.update_weights(weights, v, streams=4)
+    assert ack.weight_version == v and ack.tensors_loaded == len(weights)
+    assert output(client) == (v, *expected)
+
+
+def test_the_same_host_handoff_loads_the_same_weights_from_a_file(
+    client, info, weights, expected, tmp_path
+):
+    path = tmp_path / "w.safetensors"
+    save_file({k: t.contiguous() for k, t in weights.items()}, path)
+    _reset_to_other(client, info)
+    v = version()
+    ack = client.update_weights(str(path), v, same_host=True, checksum=True)
+    assert ack.bytes_received == sum(t.nbytes for t in weights.values())
+    assert output(client) == (v, *expected)
+
+
+def test_the_staging_region_is_the_servers_users_alone(stub, weights):
+    name, t = next(iter(weights.items()))
+    opened = stub.BeginUpdate(
+        pb.BeginUpdateRequest(
+            begin=pb.UpdateWeightsBegin(weight_version=version(), tensors=[spec(name, t)]),
+            same_host=True,
+        )
+    )
+    try:
+        mode = os.stat(opened.shared_staging.path).st_mode
+        assert stat.S_IMODE(mode) == 0o600
+        assert os.stat(opened.shared_staging.path).st_uid == os.geteuid()
+    finally:
+        stub.AbortUpdate(pb.AbortUpdateRequest(update_id=opened.update_id))
+
+
+def test_a_broken_upload_resumes_with_the_missing_ranges(
+    client, server, stub, info, weights, expected
+):
+    _reset_to_other(client, info)
+    names = list(weights)
+    v = version()
+    opened = stub.BeginUpdate(
+        pb.BeginUpdateRequest(
+            begin=pb.UpdateWeightsBegin(
+                weight_version=v, tensors=[spec(n, weights[n]) for n in names]
+            )
+        )
+    )
+    uid = opened.update_id
+    pieces = [
+        (i, off, tensor_bytes(weights[n])[off : off + 4096])
+        for i, n in enumerate(names)
+        for off in range(0, weights[n].numel() * 2, 4096)
+    ]
+    half = len(pieces) // 2
+    sent = threading.Event()
+
+    def broken():
+        for i, off, data in pieces[:half]:
+            yield wire.upload_chunk(uid, i, off, data)
+        sent.set()
+        threading.Event().wait(30)  # the connection breaks while this waits
+
+    with grpc.insecure_channel(server.target) as ch:
+        upload = ch.stream_unary(
+            "/rollout.v1.RolloutService/UploadChunks",
+            request_serializer=None,
+            response_deserializer=pb.UploadChunksResponse.FromString,
+        )
+        future = upload.future(broken(), timeout=60)
+        assert sent.wait(30)
+        # Committing now is refused, and the update stays open.
+        status = stub.GetUpdateStatus(pb.GetUpdateStatusRequest(update_id=uid))
+        while status.bytes_received < sum(len(p[2]) for p in pieces[:half]):
+            status = stub.GetUpdateStatus(pb.GetUpdateStatusRequest(update_id=uid))
+        future.cancel()
+    with pytest.raises(grpc.RpcError) as e:
+        stub.CommitUpdate(pb.CommitUpdateRequest(update_id=uid))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "received" in e.value.details()
+
+    status = stub.GetUpdateStatus(pb.GetUpdateStatusRequest(update_id=uid))
+    missing = {(r.tensor_index, r.offset, r.length) for r in status.missing}
+    unsent: dict[int, list[tuple[int, int]]] = {}
+    for i, off, data in pieces[half:]:
+        unsent.setdefault(i, []).append((off, len(data)))
+    merged = set()
+    for i, ranges in unsent.items():
+        start, end = ranges[0][0], ranges[-1][0] + ranges[-1][1]
+        merged.add((i, start, end - start))
+    assert missing == merged, "the server names exactly the ranges never delivered"
+
+    def rest():
+        for r in status.missing:
+            data = tensor_bytes(weights[names[r.tensor_index]])
+            for off in range(r.offset, r.offset + r.length, 4096):
+                end = min(off + 4096, r.offset + r.length)
+                yield pb.UploadChunksRequest(
+                    update_id=uid,
+                    chunk=pb.TensorChunk(
+                        tensor_index=r.tensor_index, offset=off, data=data[off:end]
+                    ),
+                )
+
+    stub.UploadChunks(rest())
+    ack = stub.CommitUpdate(pb.CommitUpdateRequest(update_id=uid)).result
+    assert ack.weight_version == v
+    assert output(client) == (v, *expected)
+    again = stub.CommitUpdate(pb.CommitUpdateRequest(update_id=uid)).result  # a retried commit
+    assert again.replayed and again.weight_version == v
+
+
+def test_one_update_at_a_time_and_abort_frees_the_region(client, stub, weights):
+    name, t = next(iter(weights.items()))
+    begin = pb.UpdateWeightsBegin(weight_version=version(), tensors=[spec(name, t)])
+    first = stub.BeginUpdate(pb.BeginUpdateRequest(begin=begin))
+    with pytest.raises(grpc.RpcError) as e:
+        stub.BeginUpdate(pb.BeginUpdateRequest(begin=begin))
+    assert e.value.code() == grpc.StatusCode.ABORTED
+    with pytest.raises(RolloutError) as e:  # UpdateWeights too
+        client.update_weights({name: t}, version())
+    assert e.value.code == grpc.StatusCode.ABORTED
+    before = output(client)
+    stub.AbortUpdate(pb.AbortUpdateRequest(update_id=first.update_id))
+    assert output(client) == before  # nothing applied
+    with pytest.raises(grpc.RpcError) as e:
+        stub.CommitUpdate(pb.CommitUpdateRequest(update_id=first.update_id))
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "not open" in e.value.details()
+    second = stub.BeginUpdate(pb.BeginUpdateRequest(begin=begin))
+    stub.AbortUpdate(pb.AbortUpdateRequest(update_id=second.update_id))
+
+
+def test_a_bad_chunk_ends_its_stream_and_leaves_the_update_open(stub, weights):
+    name, t = next(iter(weights.items()))
+    data = tensor_bytes(t)
+    opened = stub.BeginUpdate(
+        pb.BeginUpdateRequest(
+            begin=pb.UpdateWeightsBegin(weight_version=version(), tensors=[spec(name, t)])
+        )
+    )
+    uid = opened.update_id
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            stub.UploadChunks(
+                iter(
+                    [
+                        pb.UploadChunksRequest(
+                            update_id=uid, chunk=pb.TensorChunk(offset=len(data) - 2, data=b"xxxx")
+                        )
+                    ]
+                )
+            )
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "past" in e.value.details()
+        status = stub.GetUpdateStatus(pb.GetUpdateStatusRequest(update_id=uid))
+        assert status.bytes_received == 0 and status.total_bytes == len(data)
+    finally:
+        stub.AbortUpdate(pb.AbortUpdateRequest(update_id=uid))
