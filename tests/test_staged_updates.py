@@ -204,3 +204,17 @@ def test_a_bad_chunk_ends_its_stream_and_leaves_the_update_open(stub, weights):
         assert status.bytes_received == 0 and status.total_bytes == len(data)
     finally:
         stub.AbortUpdate(pb.AbortUpdateRequest(update_id=uid))
+
+
+def test_a_sharded_checkpoint_folder_streams_tensor_by_tensor(
+    client, info, weights, expected, tmp_path
+):
+    names = list(weights)
+    half = len(names) // 2
+    for i, part in enumerate((names[:half], names[half:])):
+        save_file({n: weights[n].contiguous() for n in part}, tmp_path / f"model-{i}.safetensors")
+    _reset_to_other(client, info)
+    v = version()
+    ack = client.update_weights(str(tmp_path), v)
+    assert ack.tensors_loaded == len(names)
+    assert output(client) == (v, *expected)

@@ -142,11 +142,13 @@ class RolloutClient:
         self.target = target
         self.options = options or ConnectionOptions(**option_fields)
         self.channel = self.options.channel(target, aio=False)
+        self._regions = push.Regions()  # same-host updates' mappings
         self.stub = rollout_pb2_grpc.RolloutServiceStub(self.channel)
         self._health = health_pb2_grpc.HealthStub(self.channel)
 
     def close(self) -> None:
         self.channel.close()
+        self._regions.close()
 
     def __enter__(self) -> RolloutClient:
         return self
@@ -251,7 +253,9 @@ class RolloutClient:
         try:
             for delay in [*self.options.delays(), None]:
                 try:
-                    return push.send(u, self.channel, new_channel, streams, on_host)
+                    return push.send(
+                        u, self.channel, new_channel, streams, on_host, self._regions
+                    )
                 except grpc.RpcError as e:
                     if e.code() != grpc.StatusCode.UNAVAILABLE or delay is None:
                         raise RolloutError.wrap(e) from None

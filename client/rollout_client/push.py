@@ -188,7 +188,41 @@ def _upload(channels, u: Update, uid: str, pieces) -> list[grpc.RpcError]:
     return errors
 
 
-def same_host(channel: grpc.Channel, u: Update) -> pb.UpdateWeightsResponse:
+class Regions:
+    """The client's mappings of server staging regions, kept between
+    updates: mapping a region afresh costs a page fault per page (about as
+    long as the copy itself), so a trainer that pushes every step maps it
+    once. A region that was replaced (new path, other size) is remapped."""
+
+    def __init__(self) -> None:
+        self._maps: dict[str, tuple[int, mmap.mmap]] = {}
+
+    def view(self, path: str) -> memoryview:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        try:
+            size = os.fstat(fd).st_size
+            known = self._maps.get(path)
+            if known is not None and known[0] == size:
+                return memoryview(known[1])
+            self.close()
+            # MAP_POPULATE: the pages are mapped in one call, not faulted one by one.
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            mm = mmap.mmap(fd, size, flags=flags)
+        finally:
+            os.close(fd)
+        self._maps[path] = (size, mm)
+        return memoryview(mm)
+
+    def close(self) -> None:
+        for _, mm in self._maps.values():
+            try:
+                mm.close()
+            except BufferError:
+                pass  # a view is still alive; it is unmapped when it goes
+        self._maps.clear()
+
+
+def same_host(channel: grpc.Channel, u: Update, regions: Regions | None = None):
     """BeginUpdate(same_host), each tensor read straight into the server's
     staging region, CommitUpdate. Needs the server's host, /dev/shm and
     user; nothing but the calls goes over gRPC."""
@@ -198,24 +232,22 @@ def same_host(channel: grpc.Channel, u: Update) -> pb.UpdateWeightsResponse:
         timeout=u.timeout,
         metadata=u.metadata,
     )
+    own = regions is None
+    regions = regions or Regions()
     try:
-        region = opened.shared_staging
-        fd = os.open(region.path, os.O_RDWR)
+        view = regions.view(opened.shared_staging.path)
         try:
-            size = os.fstat(fd).st_size
-            with mmap.mmap(fd, size) as mm:
-                view = memoryview(mm)
-                try:
-                    for t, at in zip(u.tensors, region.tensor_offsets):
-                        for off in range(0, t.nbytes, u.chunk_bytes << 4):
-                            n = min(u.chunk_bytes << 4, t.nbytes - off)
-                            t.read_into(off, view[at + off : at + off + n])
-                            u.advance(n)
-                        t.release()
-                finally:
-                    view.release()
+            step = u.chunk_bytes << 4
+            for t, at in zip(u.tensors, opened.shared_staging.tensor_offsets):
+                for off in range(0, t.nbytes, step):
+                    n = min(step, t.nbytes - off)
+                    t.read_into(off, view[at + off : at + off + n])
+                    u.advance(n)
+                t.release()
         finally:
-            os.close(fd)
+            view.release()
+            if own:
+                regions.close()
         return stub.CommitUpdate(
             pb.CommitUpdateRequest(update_id=opened.update_id),
             timeout=u.timeout,
@@ -269,11 +301,19 @@ def prepare(
     return Update(tensors=tensors, begin=begin, chunk_bytes=chunk_bytes)
 
 
-def send(u: Update, channel: grpc.Channel, new_channel, streams: int = 1, on_host: bool = False):
+def send(
+    u: Update,
+    channel: grpc.Channel,
+    new_channel,
+    streams: int = 1,
+    on_host: bool = False,
+    regions: Regions | None = None,
+):
     """Sends `u` the chosen way; `new_channel()` makes the extra channels
-    (separate connections) that parallel uploads use."""
+    (separate connections) that parallel uploads use; `regions` keeps the
+    same-host mappings between updates."""
     if on_host:
-        return same_host(channel, u)
+        return same_host(channel, u, regions)
     if streams <= 1:
         return one_stream(channel, u)
     channels = [new_channel() for _ in range(streams)]
