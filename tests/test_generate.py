@@ -206,6 +206,11 @@ def test_reflection_lists_and_describes_the_service(server):
             "Generate",
             "GenerateStream",
             "UpdateWeights",
+            "BeginUpdate",
+            "UploadChunks",
+            "GetUpdateStatus",
+            "CommitUpdate",
+            "AbortUpdate",
             "ResetCaches",
             "GetServerInfo",
         }
