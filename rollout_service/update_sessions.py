@@ -44,6 +44,7 @@ class UpdateSession:
         self.touched = time.monotonic()
         # open -> committing -> done, or open -> aborted
         self.state = "open"
+        self.expiry: asyncio.Future | None = None
 
     def touch(self) -> None:
         self.touched = time.monotonic()
@@ -73,7 +74,8 @@ class UpdateSessions:
             self._current = None
             raise
         placeholder.assembler = assembler
-        asyncio.ensure_future(self._expire_when_idle(placeholder))
+        # Referenced from the session: the loop keeps only weak references.
+        placeholder.expiry = asyncio.ensure_future(self._expire_when_idle(placeholder))
         return placeholder
 
     def get(self, update_id: str) -> UpdateSession:
