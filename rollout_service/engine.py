@@ -49,6 +49,26 @@ def check_supported(engine_args) -> None:
             f"--worker-extension-cls {engine_args.worker_extension_cls}: this service installs "
             f"its own ({WORKER_EXTENSION}) to load weights safely; vLLM takes only one"
         )
+    # Tensor parallelism is supported (every rank maps the staging region and
+    # loads its own shard; tests/test_parallel.py). The rest is refused until
+    # it is built and tested:
+    if (engine_args.pipeline_parallel_size or 1) > 1:
+        raise UnsupportedConfig(
+            "--pipeline-parallel-size: not supported yet: parameter groups are read from "
+            "the first worker, which holds only its own stages, and weight updates through "
+            "pipeline stages are untested; use --tensor-parallel-size"
+        )
+    if (engine_args.data_parallel_size or 1) > 1:
+        raise UnsupportedConfig(
+            "--data-parallel-size: not supported: every engine needs its own admission gate "
+            "and update barrier; run one server per engine and use rollout_client.fleet.Fleet"
+        )
+    if engine_args.distributed_executor_backend == "ray":
+        raise UnsupportedConfig(
+            "--distributed-executor-backend ray: not supported yet: workers on other hosts "
+            "cannot open this host's staging region (docs/scaling.md says how their bytes "
+            "would reach them); use the default multiprocessing backend on one host"
+        )
     kv = engine_args.kv_transfer_config
     if kv is not None:
         name = kv.kv_connector if hasattr(kv, "kv_connector") else kv.get("kv_connector")
