@@ -27,7 +27,14 @@ def replica2():
 
 
 @pytest.fixture(scope="module")
-def fleet(server, replica2):
+def fresh_output(replica2):
+    """replica2 before any update: a fresh engine on the embedded checkpoint."""
+    with RolloutClient(replica2.target) as c:
+        return greedy(c)[1:]
+
+
+@pytest.fixture(scope="module")
+def fleet(server, replica2, fresh_output):
     with Fleet([server.target, replica2.target], timeout=120) as f:
         yield f
 
@@ -54,6 +61,41 @@ def test_one_update_reaches_every_replica_and_they_agree(fleet, info, server, re
     with RolloutClient(server.target) as a, RolloutClient(replica2.target) as b:
         out_a, out_b = greedy(a), greedy(b)
     assert out_a == out_b and out_a[0] == v
+
+
+def test_after_a_fleet_update_every_replica_equals_a_fresh_engine(
+    fleet, info, server, replica2, fresh_output
+):
+    from safetensors.torch import load_file
+
+    from rollout_service.tiny_models import ensure_model
+
+    initial = {}
+    for f in sorted(ensure_model("tiny-qwen2").glob("*.safetensors")):
+        initial.update(load_file(f))
+    fleet.update_weights(random_weights(info.parameters, seed=3003), version())
+    fleet.update_weights(initial, version())
+    for target in (server.target, replica2.target):
+        with RolloutClient(target) as c:
+            assert greedy(c)[1:] == fresh_output, target
+
+
+def test_the_asyncio_fleet(server, replica2, info):
+    import asyncio
+
+    from rollout_client.fleet import AsyncFleet
+
+    async def main():
+        async with AsyncFleet([server.target, replica2.target], timeout=120) as f:
+            v = version()
+            ack = await f.update_weights(random_weights(info.parameters, seed=3004), v)
+            rs = await asyncio.gather(
+                *(f.generate(prompt_token_ids=[i, 2], max_tokens=4) for i in range(6))
+            )
+            return ack, rs, v
+
+    ack, rs, v = asyncio.run(main())
+    assert len(ack.acks) == 2 and {r.weight_version for r in rs} == {v}
 
 
 def test_generate_is_spread_over_the_replicas(fleet):
@@ -84,9 +126,11 @@ def test_prefix_affinity_keeps_a_prefix_on_one_replica(server, replica2):
 def test_a_replica_killed_before_the_commit_aborts_the_update_everywhere(
     fleet, info, server, replica2
 ):
+    fleet.refresh()  # other clients (the asyncio test) updated the replicas meanwhile
     before = fleet.version
     with RolloutClient(server.target) as a:
         out_before = greedy(a)
+    assert out_before[0] == before
 
     def kill():
         replica2.proc.send_signal(signal.SIGKILL)

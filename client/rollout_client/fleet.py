@@ -320,3 +320,27 @@ def _check_staged(live: list[Replica], opened: dict[str, str], timeout: float) -
         except grpc.RpcError as e:
             errors[r.target] = f"{e.code().name}: {e.details()}"
     return errors
+
+
+class AsyncFleet:
+    """Fleet for asyncio: the same routing, barrier and bookkeeping, each
+    call run in a thread (as AsyncRolloutClient.update_weights does)."""
+
+    def __init__(self, targets: str | list[str], **kwargs: Any) -> None:
+        self.fleet = Fleet(targets, **kwargs)
+
+    async def __aenter__(self) -> AsyncFleet:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.fleet.close()
+
+    async def generate(self, **kwargs: Any) -> pb.GenerateResponse:
+        import asyncio
+
+        return await asyncio.to_thread(self.fleet.generate, **kwargs)
+
+    async def update_weights(self, source: Any, version: str, **kwargs: Any) -> FleetAck:
+        import asyncio
+
+        return await asyncio.to_thread(self.fleet.update_weights, source, version, **kwargs)
