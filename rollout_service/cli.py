@@ -100,6 +100,13 @@ def _add_server_args(parser) -> None:
         "the first update then pays the page faults)",
     )
     g.add_argument(
+        "--weight-broadcast",
+        action="store_true",
+        help="with several workers: only the first reads each update from the staging region "
+        "and broadcasts it to the others over vLLM's process group (as workers on other hosts "
+        "would need)",
+    )
+    g.add_argument(
         "--no-cpu-placement",
         dest="cpu_placement",
         action="store_false",

@@ -82,6 +82,10 @@ class ServerConfig:
     # messages) idle for longer is discarded, so that a stalled trainer
     # cannot hold updates back.
     update_idle_timeout_seconds: float = 300.0
+    # Only the first worker reads the staging region; it broadcasts every
+    # tensor to the others over the engine's process group (the path workers
+    # on other hosts would need; testable here with tensor parallelism).
+    weight_broadcast: bool = False
 
 
 def _set_health(servicer: health.aio.HealthServicer, serving: bool):
@@ -200,6 +204,7 @@ async def serve(config: ServerConfig, engine_args) -> int:
             kv_connector=info.kv_connector,
             drain_timeout_seconds=config.drain_timeout_seconds,
             staging=staging,
+            broadcast=config.weight_broadcast,
         )
         try:
             if nbytes := region_bytes(info.manifest, max_update):

@@ -68,6 +68,7 @@ class WeightUpdater:
         kv_connector: bool = False,
         drain_timeout_seconds: float = 120.0,
         staging: StagingRegion | None = None,
+        broadcast: bool = False,
     ) -> None:
         self.engine = engine
         # Called with True when an update fails inside the engine, False when
@@ -80,6 +81,9 @@ class WeightUpdater:
         self._groups = {n: names for names in (groups or {}).values() for n in names}
         self._kv_connector = kv_connector
         self.drain_timeout_seconds = drain_timeout_seconds
+        # Workers other than the first get the tensors over the engine's
+        # process group instead of from the region (weights_backend.py).
+        self._broadcast = broadcast
         # Reserved by the server before the engine started (reservation.py).
         self.staging = staging or StagingRegion()
         # Set when an engine failure may have left weights half-loaded.
@@ -193,6 +197,7 @@ class WeightUpdater:
                             update_info={
                                 "shm_name": self.staging.name,
                                 "tensors": [t.as_wire() for t in staged.tensors],
+                                "broadcast": self._broadcast,
                             }
                         )
                     )

@@ -44,6 +44,10 @@ class ShmUpdateInfo(WeightTransferUpdateInfo):
     shm_name: str
     # StagedTensor.as_wire() of each tensor (see staged.py).
     tensors: list[dict[str, Any]] = field(default_factory=list)
+    # Only the first rank reads the segment and broadcasts each tensor to
+    # the others over the engine's own process group: what workers on other
+    # hosts, which cannot open this host's /dev/shm, would need.
+    broadcast: bool = False
 
 
 class ShmWeightTransferEngine(WeightTransferEngine[ShmInitInfo, ShmUpdateInfo]):
@@ -79,14 +83,38 @@ class ShmWeightTransferEngine(WeightTransferEngine[ShmInitInfo, ShmUpdateInfo]):
     def receive_weights(self, update_info: ShmUpdateInfo) -> None:
         specs = [StagedTensor.from_wire(t) for t in update_info.tensors]
         needed = max((t.offset + t.nbytes for t in specs), default=0)
-        mm = self._reader.view(update_info.shm_name, needed)
+        if update_info.broadcast:
+            tensors = self._broadcast(update_info.shm_name, needed, specs)
+        else:
+            mm = self._reader.view(update_info.shm_name, needed)
+            tensors = (tensor_view(mm, t) for t in specs)
         try:
-            self.model.load_weights(_with_fault(tensor_view(mm, t) for t in specs))
+            self.model.load_weights(_with_fault(tensors))
         except BaseException:
             # Put unfinished layers back on the weights they were serving and
             # drop the buffered views; the server reports the engine degraded.
             reload_state.discard(self.model)
             raise
+
+    def _broadcast(self, shm_name: str, needed: int, specs: list[StagedTensor]):
+        """Rank 0 reads each tensor from the segment and sends it to every
+        other rank over the engine's CPU process group, one tensor at a time,
+        as `load_weights` asks for it (every rank asks in the same order)."""
+        import torch.distributed as dist
+        from vllm.distributed import get_world_group
+
+        group = get_world_group()
+        source = group.rank_in_group == 0
+        mm = self._reader.view(shm_name, needed) if source else None
+        for t in specs:
+            if source:
+                as_bytes = StagedTensor(t.name, "uint8", (t.nbytes,), t.offset, t.nbytes)
+                _, flat = tensor_view(mm, as_bytes)
+            else:
+                flat = torch.empty(t.nbytes, dtype=torch.uint8)
+            if t.nbytes:
+                dist.broadcast(flat, src=group.ranks[0], group=group.cpu_group)
+            yield t.name, flat.view(getattr(torch, t.dtype)).reshape(t.shape)
 
     def shutdown(self) -> None:
         self._reader.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+import psutil
 import pytest
 
 from rollout_client import RolloutClient
@@ -20,15 +21,29 @@ def greedy(c):
     return r.weight_version, list(r.completions[0].token_ids), list(r.completions[0].logprobs)
 
 
-@pytest.fixture(scope="module")
-def tp2():
+@pytest.fixture(scope="module", params=["every rank reads", "rank 0 broadcasts"])
+def tp2(request):
     # Two CPU workers need a core each, bound by hand on 2 cores (see the CPU notes).
-    proc = ServerProcess("--tensor-parallel-size", "2", env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
+    extra = ["--weight-broadcast"] if request.param == "rank 0 broadcasts" else []
+    proc = ServerProcess(
+        "--tensor-parallel-size", "2", *extra, env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+    )
+    proc.broadcast = bool(extra)
     try:
         proc.wait_ready()
         yield proc
     finally:
         proc.stop()
+
+
+def _workers_mapping_the_region(server) -> int:
+    workers = [
+        p
+        for p in psutil.Process(server.proc.pid).children(recursive=True)
+        if "Worker" in p.name() or "Worker" in " ".join(p.cmdline())
+    ]
+    assert len(workers) == 2, workers
+    return sum("rollout-staging-" in open(f"/proc/{w.pid}/maps").read() for w in workers)
 
 
 def test_a_tp2_replica_updates_and_returns_exactly_to_a_fresh_engines_output(tp2):
@@ -49,6 +64,9 @@ def test_a_tp2_replica_updates_and_returns_exactly_to_a_fresh_engines_output(tp2
         # The starting weights again, through the update path: exactly the fresh engine.
         c.update_weights(initial, version())
         assert greedy(c)[1:] == fresh
+    # With --weight-broadcast only the first rank reads the region: the
+    # second got every byte over the engine's process group.
+    assert _workers_mapping_the_region(tp2) == (1 if tp2.broadcast else 2)
 
 
 @pytest.mark.parametrize(
