@@ -276,7 +276,7 @@ def test_a_retry_after_cancelling_past_commit_gets_the_original_ack(server, clie
     results = {}
     # An in-flight call holds the apply in its drain, so the cancel below
     # lands after the server has the commit and before the ack.
-    t = _long_call(client, results, "in-flight", max_tokens=800)
+    t = _long_call(client, results, "in-flight", max_tokens=1500)
     _wait_engine_requests(client, 1)
     committed = threading.Event()
 
