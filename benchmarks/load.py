@@ -33,9 +33,11 @@ from benchmarks.loadgen import (
     run_load,
     summarize,
 )
-from benchmarks.mixed import UpdatePusher, analyse, channel_options, format_updates
+from benchmarks.mixed import UpdatePusher, analyse, format_updates
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
+from rollout_client.cli import add_connection_args, connection_options
+from rollout_client.client import ConnectionOptions, RolloutError
 
 
 class GrpcDriver:
@@ -49,10 +51,13 @@ class GrpcDriver:
         channels: int = 1,
         temperature: float = 1.0,
         timeout: float = 600.0,
+        connection: ConnectionOptions | None = None,
     ):
         self.stream, self.temperature, self.timeout = stream, temperature, timeout
+        connection = connection or ConnectionOptions()
+        self.metadata = connection.metadata()
         self.channels = [
-            grpc.aio.insecure_channel(target, options=channel_options()) for _ in range(channels)
+            connection.channel(target, aio=True, own_connection=True) for _ in range(channels)
         ]
         self.stubs = [rollout_pb2_grpc.RolloutServiceStub(c) for c in self.channels]
         self._next = 0
@@ -74,7 +79,9 @@ class GrpcDriver:
         )
         rec = Record(start=time.perf_counter())
         try:
-            response = await self._stub().Generate(request, timeout=self.timeout)
+            response = await self._stub().Generate(
+                request, timeout=self.timeout, metadata=self.metadata
+            )
             rec.tokens = response.usage.completion_tokens
         except grpc.aio.AioRpcError as e:
             rec.error = e.code().name
@@ -87,7 +94,10 @@ class GrpcDriver:
         )
         rec = Record(start=time.perf_counter())
         try:
-            async for msg in self._stub().GenerateStream(request, timeout=self.timeout):
+            stream = self._stub().GenerateStream(
+                request, timeout=self.timeout, metadata=self.metadata
+            )
+            async for msg in stream:
                 rec.tokens_arrived(len(msg.token_ids))
         except grpc.aio.AioRpcError as e:
             rec.error = e.code().name
@@ -114,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0],
     )
     ap.add_argument("--target", default="127.0.0.1:50051", help="HOST:PORT (default: %(default)s)")
+    add_connection_args(ap)
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument(
         "--concurrency",
@@ -184,26 +195,28 @@ def run_specs(args) -> list[LoadSpec]:
     return [LoadSpec(concurrency=c, **common) for c in args.concurrency or [64]]
 
 
-async def server_info(target: str, wait_ready: float) -> pb.GetServerInfoResponse:
+async def server_info(
+    target: str, wait_ready: float, connection: ConnectionOptions | None = None
+) -> pb.GetServerInfoResponse:
     """The served model's facts; waits for SERVING first when asked."""
-    if wait_ready:
-        from rollout_client import AsyncRolloutClient
+    from rollout_client import AsyncRolloutClient
 
-        async with AsyncRolloutClient(target) as c:
+    async with AsyncRolloutClient(target, options=connection or ConnectionOptions()) as c:
+        if wait_ready:
             await c.wait_until_ready(timeout=wait_ready)
-    async with grpc.aio.insecure_channel(target) as ch:
-        stub = rollout_pb2_grpc.RolloutServiceStub(ch)
-        return await stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=30)
+        return await c.server_info(timeout=30)
 
 
 async def run_one(args, spec: LoadSpec, driver: GrpcDriver, workload: Workload) -> dict:
     """One run (with the update pusher alongside when asked); its results."""
     pusher = None
     if args.update_every:
-        pusher = UpdatePusher(args.target, args.update_every, args.pause_mode, args.seed)
+        pusher = UpdatePusher(
+            args.target, args.update_every, args.pause_mode, args.seed, connection_options(args)
+        )
         size = await pusher.prepare()
         print(
-            f"updates: {len(pusher.tensors)} tensors, {size / 1e6:.1f} MB every "
+            f"updates: {len(pusher.weights)} tensors, {size / 1e6:.1f} MB every "
             f"{args.update_every:g} s after warm-up",
             file=sys.stderr,
         )
@@ -267,7 +280,7 @@ def plot_sweep(runs: list[dict], stream: bool, path: Path) -> None:
 
 
 async def main_async(args) -> dict:
-    info = await server_info(args.target, args.wait_ready)
+    info = await server_info(args.target, args.wait_ready, connection_options(args))
     if args.prompt_len.hi + args.output_len.hi > info.max_model_len:
         raise SystemExit(f"prompt + output can exceed max_model_len {info.max_model_len}")
     print(
@@ -275,7 +288,14 @@ async def main_async(args) -> dict:
         f"version {info.weight_version}",
         file=sys.stderr,
     )
-    driver = GrpcDriver(args.target, args.stream, args.channels, args.temperature, args.timeout)
+    driver = GrpcDriver(
+        args.target,
+        args.stream,
+        args.channels,
+        args.temperature,
+        args.timeout,
+        connection_options(args),
+    )
     runs = []
     try:
         for spec in run_specs(args):
@@ -293,7 +313,11 @@ async def main_async(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    results = asyncio.run(main_async(args))
+    try:
+        results = asyncio.run(main_async(args))
+    except RolloutError as e:  # e.g. UNAUTHENTICATED: say so, without a traceback
+        print(f"error: {e.code.name}: {e.details}", file=sys.stderr)
+        return 1
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
         print(f"wrote {args.json}", file=sys.stderr)

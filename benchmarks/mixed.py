@@ -21,19 +21,9 @@ from benchmarks.loadgen import RunResult
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
 from rollout_client import push
+from rollout_client.client import ConnectionOptions
 
 PAUSE_MODES = {"wait": pb.PAUSE_MODE_WAIT, "abort": pb.PAUSE_MODE_ABORT}
-
-
-def channel_options(max_message_bytes: int = 64 << 20) -> list[tuple[str, object]]:
-    """Large messages allowed; a channel-local subchannel pool, so that two
-    channels to one target really are two connections (gRPC shares them
-    between channels with equal arguments otherwise)."""
-    return [
-        ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.use_local_subchannel_pool", 1),
-    ]
 
 
 def random_bf16_weights(parameters, seed: int = 0, std: float = 0.02) -> dict:
@@ -70,10 +60,19 @@ class UpdatePusher:
     `every` seconds from `first_at` until stopped (an update in progress then
     completes, so no update is ever cut off by the end of the run)."""
 
-    def __init__(self, target: str, every: float, pause_mode: str = "wait", seed: int = 0):
+    def __init__(
+        self,
+        target: str,
+        every: float,
+        pause_mode: str = "wait",
+        seed: int = 0,
+        connection: ConnectionOptions | None = None,
+    ):
         self.target, self.every, self.seed = target, every, seed
         self.pause_mode = PAUSE_MODES[pause_mode]
-        self.channel = grpc.aio.insecure_channel(target, options=channel_options())
+        connection = connection or ConnectionOptions()
+        self.metadata = connection.metadata()
+        self.channel = connection.channel(target, aio=True, own_connection=True)
         self.stub = rollout_pb2_grpc.RolloutServiceStub(self.channel)
         self.weights: dict = {}
         # Serialized requests (see push.py): no protobuf serializer.
@@ -87,7 +86,9 @@ class UpdatePusher:
 
     async def prepare(self) -> int:
         """Builds the tensors from the server's manifest; returns their bytes."""
-        info = await self.stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=30)
+        info = await self.stub.GetServerInfo(
+            pb.GetServerInfoRequest(), timeout=30, metadata=self.metadata
+        )
         if not info.parameters:
             raise SystemExit("the server's manifest is empty: it accepts no weight updates")
         self.manifest = info.parameters
@@ -106,7 +107,9 @@ class UpdatePusher:
         version = f"bench-{uuid.uuid4().hex[:8]}"
         start = time.perf_counter()
         try:
-            ack = await self._update_weights(self._requests(version), timeout=600)
+            ack = await self._update_weights(
+                self._requests(version), timeout=600, metadata=self.metadata
+            )
         except grpc.aio.AioRpcError as e:
             return UpdateRecord(version, start, time.perf_counter(), error=e.code().name)
         t = ack.timings

@@ -232,3 +232,40 @@ def test_structured_logs_carry_the_request_id(secure):
     mine = [e for e in entries if e["request_id"] == "trace-me-42"]
     assert mine and "INVALID_ARGUMENT" in mine[0]["message"] and "top_p" in mine[0]["message"]
     assert {"time", "level", "logger", "message"} <= set(mine[0])
+
+
+def test_the_cli_authenticates_with_a_token_and_tls_files(secure, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    proc, tls, _ = secure
+    files = {}
+    for name, key in (("ca", "root_certificates"), ("cert", "certificate_chain"),
+                      ("key", "private_key")):
+        files[name] = tmp_path / f"{name}.pem"
+        files[name].write_bytes(tls[key])
+    cli = [
+        str(Path(sys.executable).with_name("rollout-client")),
+        "--target", proc.target,
+        "--tls-ca", str(files["ca"]),
+        "--tls-cert", str(files["cert"]),
+        "--tls-key", str(files["key"]),
+    ]  # fmt: skip
+
+    def run(*args, token=None):
+        env = {k: v for k, v in os.environ.items() if k != "ROLLOUT_TOKEN"}
+        if token:
+            env["ROLLOUT_TOKEN"] = token
+        return subprocess.run([*cli, *args], capture_output=True, text=True, env=env, timeout=60)
+
+    ok = run("--json", "info", token="gen-token")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["weight_version"]
+    denied = run("reset-caches", token="gen-token")
+    assert denied.returncode == 1 and "PERMISSION_DENIED" in denied.stderr
+    assert run("reset-caches", token="admin-token").returncode == 0
+    anonymous = run("info")
+    assert anonymous.returncode == 1 and "UNAUTHENTICATED" in anonymous.stderr

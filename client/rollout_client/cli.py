@@ -13,12 +13,13 @@ status code and the server's message on stderr.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from google.protobuf import json_format
 
 from rollout_client import dtypes
-from rollout_client.client import RolloutClient, RolloutError
+from rollout_client.client import ConnectionOptions, RolloutClient, RolloutError
 from rollout_client.push import ManifestMismatch
 
 
@@ -125,11 +126,45 @@ def _reset(client: RolloutClient, args) -> None:
         print(f"{name:12} {'reset' if x.reset else 'NOT reset: ' + x.detail}")
 
 
+def add_connection_args(p: argparse.ArgumentParser) -> None:
+    """--token and TLS files, shared by every tool that talks to a server."""
+    p.add_argument(
+        "--token",
+        default=os.environ.get("ROLLOUT_TOKEN"),
+        help="bearer token (default: $ROLLOUT_TOKEN, which keeps it out of `ps`)",
+    )
+    p.add_argument("--tls-ca", help="PEM CA of the server's certificate: connect with TLS")
+    p.add_argument("--tls-cert", help="PEM client certificate, for mutual TLS (with --tls-key)")
+    p.add_argument("--tls-key", help="PEM private key of --tls-cert")
+
+
+def connection_options(args) -> ConnectionOptions:
+    """ConnectionOptions from add_connection_args' flags."""
+
+    def read(path):
+        if path is None:
+            return None
+        with open(path, "rb") as f:
+            return f.read()
+
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise SystemExit("--tls-cert and --tls-key go together")
+    if args.tls_cert and not args.tls_ca:
+        raise SystemExit("--tls-cert needs --tls-ca")
+    return ConnectionOptions(
+        token=args.token,
+        root_certificates=read(args.tls_ca),
+        certificate_chain=read(args.tls_cert),
+        private_key=read(args.tls_key),
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rollout-client", description=__doc__.splitlines()[0])
     p.add_argument("--target", default="127.0.0.1:50051", help="server address (host:port)")
     p.add_argument("--timeout", type=float, default=600.0, help="deadline of each call, seconds")
     p.add_argument("--json", action="store_true", help="print responses as JSON")
+    add_connection_args(p)
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="describe the server and its model").set_defaults(fn=_info)
     g = sub.add_parser("generate", help="generate from a prompt")
@@ -158,7 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        with RolloutClient(args.target, timeout=args.timeout) as client:
+        options = connection_options(args)
+        with RolloutClient(args.target, timeout=args.timeout, options=options) as client:
             args.fn(client, args)
     except RolloutError as e:
         print(f"error: {e.code.name}: {e.details}", file=sys.stderr)
