@@ -171,7 +171,9 @@ def test_concurrent_requests(client):
     results = []
 
     def run(i):
-        results.append(client.generate(prompt_token_ids=[10 + i, 20, 30], max_tokens=8))
+        results.append(
+            client.generate(prompt_token_ids=[10 + i, 20, 30], max_tokens=8, ignore_eos=True)
+        )
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
     for t in threads:
