@@ -409,16 +409,19 @@ def test_update_during_another_updates_apply_is_aborted_at_once(client, info):
     """The first update is draining (WAIT, a long call in flight): a second
     one is refused at once instead of queueing behind it."""
     in_flight = []
-    threads = _long_calls(client, 1, in_flight, max_tokens=600)
+    # Long enough that the first update drains for seconds: a second update
+    # queued behind it would take that long, one refused at once does not.
+    threads = _long_calls(client, 1, in_flight, max_tokens=1500)
     _wait_running(client, 1)
     updater, first = _update_in_background(client, random_weights(info.parameters, seed=51))
+    second = random_weights(info.parameters, seed=52)
     time.sleep(0.5)  # the first update is now in its apply phase, draining
     assert updater.is_alive()
     t0 = time.monotonic()
     with pytest.raises(RolloutError) as e:
-        client.update_weights(random_weights(info.parameters, seed=52), version())
+        client.update_weights(second, version())
     assert e.value.code == grpc.StatusCode.ABORTED
-    assert time.monotonic() - t0 < 0.5 and updater.is_alive()
+    assert time.monotonic() - t0 < 1.0 and updater.is_alive()
     for t in [*threads, updater]:
         t.join(120)
     assert client.server_info().weight_version == first["r"].weight_version
