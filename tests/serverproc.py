@@ -9,6 +9,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from rollout_client import RolloutClient
@@ -74,3 +76,14 @@ class ServerProcess:
                 self.proc.wait()
         self._log_file.close()
         return self.proc.returncode
+
+
+@contextmanager
+def running(*args: str, env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
+    """A server started, ready, and stopped at the end (for fixtures)."""
+    proc = ServerProcess(*args, env=env)
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()

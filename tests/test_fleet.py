@@ -10,7 +10,7 @@ import pytest
 
 from rollout_client import RolloutClient
 from rollout_client.fleet import Fleet, FleetUpdateError, resolve
-from tests.serverproc import ServerProcess
+from tests.serverproc import running
 from tests.weights_util import random_weights, version
 
 PROMPT = list(range(7, 60))
@@ -18,12 +18,8 @@ PROMPT = list(range(7, 60))
 
 @pytest.fixture(scope="module")
 def replica2():
-    proc = ServerProcess()
-    try:
-        proc.wait_ready()
+    with running() as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 from rollout_client import RolloutClient
-from tests.serverproc import ServerProcess
+from tests.serverproc import running
 from tests.test_engine_config import serve
 from tests.weights_util import random_weights, version
 
@@ -25,15 +25,10 @@ def greedy(c):
 def tp2(request):
     # Two CPU workers need a core each, bound by hand on 2 cores (see the CPU notes).
     extra = ["--weight-broadcast"] if request.param == "rank 0 broadcasts" else []
-    proc = ServerProcess(
-        "--tensor-parallel-size", "2", *extra, env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
-    )
-    proc.broadcast = bool(extra)
-    try:
-        proc.wait_ready()
+    flags = ("--tensor-parallel-size", "2", *extra)
+    with running(*flags, env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"}) as proc:
+        proc.broadcast = bool(extra)
         yield proc
-    finally:
-        proc.stop()
 
 
 def _workers_mapping_the_region(server) -> int:

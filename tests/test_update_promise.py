@@ -20,7 +20,7 @@ from rollout.v1 import rollout_pb2_grpc
 from rollout_client import RolloutClient, RolloutError, pb
 from rollout_client.push import ManifestMismatch
 from rollout_service.tiny_models import ensure_model
-from tests.serverproc import ServerProcess
+from tests.serverproc import running
 from tests.weights_util import (
     full_stream,
     random_weights,
@@ -77,12 +77,8 @@ def merged_server(base, partial, tmp_path_factory):
     }
     dest = tmp_path_factory.mktemp("merged") / "ckpt"
     ckpt = write_checkpoint(ensure_model("tiny-qwen2"), stored, dest, cast_to_base=False)
-    proc = ServerProcess("--model", str(ckpt))
-    try:
-        proc.wait_ready()
+    with running("--model", str(ckpt)) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")
