@@ -9,31 +9,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import time
 
 
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
-
-
 def status_bytes(field: str) -> int:
+    """A size from /proc/self/status (VmRSS, VmHWM, RssShmem, ...)."""
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
-    return 0
-
-
-def peak_rss_bytes() -> int:
-    """VmHWM: this process's own high-water mark (ru_maxrss would carry the
-    forking parent's peak across exec)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
+    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def main() -> None:
@@ -54,7 +39,7 @@ def main() -> None:
 
     from rollout_client import RolloutClient
 
-    after_imports = rss_bytes()
+    after_imports = status_bytes("VmRSS")
     walls = []
     with RolloutClient(args.target) as client:
         for i in range(args.repeat):
@@ -83,7 +68,9 @@ def main() -> None:
                 admission_closed=t.admission_closed_seconds,
                 load=t.load_seconds,
                 rss_after_imports=after_imports,
-                peak_rss=peak_rss_bytes(),
+                # VmHWM: this process's own high-water mark (ru_maxrss would
+                # carry the forking parent's peak across exec).
+                peak_rss=status_bytes("VmHWM"),
                 rss_shmem=shmem,
             )
         ),
