@@ -1,12 +1,18 @@
 /**
  * TypeScript client for rollout.v1.RolloutService.
  *
- * The service definition is loaded at run time from
- * proto/rollout/v1/rollout.proto (the single source of truth) with
- * @grpc/proto-loader; the TypeScript types under src/gen/ are generated from
- * the same file by `npm run gen` (part of `npm run build`).
+ * The service definition is loaded at run time with @grpc/proto-loader from
+ * the package's own copy of rollout.proto (`proto/rollout/v1/rollout.proto`
+ * inside the package, copied from the repository's proto/ by `npm run build`
+ * and shipped by `npm pack`); the TypeScript types under src/gen/ are
+ * generated from the same file at build time.
  *
- *     const client = new RolloutClient("127.0.0.1:50051");
+ *     const client = new RolloutClient("127.0.0.1:50051", {
+ *       token: process.env.ROLLOUT_TOKEN,                 // authorization: Bearer <token>
+ *       rootCertificates: fs.readFileSync("ca.pem"),     // TLS
+ *       certificateChain: fs.readFileSync("client.pem"), // mutual TLS, with privateKey
+ *       privateKey: fs.readFileSync("client-key.pem"),
+ *     });
  *     await client.waitUntilReady(120_000);
  *     const r = await client.generate({
  *       prompt_text: "Hello",
@@ -20,7 +26,12 @@
  *
  * Every call has a deadline (`timeoutMs`, per client and per call). Failed
  * calls reject with a RolloutError carrying the gRPC status code and the
- * server's message.
+ * server's message. Retries follow the Python client: unary calls
+ * (GetServerInfo, Generate, ResetCaches) failing with UNAVAILABLE are retried
+ * `retries` times with exponential backoff, by gRPC's own retry policy (the
+ * channel's service config); UpdateWeights is retried as a whole stream,
+ * which the server makes safe (the same version and bytes get the original
+ * acknowledgement back, with `replayed` set); GenerateStream is not retried.
  */
 
 import * as fs from "node:fs";
@@ -69,10 +80,23 @@ export const DEFAULT_CHUNK_BYTES = 1024 * 1024;
 /** Default deadline of every call. */
 export const DEFAULT_TIMEOUT_MS = 600_000;
 
-/** The package root (client/node), from dist/ or src/. */
+/** Default number of retries of a call that fails with UNAVAILABLE (the Python client's). */
+export const DEFAULT_RETRIES = 3;
+/** Default backoff before the first retry, doubled before each next one (the Python client's). */
+export const DEFAULT_BACKOFF_MS = 500;
+
+/** The package root, from dist/ or src/. */
 const PACKAGE_ROOT = path.resolve(__dirname, "..");
-/** proto/rollout/v1/rollout.proto of the repository, relative to the package. */
-export const DEFAULT_PROTO_PATH = path.resolve(PACKAGE_ROOT, "../../proto/rollout/v1/rollout.proto");
+/** The package's own copy of the proto tree (copied from the repository's proto/ at build time). */
+export const PROTO_ROOT = path.join(PACKAGE_ROOT, "proto");
+/** rollout.proto inside the package. */
+export const DEFAULT_PROTO_PATH = path.join(PROTO_ROOT, "rollout", "v1", "rollout.proto");
+
+const SERVICE = "rollout.v1.RolloutService";
+/** The unary RPCs this client calls, retried by the service config's retryPolicy. */
+const RETRIED_METHODS = ["GetServerInfo", "Generate", "ResetCaches"];
+/** grpc-js caps retryPolicy.maxAttempts at 5 unless this channel option raises it. */
+const MAX_ATTEMPTS_LIMIT_OPTION = "grpc-node.retry_max_attempts_limit";
 
 const LOADER_OPTIONS: protoLoader.Options = {
   keepCase: true,
@@ -173,12 +197,87 @@ export interface ClientOptions {
   timeoutMs?: number;
   /** grpc.max_send_message_length and grpc.max_receive_message_length. */
   maxMessageBytes?: number;
-  /** The rollout.proto to load; default proto/rollout/v1/rollout.proto of the repository. */
+  /** The rollout.proto to load; default the copy bundled in the package (DEFAULT_PROTO_PATH). */
   protoPath?: string;
-  /** Default: insecure. */
+  /** Sent as `authorization: Bearer <token>` metadata on every call (health checks too). */
+  token?: string;
+  /** PEM CA certificate(s) of the server's certificate: connect with TLS. */
+  rootCertificates?: Uint8Array;
+  /** PEM client certificate, for mutual TLS (with privateKey). */
+  certificateChain?: Uint8Array;
+  /** PEM private key of certificateChain. */
+  privateKey?: Uint8Array;
+  /** Connect with TLS even without rootCertificates (then the system's roots verify the server). */
+  tls?: boolean;
+  /** Channel credentials to use instead of the TLS options above (default: insecure). */
   credentials?: grpc.ChannelCredentials;
-  /** Extra channel options, e.g. {"grpc.keepalive_time_ms": 30000}. */
+  /** Retries of a call that fails with UNAVAILABLE (default 3; 0: none). */
+  retries?: number;
+  /** Backoff before the first retry in milliseconds, doubled before each next one (default 500). */
+  backoffMs?: number;
+  /** Extra channel options, e.g. {"grpc.keepalive_time_ms": 30000}; they override the client's. */
   channelOptions?: grpc.ChannelOptions;
+}
+
+/**
+ * The channel's service config: a gRPC retryPolicy on the unary RPCs, retrying
+ * UNAVAILABLE `retries` times, backing off `backoffMs` and then twice as long
+ * each time (gRPC adds +-20% jitter). UpdateWeights is left out (a client
+ * stream is retried whole by RolloutClient.updateWeights instead, since gRPC
+ * buffers at most grpc.per_rpc_retry_buffer_size bytes of it for a retry) and
+ * so is GenerateStream (as in the Python client). Empty with `retries` 0.
+ */
+export function retryServiceConfig(retries = DEFAULT_RETRIES, backoffMs = DEFAULT_BACKOFF_MS): object {
+  checkRetries(retries, backoffMs);
+  if (retries === 0) return {};
+  const seconds = (ms: number) => `${(ms / 1000).toFixed(3)}s`;
+  return {
+    methodConfig: [
+      {
+        name: RETRIED_METHODS.map((method) => ({ service: SERVICE, method })),
+        retryPolicy: {
+          maxAttempts: retries + 1,
+          initialBackoff: seconds(backoffMs),
+          maxBackoff: seconds(backoffMs * 2 ** (retries - 1)),
+          backoffMultiplier: 2,
+          retryableStatusCodes: ["UNAVAILABLE"],
+        },
+      },
+    ],
+  };
+}
+
+function checkRetries(retries: number, backoffMs: number): void {
+  if (!Number.isInteger(retries) || retries < 0) {
+    throw new RangeError(`retries must be a non-negative integer, got ${retries}`);
+  }
+  if (!(backoffMs > 0)) throw new RangeError(`backoffMs must be positive, got ${backoffMs}`);
+}
+
+/** The channel credentials `opts` asks for: TLS (mutual with a client certificate) or insecure. */
+export function channelCredentials(opts: ClientOptions): grpc.ChannelCredentials {
+  if (opts.credentials) return opts.credentials;
+  const { rootCertificates, certificateChain, privateKey } = opts;
+  if ((certificateChain === undefined) !== (privateKey === undefined)) {
+    throw new RangeError("certificateChain and privateKey go together (mutual TLS)");
+  }
+  if (rootCertificates === undefined && certificateChain === undefined && !opts.tls) {
+    return grpc.credentials.createInsecure();
+  }
+  const buf = (b?: Uint8Array) => (b === undefined ? null : Buffer.from(b));
+  return grpc.credentials.createSsl(buf(rootCertificates), buf(privateKey), buf(certificateChain));
+}
+
+/** An interceptor that adds `authorization: Bearer <token>` to every call. */
+export function bearerTokenInterceptor(token: string): grpc.Interceptor {
+  const value = `Bearer ${token}`;
+  return (options, nextCall) =>
+    new grpc.InterceptingCall(nextCall(options), {
+      start(metadata, listener, next) {
+        metadata.set("authorization", value);
+        next(metadata, listener);
+      },
+    });
 }
 
 export interface CallOpts {
@@ -209,12 +308,17 @@ export interface UpdateWeightsOptions extends CallOpts {
 export class RolloutClient {
   readonly target: string;
   readonly timeoutMs: number;
+  readonly retries: number;
+  readonly backoffMs: number;
   private readonly stub: RolloutServiceClient;
   private readonly health: HealthClient;
 
   constructor(target = "127.0.0.1:50051", opts: ClientOptions = {}) {
     this.target = target;
     this.timeoutMs = opts.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+    this.retries = opts.retries ?? DEFAULT_RETRIES;
+    this.backoffMs = opts.backoffMs ?? DEFAULT_BACKOFF_MS;
+    checkRetries(this.retries, this.backoffMs);
     const protoPath = opts.protoPath ?? DEFAULT_PROTO_PATH;
     if (!fs.existsSync(protoPath)) {
       throw new Error(`rollout.proto not found at ${protoPath} (set ClientOptions.protoPath)`);
@@ -223,19 +327,30 @@ export class RolloutClient {
     const channelOptions: grpc.ChannelOptions = {
       "grpc.max_send_message_length": maxMessageBytes,
       "grpc.max_receive_message_length": maxMessageBytes,
+      "grpc.service_config": JSON.stringify(retryServiceConfig(this.retries, this.backoffMs)),
+      [MAX_ATTEMPTS_LIMIT_OPTION]: Math.max(5, this.retries + 1),
       ...opts.channelOptions,
     };
-    const credentials = opts.credentials ?? grpc.credentials.createInsecure();
+    const credentials = channelCredentials(opts);
+    const interceptors = opts.token ? [bearerTokenInterceptor(opts.token)] : [];
 
     const rollout = grpc.loadPackageDefinition(
-      protoLoader.loadSync(protoPath, LOADER_OPTIONS),
+      protoLoader.loadSync(protoPath, {
+        ...LOADER_OPTIONS,
+        // Imports resolve against the bundled tree (buf style: "rollout/v1/...").
+        includeDirs: opts.protoPath === undefined ? [PROTO_ROOT] : [],
+      }),
     ) as unknown as ProtoGrpcType;
-    this.stub = new rollout.rollout.v1.RolloutService(target, credentials, channelOptions);
+    this.stub = new rollout.rollout.v1.RolloutService(target, credentials, {
+      ...channelOptions,
+      interceptors,
+    });
 
     // The health client shares the stub's channel.
     const health = grpc.loadPackageDefinition(protoLoader.fromJSON(HEALTH_JSON as HealthJson, LOADER_OPTIONS)) as any;
     this.health = new health.grpc.health.v1.Health(target, credentials, {
       channelOverride: this.stub.getChannel(),
+      interceptors,
     }) as HealthClient;
   }
 
@@ -332,12 +447,33 @@ export class RolloutClient {
    * Streams `tensors` as the weights of `version`: begin (version, specs,
    * pause mode), the chunks of every tensor in order, commit. Resolves with
    * the server's acknowledgement, sent once the weights are loaded and every
-   * cache is reset; all or nothing.
+   * cache is reset; all or nothing. A stream that fails with UNAVAILABLE is
+   * sent again, whole, up to `retries` times with the same backoff as the
+   * unary calls (each attempt with its own deadline): if an earlier attempt
+   * was applied, the server answers the retry with the original
+   * acknowledgement and `replayed` set.
    */
-  updateWeights(
+  async updateWeights(
     version: string,
     tensors: WeightTensor[],
     opts: UpdateWeightsOptions = {},
+  ): Promise<UpdateWeightsResponse__Output> {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await this.updateWeightsOnce(version, tensors, opts);
+      } catch (e) {
+        if (!(e instanceof RolloutError) || e.code !== grpc.status.UNAVAILABLE || attempt >= this.retries) {
+          throw e;
+        }
+        await new Promise((r) => setTimeout(r, this.backoffMs * 2 ** attempt));
+      }
+    }
+  }
+
+  private updateWeightsOnce(
+    version: string,
+    tensors: WeightTensor[],
+    opts: UpdateWeightsOptions,
   ): Promise<UpdateWeightsResponse__Output> {
     const chunkBytes = opts.chunkBytes ?? DEFAULT_CHUNK_BYTES;
     if (!Number.isInteger(chunkBytes) || chunkBytes <= 0) {

@@ -1,7 +1,11 @@
+#!/usr/bin/env node
 /**
- * End-to-end demo of the Node client against a running rollout-service:
+ * End-to-end demo of the Node client against a running rollout-service,
+ * installed with the package as the `rollout-node-demo` command:
  *
- *     node dist/demo.js --target 127.0.0.1:50051 [--version node-demo-1]
+ *     rollout-node-demo --target 127.0.0.1:50051 [--version node-demo-1]
+ *     ROLLOUT_TOKEN=... rollout-node-demo --target HOST:PORT --tls-ca ca.pem \
+ *         [--tls-cert client.pem --tls-key client-key.pem]
  *
  * (a) prints the server info, (b) generates greedily, (c) pushes random bf16
  * weights for lm_head.weight as --version, (d) generates again (unary and
@@ -10,15 +14,24 @@
  * line of stdout is a JSON summary; any failure exits non-zero.
  */
 
+import * as fs from "node:fs";
 import { parseArgs } from "node:util";
 
 import * as grpc from "@grpc/grpc-js";
 
 import { RolloutClient, RolloutError, type GenerateRequest, type Usage__Output } from "./client";
 
-const HELP = `usage: node dist/demo.js --target HOST:PORT [options]
+const HELP = `usage: rollout-node-demo --target HOST:PORT [options]
+       (from a checkout: node dist/demo.js ...)
 
   --target HOST:PORT   server address (default 127.0.0.1:50051)
+  --token TOKEN        bearer token, sent as "authorization: Bearer TOKEN"
+                       (default: $ROLLOUT_TOKEN, which keeps it out of \`ps\`);
+                       the weight update and the cache reset need an admin token
+  --tls-ca FILE        PEM CA of the server's certificate: connect with TLS
+  --tls-cert FILE      PEM client certificate, for mutual TLS (with --tls-key)
+  --tls-key FILE       PEM private key of --tls-cert
+  --retries N          retries of a call failing with UNAVAILABLE (default 3)
   --version V          weight version to push (default node-demo-<time>)
   --tensor NAME        manifest tensor to replace (default lm_head.weight)
   --chunk-bytes N      TensorChunk size (default 32768, to stream several chunks)
@@ -64,11 +77,22 @@ function fmt(xs: number[], digits = 4): string {
   return `[${xs.map((x) => x.toFixed(digits)).join(", ")}]`;
 }
 
-function intArg(value: string | undefined, name: string, dflt: number): number {
+function intArg(value: string | undefined, name: string, dflt: number, min = 1): number {
   if (value === undefined) return dflt;
   const n = Number(value);
-  if (!Number.isInteger(n) || n <= 0) throw new DemoFailure(`--${name} must be a positive integer`);
+  if (!Number.isInteger(n) || n < min) {
+    throw new DemoFailure(`--${name} must be an integer >= ${min}`);
+  }
   return n;
+}
+
+function readPem(file: string | undefined, flag: string): Buffer | undefined {
+  if (file === undefined) return undefined;
+  try {
+    return fs.readFileSync(file);
+  } catch (e) {
+    throw new DemoFailure(`--${flag} ${file}: ${(e as Error).message}`);
+  }
 }
 
 async function main(): Promise<void> {
@@ -81,6 +105,11 @@ async function main(): Promise<void> {
       seed: { type: "string" },
       "timeout-ms": { type: "string" },
       "wait-ms": { type: "string" },
+      token: { type: "string" },
+      "tls-ca": { type: "string" },
+      "tls-cert": { type: "string" },
+      "tls-key": { type: "string" },
+      retries: { type: "string" },
       help: { type: "boolean", short: "h" },
     },
     strict: true,
@@ -95,8 +124,23 @@ async function main(): Promise<void> {
   const seed = intArg(values.seed, "seed", 1);
   const timeoutMs = intArg(values["timeout-ms"], "timeout-ms", 120_000);
   const waitMs = intArg(values["wait-ms"], "wait-ms", 300_000);
+  const retries = intArg(values.retries, "retries", 3, 0);
+  if ((values["tls-cert"] === undefined) !== (values["tls-key"] === undefined)) {
+    throw new DemoFailure("--tls-cert and --tls-key go together");
+  }
+  if (values["tls-cert"] !== undefined && values["tls-ca"] === undefined) {
+    throw new DemoFailure("--tls-cert needs --tls-ca");
+  }
+  const token = values.token ?? (process.env.ROLLOUT_TOKEN || undefined);
 
-  const client = new RolloutClient(target, { timeoutMs });
+  const client = new RolloutClient(target, {
+    timeoutMs,
+    retries,
+    token,
+    rootCertificates: readPem(values["tls-ca"], "tls-ca"),
+    certificateChain: readPem(values["tls-cert"], "tls-cert"),
+    privateKey: readPem(values["tls-key"], "tls-key"),
+  });
   try {
     await client.waitUntilReady(waitMs);
 
