@@ -76,6 +76,8 @@ class StagedUpdate:
     declared_crcs: dict[str, int]
     # Seconds the client allows for draining in-flight calls (0: the server's).
     drain_timeout_seconds: float = 0.0
+    # Set when the update targets a LoRA adapter (lora.py), not the base.
+    adapter: pb.AdapterTarget | None = None
 
     @property
     def names(self) -> set[str]:
@@ -109,8 +111,14 @@ class UpdateAssembler:
         current_version: str,
         groups: Mapping[str, Sequence[str]] | None = None,
         replayable_version: str | None = None,
+        keep_refusal: str | None = None,
+        allow_empty: bool = False,
     ) -> None:
+        # An adapter removal carries no tensors.
+        self._allow_empty = allow_empty
         self._manifest = manifest
+        # Why PAUSE_MODE_KEEP cannot be honoured on this server, if it cannot.
+        self._keep_refusal = keep_refusal
         self._current_version = current_version
         # name -> every name of its group (param_groups.py); absent: alone.
         self._groups = groups or {}
@@ -167,10 +175,12 @@ class UpdateAssembler:
             raise InvalidArgument(
                 "begin.drain_timeout_seconds", f"must be > 0, got {begin.drain_timeout_seconds}"
             )
-        if not begin.tensors:
+        if not begin.tensors and not self._allow_empty:
             raise InvalidArgument("begin.tensors", "must name at least one tensor")
         if begin.pause_mode not in pb.PauseMode.values():
             raise InvalidArgument("begin.pause_mode", f"unknown value {begin.pause_mode}")
+        if begin.pause_mode == pb.PAUSE_MODE_KEEP and self._keep_refusal:
+            raise InvalidArgument("begin.pause_mode", self._keep_refusal)
         seen: set[str] = set()
         offset = 0
         self._begin_tensors = begin.tensors
@@ -323,4 +333,5 @@ class UpdateAssembler:
                 t.spec.name: t.spec.crc32c for t in self._tensors if t.spec.HasField("crc32c")
             },
             drain_timeout_seconds=self._begin.drain_timeout_seconds,
+            adapter=self._begin.adapter if self._begin.HasField("adapter") else None,
         )

@@ -19,6 +19,7 @@ from vllm.sampling_params import RequestOutputKind
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.errors import InvalidArgument, ResourceExhausted
+from rollout_service.structured import structured_outputs_from_proto
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ class EnginePrompt:
     prompt: dict[str, Any]
     # Known length in tokens, or None when the processor expands it (images).
     num_tokens: int | None
+    # The server made the token ids (text or messages): the response returns them.
+    echo_ids: bool = False
 
 
 def _finite(field: str, value: float) -> float:
@@ -115,6 +118,12 @@ def sampling_params_from_proto(
     min_tokens = sp.min_tokens if sp.HasField("min_tokens") else 0
     if max_tokens is not None and min_tokens > max_tokens:
         raise InvalidArgument(f + "min_tokens", f"{min_tokens} is over max_tokens ({max_tokens})")
+    prompt_logprobs = sp.prompt_logprobs if sp.HasField("prompt_logprobs") else None
+    if prompt_logprobs is not None and prompt_logprobs > limits.max_logprobs:
+        raise InvalidArgument(
+            f + "prompt_logprobs",
+            f"{prompt_logprobs} is over the engine's limit of {limits.max_logprobs}",
+        )
     return SamplingParams(
         n=n,
         max_tokens=max_tokens,
@@ -131,6 +140,8 @@ def sampling_params_from_proto(
         stop_token_ids=list(sp.stop_token_ids) or None,
         ignore_eos=sp.ignore_eos,
         repetition_penalty=repetition_penalty,
+        prompt_logprobs=prompt_logprobs,
+        structured_outputs=structured_outputs_from_proto(sp.structured_output),
         output_kind=output_kind,
         # vLLM's output processor detokenizes every token incrementally and
         # decodes every logprob's token (py-spy: ~40% of the server's event
@@ -158,33 +169,56 @@ def _decode_images(images: Sequence[pb.Image]) -> list[Any]:
     return decoded
 
 
-def prompt_from_request(
-    request: pb.GenerateRequest, limits: ModelLimits, tokenize: Any
-) -> EnginePrompt:
+def prompt_from_request(request: pb.GenerateRequest, limits: ModelLimits, tok) -> EnginePrompt:
     """Validates the prompt fields of `request` and builds the engine prompt.
 
-    `tokenize` maps text to token ids (the served model's tokenizer).
+    `tok` is the served model's tokenizing.Tokenizing (text and chat messages
+    to token ids).
     """
-    has_ids = len(request.prompt_token_ids) > 0
-    has_text = len(request.prompt_text) > 0
-    if has_ids == has_text:
-        raise InvalidArgument(
-            "prompt_token_ids/prompt_text",
-            "exactly one must be set" + (", got both" if has_ids else ", got neither"),
+    given = [
+        name
+        for name, present in (
+            ("prompt_token_ids", len(request.prompt_token_ids) > 0),
+            ("prompt_text", len(request.prompt_text) > 0),
+            ("messages", len(request.messages) > 0),
         )
-    if request.images and not limits.supports_images:
-        raise InvalidArgument("images", "this model is text-only and takes no images")
-    if request.images:
+        if present
+    ]
+    if len(given) != 1:
+        raise InvalidArgument(
+            "prompt_token_ids/prompt_text/messages",
+            "exactly one must be set, got " + (" and ".join(given) if given else "none"),
+        )
+    field = given[0]
+    images = list(request.images)
+    text = request.prompt_text
+    if field == "messages":
+        if images:
+            raise InvalidArgument("images", "with messages, images go inside the messages")
+        rendered = tok.render(request.messages, request.chat_options)
+        images, text = rendered.images, rendered.text
+    elif request.HasField("chat_options"):
+        raise InvalidArgument("chat_options", "applies to messages only")
+    if images and not limits.supports_images:
+        raise InvalidArgument(
+            "images" if field != "messages" else "messages",
+            "this model is text-only and takes no images",
+        )
+    if images:
         # The processor expands image placeholders, so the length is known
         # only to the engine; it validates the total itself.
-        prompt: dict[str, Any] = {"multi_modal_data": {"image": _decode_images(request.images)}}
-        if has_text:
-            prompt["prompt"] = request.prompt_text
-        else:
+        prompt: dict[str, Any] = {"multi_modal_data": {"image": _decode_images(images)}}
+        if field == "prompt_token_ids":
             prompt["prompt_token_ids"] = list(request.prompt_token_ids)
-        return EnginePrompt(prompt=prompt, num_tokens=None)
-    ids = list(request.prompt_token_ids) if has_ids else list(tokenize(request.prompt_text))
-    field = "prompt_token_ids" if has_ids else "prompt_text"
+        else:
+            prompt["prompt"] = text
+        return EnginePrompt(prompt=prompt, num_tokens=None, echo_ids=field != "prompt_token_ids")
+    if field == "prompt_token_ids":
+        ids = list(request.prompt_token_ids)
+    elif field == "messages":
+        ids = tok.chat_ids(rendered)
+    else:
+        ids = tok.encode(text, field)
     for i, token in enumerate(ids):
         if token >= limits.vocab_size:
             raise InvalidArgument(
@@ -204,7 +238,9 @@ def prompt_from_request(
         )
     if not ids:
         raise InvalidArgument(field, "tokenizes to no tokens")
-    return EnginePrompt(prompt={"prompt_token_ids": ids}, num_tokens=len(ids))
+    return EnginePrompt(
+        prompt={"prompt_token_ids": ids}, num_tokens=len(ids), echo_ids=field != "prompt_token_ids"
+    )
 
 
 _FINISH_REASONS = {
@@ -245,9 +281,44 @@ def stop_reason_to_str(reason: int | str | None) -> str:
     return "" if reason is None else str(reason)
 
 
-def completion_to_proto(out: CompletionOutput, top_k: int, decode=None) -> pb.Completion:
+def version_spans(
+    spans: Sequence[Any] | None, start: int, count: int, fallback: str
+) -> list[pb.VersionSpan]:
+    """The weight versions of tokens [start, start + count) of a completion,
+    from vLLM's spans over the completion (WeightVersionSpan: version, start,
+    end), indexed from `start`; `fallback` labels tokens vLLM labelled none."""
+    if not count:
+        return []
+    if not spans:
+        return [pb.VersionSpan(weight_version=fallback, start=0, count=count)]
+    end = start + count
+    out = []
+    for s in spans:
+        lo, hi = max(s.start, start), min(s.end, end)
+        if lo < hi:
+            out.append(pb.VersionSpan(weight_version=s.version, start=lo - start, count=hi - lo))
+    return out
+
+
+def prompt_logprobs_to_proto(out: RequestOutput, top_k: int, message) -> None:
+    """Fills prompt_logprobs (and prompt_top_logprobs) of a response message
+    from vLLM's per-position dicts (the first position has none)."""
+    positions = out.prompt_logprobs
+    if not positions:
+        return
+    ids = out.prompt_token_ids or []
+    pairs = [(t, p) for t, p in zip(ids, positions) if p is not None]
+    sampled, top = logprobs_to_proto([t for t, _ in pairs], [p for _, p in pairs], top_k)
+    message.prompt_logprobs.extend(sampled)
+    message.prompt_top_logprobs.extend(top)
+
+
+def completion_to_proto(
+    out: CompletionOutput, top_k: int, decode=None, version: str = ""
+) -> pb.Completion:
     """Converts one finished vLLM completion. `decode` (token ids to text)
-    supplies the text when vLLM did not detokenize."""
+    supplies the text when vLLM did not detokenize; `version` labels its
+    tokens where vLLM's own spans do not."""
     logprobs, top = logprobs_to_proto(out.token_ids, out.logprobs, top_k)
     text = out.text or ""
     if not text and decode is not None and out.token_ids:
@@ -260,6 +331,19 @@ def completion_to_proto(out: CompletionOutput, top_k: int, decode=None) -> pb.Co
         text=text,
         top_logprobs=top,
         stop_reason=stop_reason_to_str(out.stop_reason),
+        version_spans=version_spans(out.weight_versions, 0, len(out.token_ids), version),
+    )
+
+
+def aborted_response(request_id: str, n: int, version: str) -> pb.GenerateResponse:
+    """The response of a call aborted before it reached the engine."""
+    return pb.GenerateResponse(
+        request_id=request_id,
+        completions=[
+            pb.Completion(index=i, finish_reason=pb.FINISH_REASON_ABORT) for i in range(n)
+        ],
+        weight_version=version,
+        usage=pb.Usage(),
     )
 
 
@@ -273,10 +357,18 @@ def usage_to_proto(out: RequestOutput) -> pb.Usage:
 
 
 def stream_delta_to_proto(
-    request_id: str, out: CompletionOutput, top_k: int, weight_version: str
+    request_id: str,
+    out: CompletionOutput,
+    top_k: int,
+    weight_version: str,
+    spans: list[pb.VersionSpan] | None = None,
 ) -> pb.GenerateStreamResponse:
-    """Converts one delta (RequestOutputKind.DELTA) of one completion."""
+    """Converts one delta (RequestOutputKind.DELTA) of one completion;
+    `spans` label its tokens (version_spans), the first one's version is the
+    delta's weight_version."""
     logprobs, top = logprobs_to_proto(out.token_ids, out.logprobs, top_k)
+    if spans:
+        weight_version = spans[0].weight_version
     return pb.GenerateStreamResponse(
         request_id=request_id,
         index=out.index,
@@ -287,4 +379,5 @@ def stream_delta_to_proto(
         finish_reason=finish_reason_to_proto(out.finish_reason),
         weight_version=weight_version,
         stop_reason=stop_reason_to_str(out.stop_reason),
+        version_spans=spans,
     )

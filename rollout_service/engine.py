@@ -29,6 +29,8 @@ class EngineInfo:
     groups: dict[str, list[str]] = field(default_factory=dict)
     # Whether a KV connector is configured (its cache is reset with the rest).
     kv_connector: bool = False
+    # Which distribution logprobs come from (vLLM's --logprobs-mode).
+    logprobs_mode: int = pb.LOGPROBS_MODE_RAW_LOGPROBS
 
     @property
     def model_bytes(self) -> int:
@@ -153,6 +155,7 @@ async def engine_info(engine, max_prompt_tokens: int | None = None) -> EngineInf
         manifest=manifest,
         groups=groups,
         kv_connector=engine.vllm_config.kv_transfer_config is not None,
+        logprobs_mode=pb.LogprobsMode.Value(f"LOGPROBS_MODE_{mc.logprobs_mode.upper()}"),
     )
 
 

@@ -112,7 +112,7 @@ def status_details(err: RpcError) -> bytes:
 
 
 # vLLM names the prompt after its OpenAI-shaped requests; ours has two fields.
-_PROMPT_FIELD = "prompt_token_ids/prompt_text"
+_PROMPT_FIELD = "prompt_token_ids/prompt_text/messages"
 _PROMPT_PARAMETERS = {"prompt", "decoder_prompt", "input", "input_tokens"}
 # vLLM's prompt checks that set no parameter: "The decoder prompt (length
 # 2048) plus ...", "The decoder prompt cannot be empty", "Token id 9 is out

@@ -28,10 +28,12 @@ from rollout_service.errors import ResourceExhausted
 class Ticket:
     """One admitted call: its version and its engine request, once made."""
 
-    __slots__ = ("version", "engine_id", "started")
+    __slots__ = ("version", "engine_id", "started", "adapter_version")
 
     def __init__(self, version: str) -> None:
         self.version = version
+        # The LoRA adapter's version, for a call that names one.
+        self.adapter_version = ""
         # The call's engine request, once made: a drain follows or aborts it.
         self.engine_id: str | None = None
         # True once the engine produced an output for the request: from then
@@ -95,11 +97,18 @@ class AdmissionGate:
     @asynccontextmanager
     async def closed(self) -> AsyncIterator[None]:
         """Closes admission for the duration of the block."""
-        self._open.clear()
+        self.close()
         try:
             yield
         finally:
-            self._open.set()
+            self.open()
+
+    def close(self) -> None:
+        """New calls wait (until `open`)."""
+        self._open.clear()
+
+    def open(self) -> None:
+        self._open.set()
 
     async def drain(
         self,

@@ -22,11 +22,14 @@ from rollout_service import metrics, parent_watch, placement
 from rollout_service.auth import AuthInterceptor, Tokens
 from rollout_service.engine import build_engine, engine_info, warm_up
 from rollout_service.gate import AdmissionGate
+from rollout_service.lora import Adapters
 from rollout_service.metrics import MetricsInterceptor
 from rollout_service.reservation import region_bytes, reserve_for_checkpoint
 from rollout_service.rpc_handlers import add_to_server
 from rollout_service.servicer import RolloutServicer
+from rollout_service.sleep import Sleeper
 from rollout_service.staging import StagingRegion, StagingSpaceError, remove_stale_segments
+from rollout_service.tokenizing import Tokenizing, eos_token_ids, image_placeholder
 from rollout_service.update_sessions import UpdateSessions
 from rollout_service.updates import WeightUpdater
 
@@ -205,6 +208,12 @@ async def serve(config: ServerConfig, engine_args) -> int:
             drain_timeout_seconds=config.drain_timeout_seconds,
             staging=staging,
             broadcast=config.weight_broadcast,
+            keep_refusal=(
+                "PAUSE_MODE_KEEP is not supported on multimodal models yet: a kept request's "
+                "image inputs would be recomputed from the multimodal cache the update resets"
+                if info.limits.supports_images
+                else None
+            ),
         )
         try:
             if nbytes := region_bytes(info.manifest, max_update):
@@ -213,9 +222,26 @@ async def serve(config: ServerConfig, engine_args) -> int:
             log.error("cannot start: %s", e)
             return 1
         await updater.start()
+        # vLLM labels every output with its engine core's weight version
+        # (per-token version spans); it starts as "default".
+        await engine.update_weight_version(config.initial_weight_version)
         await warm_up(engine)
         sessions = UpdateSessions(updater, config.update_idle_timeout_seconds)
-        servicer.attach(engine, info, gate, updater, sessions)
+        tokenizer = engine.get_tokenizer()
+        tokenizing = Tokenizing(
+            tokenizer, eos_token_ids(engine, tokenizer), image_placeholder(engine)
+        )
+        updater.adapters = Adapters(engine, info.manifest)
+        servicer.attach(
+            engine,
+            info,
+            gate,
+            updater,
+            sessions,
+            tokenizing,
+            updater.adapters,
+            Sleeper(engine, updater),
+        )
         metrics.bind(gate, updater)
         await _set_health(health_servicer, serving=True)
         log.info("SERVING %s on %s:%d", info.model, config.host, port)

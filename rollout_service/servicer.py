@@ -16,10 +16,14 @@ from vllm.sampling_params import RequestOutputKind
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
 from rollout_service import __version__, convert, logs, metrics
+from rollout_service.calls import Call, RunningCalls
 from rollout_service.engine import EngineInfo
 from rollout_service.errors import InvalidArgument, Unavailable
 from rollout_service.gate import AdmissionGate, Ticket
+from rollout_service.lora import Adapters
 from rollout_service.rpc_handlers import streaming, unary
+from rollout_service.sleep import Sleeper
+from rollout_service.tokenizing import Tokenizing
 from rollout_service.update_rpcs import UpdateRpcs
 from rollout_service.update_sessions import UpdateSessions
 from rollout_service.updates import WeightUpdater
@@ -33,7 +37,7 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
         # later); the engine is attached once it is up.
         self.config = config
         self.engine = None
-        self._tokenizer = None
+        self.calls = RunningCalls()
 
     def attach(
         self,
@@ -42,8 +46,14 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
         gate: AdmissionGate,
         updater: WeightUpdater,
         sessions: UpdateSessions,
+        tokenizing: Tokenizing,
+        adapters: Adapters,
+        sleeper: Sleeper,
     ) -> None:
         """Starts serving on a running engine."""
+        self.tok = tokenizing
+        self.adapters = adapters
+        self.sleeper = sleeper
         self.info = info
         self.gate = gate
         self.updater = updater
@@ -56,30 +66,20 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
         if self.engine.errored:
             raise Unavailable("the engine has died; the server is shutting down")
 
-    def _tokenizer_or_none(self):
-        if self._tokenizer is None:
-            self._tokenizer = self.engine.get_tokenizer()
-        return self._tokenizer
-
-    def _tokenize(self, text: str) -> list[int]:
-        tokenizer = self._tokenizer_or_none()
-        if tokenizer is None:
-            raise InvalidArgument("prompt_text", "the model has no tokenizer; send token ids")
-        return tokenizer.encode(text)
-
     def _decoder(self, params):
         """Token ids to text, when vLLM was asked not to detokenize."""
-        tokenizer = self._tokenizer_or_none()
-        if params.detokenize or tokenizer is None:
+        if params.detokenize or self.tok.tokenizer is None:
             return None
-        return lambda ids: tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)
+        return lambda ids: self.tok.decode(ids, skip_special_tokens=params.skip_special_tokens)
 
     def _prepare(self, request: pb.GenerateRequest, kind: RequestOutputKind):
         request_id = request.request_id or uuid.uuid4().hex
         logs.request_id.set(request_id)
         self._check_ready()
         self.updater.check_serving()
-        prompt = convert.prompt_from_request(request, self.info.limits, self._tokenize)
+        if request.lora_adapter:
+            self.adapters.check_known(request.lora_adapter)
+        prompt = convert.prompt_from_request(request, self.info.limits, self.tok)
         params = convert.sampling_params_from_proto(
             request.sampling_params, self.info.limits, prompt.num_tokens, kind
         )
@@ -94,69 +94,180 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
             self.updater.check_serving()
             yield ticket
 
-    async def _run(self, ticket: Ticket, request_id: str, prompt, params) -> AsyncIterator:
+    async def _run(self, ticket: Ticket, call: Call, prompt, params, adapter: str) -> AsyncIterator:
         """Runs the engine request of an admitted call; cancellation of the
-        call (client gone, deadline) aborts it inside AsyncLLM.generate."""
-        ticket.engine_id = f"{request_id}-{uuid.uuid4().hex[:8]}"
-        async for out in self.engine.generate(prompt.prompt, params, ticket.engine_id):
+        call (client gone, deadline) aborts it inside AsyncLLM.generate.
+        Nothing runs for a call aborted before it got here."""
+        if call.aborted:
+            return
+        # Resolved after admission: an adapter update that the call waited
+        # for at the gate has replaced (or removed) it by now.
+        lora = self.adapters.request_for(adapter) if adapter else None
+        ticket.adapter_version = self.adapters.version_of(adapter) if adapter else ""
+        ticket.engine_id = call.engine_id = f"{call.request_id}-{uuid.uuid4().hex[:8]}"
+        async for out in self.engine.generate(
+            prompt.prompt, params, ticket.engine_id, lora_request=lora
+        ):
             ticket.started = True
+            if call.aborted and not out.finished:
+                # Abort came before the engine knew the request: end it now.
+                await self.engine.abort(ticket.engine_id)
             yield out
+
+    def _live_spans(self, engine_id: str, index: int, start: int, count: int, fallback: str):
+        """Version spans of a running completion's tokens [start, start +
+        count), from vLLM's own labels (the engine core tags each step's
+        outputs with the weight version it ran on; only finished outputs
+        carry the spans, so a stream reads them from the request's state)."""
+        outputs = self.engine.output_processor
+        for internal in outputs.external_req_ids.get(engine_id, ()):
+            state = outputs.request_states.get(internal)
+            if state is not None and state.request_index == index:
+                return convert.version_spans(state._weight_version_spans(), start, count, fallback)
+        return convert.version_spans(None, start, count, fallback)
 
     @unary
     async def Generate(self, request, context):
         request_id, prompt, params = self._prepare(request, RequestOutputKind.FINAL_ONLY)
-        async with self._admitted() as ticket:
-            final = None
-            async for out in self._run(ticket, request_id, prompt, params):
-                final = out
+        with self.calls.running(request_id) as call:
+            async with self._admitted() as ticket:
+                final = None
+                async for out in self._run(ticket, call, prompt, params, request.lora_adapter):
+                    final = out
+        if final is None:  # aborted before it reached the engine
+            return convert.aborted_response(request_id, params.n, ticket.version)
         top_k = params.logprobs or 0
         decode = self._decoder(params)
         usage = convert.usage_to_proto(final)
         metrics.TOKENS.labels("prompt").inc(usage.prompt_tokens)
         metrics.TOKENS.labels("completion").inc(usage.completion_tokens)
-        return pb.GenerateResponse(
+        response = pb.GenerateResponse(
             request_id=request_id,
             completions=[
-                convert.completion_to_proto(c, top_k, decode)
+                convert.completion_to_proto(c, top_k, decode, ticket.version)
                 for c in sorted(final.outputs, key=lambda c: c.index)
             ],
             weight_version=ticket.version,
             usage=usage,
+            lora_adapter_version=ticket.adapter_version,
         )
+        if prompt.echo_ids:
+            response.prompt_token_ids.extend(final.prompt_token_ids or [])
+        convert.prompt_logprobs_to_proto(final, params.prompt_logprobs or 0, response)
+        return response
 
     @streaming
     async def GenerateStream(self, request, context):
         as_unary = pb.GenerateRequest.FromString(request.SerializeToString())
         request_id, prompt, params = self._prepare(as_unary, RequestOutputKind.DELTA)
+        with self.calls.running(request_id) as call:
+            async for message in self._stream(request_id, as_unary, call, prompt, params):
+                yield message
+
+    async def _stream(self, request_id, request, call, prompt, params):
         top_k = params.logprobs or 0
         usage = pb.Usage()
+        delivered: dict[int, int] = {}  # tokens sent so far, by completion index
+        first = True
         async with self._admitted() as ticket:
             version = ticket.version
             t0 = time.perf_counter()
-            async for out in self._run(ticket, request_id, prompt, params):
+            async for out in self._run(ticket, call, prompt, params, request.lora_adapter):
                 if t0:
                     metrics.TTFT.observe(time.perf_counter() - t0)
                     t0 = 0.0
                 if out.prompt_token_ids:
                     usage.prompt_tokens = len(out.prompt_token_ids)
-                deltas = [
-                    convert.stream_delta_to_proto(request_id, c, top_k, version)
-                    for c in out.outputs
-                    if c.token_ids or c.finish_reason
-                ]
-                for d in deltas:
-                    usage.completion_tokens += len(d.token_ids)
+                deltas = []
+                for c in out.outputs:
+                    if not (c.token_ids or c.finish_reason):
+                        continue
+                    start, count = delivered.get(c.index, 0), len(c.token_ids)
+                    delivered[c.index] = start + count
+                    if c.finished():
+                        spans = convert.version_spans(c.weight_versions, start, count, version)
+                    else:
+                        spans = self._live_spans(ticket.engine_id, c.index, start, count, version)
+                    d = convert.stream_delta_to_proto(request_id, c, top_k, version, spans)
+                    d.lora_adapter_version = ticket.adapter_version
+                    usage.completion_tokens += count
+                    deltas.append(d)
+                if first and (deltas or out.finished):
+                    first = False
+                    if not deltas:
+                        deltas.append(self._empty_delta(request_id, ticket))
+                    if prompt.echo_ids:
+                        deltas[0].prompt_token_ids.extend(out.prompt_token_ids or [])
+                    convert.prompt_logprobs_to_proto(out, params.prompt_logprobs or 0, deltas[0])
                 if out.finished:
                     usage.cached_prompt_tokens = out.num_cached_tokens or 0
                     if not deltas:
-                        deltas.append(
-                            pb.GenerateStreamResponse(request_id=request_id, weight_version=version)
-                        )
+                        deltas.append(self._empty_delta(request_id, ticket))
                     deltas[-1].usage.CopyFrom(usage)
                     metrics.TOKENS.labels("prompt").inc(usage.prompt_tokens)
                     metrics.TOKENS.labels("completion").inc(usage.completion_tokens)
                 for d in deltas:
                     yield d
+            if ticket.engine_id is None:  # aborted before it reached the engine
+                for i in range(params.n):
+                    yield pb.GenerateStreamResponse(
+                        request_id=request_id,
+                        index=i,
+                        finish_reason=pb.FINISH_REASON_ABORT,
+                        weight_version=version,
+                        usage=usage if i == params.n - 1 else None,
+                    )
+
+    @staticmethod
+    def _empty_delta(request_id: str, ticket: Ticket) -> pb.GenerateStreamResponse:
+        return pb.GenerateStreamResponse(
+            request_id=request_id,
+            weight_version=ticket.version,
+            lora_adapter_version=ticket.adapter_version,
+        )
+
+    @unary
+    async def Abort(self, request, context):
+        self._check_ready()
+        if request.all and request.request_ids:
+            raise InvalidArgument("request_ids", "must be empty when all is set")
+        if not request.all and not request.request_ids:
+            raise InvalidArgument("request_ids", "name at least one request, or set all")
+        ids = None if request.all else list(request.request_ids)
+        found = await self.calls.abort(ids, self.engine.abort)
+        return pb.AbortResponse(request_ids=found)
+
+    @unary
+    async def Tokenize(self, request, context):
+        self._check_ready()
+        if bool(request.text) == bool(request.messages):
+            raise InvalidArgument("text/messages", "exactly one must be set")
+        if request.messages:
+            if request.add_special_tokens:
+                raise InvalidArgument(
+                    "add_special_tokens", "applies to text only (the template places them)"
+                )
+            rendered = self.tok.render(request.messages, request.chat_options)
+            if rendered.images:
+                raise InvalidArgument(
+                    "messages", "images expand in the engine's processor; tokenize text only"
+                )
+            return pb.TokenizeResponse(token_ids=self.tok.chat_ids(rendered), text=rendered.text)
+        ids = self.tok.encode(request.text, "text", add_special_tokens=request.add_special_tokens)
+        return pb.TokenizeResponse(token_ids=ids)
+
+    @unary
+    async def Detokenize(self, request, context):
+        self._check_ready()
+        vocab = self.info.limits.vocab_size
+        for i, token in enumerate(request.token_ids):
+            if token >= vocab:
+                raise InvalidArgument(
+                    f"token_ids[{i}]", f"token id {token} is outside the vocabulary [0, {vocab})"
+                )
+        return pb.DetokenizeResponse(
+            text=self.tok.decode(request.token_ids, request.skip_special_tokens)
+        )
 
     @unary
     async def GetServerInfo(self, request, context):
@@ -179,4 +290,10 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
                 pb.ParameterGroup(module=m, names=names) for m, names in self.info.groups.items()
             ],
             drain_timeout_seconds=self.updater.drain_timeout_seconds,
+            logprobs_mode=self.info.logprobs_mode,
+            tokenizer=self.tok.info(),
+            lora_adapters=self.adapters.listing(),
+            lora_limits=self.adapters.limits,
+            supports_sleep=self.sleeper.available,
+            sleeping=self.sleeper.sleeping,
         )

@@ -9,6 +9,7 @@ import os
 from rollout.v1 import rollout_pb2 as pb
 from rollout_client.wire import RawChunk
 from rollout_service.rpc_handlers import unary
+from rollout_service.sleep import Sleeper
 from rollout_service.staging import SHM_DIR
 from rollout_service.update_sessions import UpdateSessions
 
@@ -17,6 +18,7 @@ class UpdateRpcs:
     """Mixed into RolloutServicer; `self.sessions` is set on attach."""
 
     sessions: UpdateSessions
+    sleeper: Sleeper
 
     def _check_ready(self) -> None:  # RolloutServicer's
         raise NotImplementedError
@@ -76,3 +78,13 @@ class UpdateRpcs:
     async def ResetCaches(self, request, context):
         self._check_ready()
         return await self.sessions.updater.reset_caches()
+
+    @unary
+    async def Sleep(self, request, context):
+        self._check_ready()
+        return await self.sleeper.sleep(request.level)
+
+    @unary
+    async def WakeUp(self, request, context):
+        self._check_ready()
+        return await self.sleeper.wake_up()

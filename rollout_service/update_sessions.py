@@ -68,7 +68,7 @@ class UpdateSessions:
         # Taken before the first await, so that a concurrent begin is refused.
         self._current = placeholder = UpdateSession(None, same_host)  # type: ignore[arg-type]
         try:
-            assembler = await self.updater.assembler()
+            assembler = await self.updater.assembler(begin)
             assembler.begin(begin)
         except BaseException:
             self._current = None

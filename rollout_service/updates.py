@@ -69,6 +69,7 @@ class WeightUpdater:
         drain_timeout_seconds: float = 120.0,
         staging: StagingRegion | None = None,
         broadcast: bool = False,
+        keep_refusal: str | None = None,
     ) -> None:
         self.engine = engine
         # Called with True when an update fails inside the engine, False when
@@ -88,9 +89,32 @@ class WeightUpdater:
         self.staging = staging or StagingRegion()
         # Set when an engine failure may have left weights half-loaded.
         self.degraded = False
+        # Why PAUSE_MODE_KEEP is refused on this server (None: accepted).
+        self.keep_refusal = keep_refusal
         self._last: _Applied | None = None
         # Serialises the engine-touching step of updates and cache resets.
         self._apply_lock = asyncio.Lock()
+        # Set while the engine sleeps (sleep.py): updates and resets refused.
+        self.asleep = False
+        # LoRA adapters (lora.py; set by the server), and the plan of each
+        # open adapter update, by adapter name.
+        self.adapters = None
+        self._plans: dict = {}
+
+    def engine_step(self):
+        """The lock every engine-touching sequence holds (updates, cache
+        resets, sleep): one at a time."""
+        return self._apply_lock
+
+    def check_awake(self) -> None:
+        if self.asleep:
+            raise FailedPrecondition("the engine is asleep (Sleep); call WakeUp first")
+
+    async def lose_weights(self, why: str) -> None:
+        """The engine no longer holds the served weights: degraded, no version."""
+        log.warning("degraded: %s", why)
+        self.gate.version = ""
+        await self._set_degraded(True)
 
     async def start(self) -> None:
         """Initialises the weight-transfer backend in the workers."""
@@ -110,12 +134,24 @@ class WeightUpdater:
                 "push a full update (every parameter) to recover"
             )
 
-    async def assembler(self) -> UpdateAssembler:
+    async def assembler(self, begin: pb.UpdateWeightsBegin | None = None) -> UpdateAssembler:
         """A new assembler writing into the staging region, once the region
-        is free: the last update's content may still be being read from it."""
+        is free: the last update's content may still be being read from it.
+        For a LoRA adapter's `begin`, one that checks the adapter's tensors."""
         last = self._last
         if last is not None and not last.content.done():
             await asyncio.shield(last.content)
+        if begin is not None and begin.HasField("adapter"):
+            plan = self.adapters.plan(begin)
+            self._plans[begin.adapter.name] = plan
+            return UpdateAssembler(
+                plan.manifest,
+                self.max_update_bytes,
+                self.staging,
+                plan.current_version,
+                groups={n: names for names in plan.groups.values() for n in names},
+                allow_empty=begin.adapter.action == pb.ADAPTER_ACTION_REMOVE,
+            )
         return UpdateAssembler(
             self.manifest,
             self.max_update_bytes,
@@ -123,6 +159,7 @@ class WeightUpdater:
             self.gate.version,
             groups=self._groups,
             replayable_version=last.ack.weight_version if last is not None else None,
+            keep_refusal=self.keep_refusal,
         )
 
     async def apply(self, staged: StagedUpdate, receive_s: float) -> pb.UpdateWeightsResponse:
@@ -146,6 +183,11 @@ class WeightUpdater:
     async def _apply_or_replay(
         self, staged: StagedUpdate, receive_s: float
     ) -> pb.UpdateWeightsResponse:
+        self.check_awake()
+        if staged.adapter is not None:
+            return await asyncio.shield(
+                self.adapters.apply(self, staged, self._plans.pop(staged.adapter.name))
+            )
         if staged.weight_version == self.gate.version:
             return await self._replay(staged)
         if self.degraded and staged.names != set(self.manifest):
@@ -186,9 +228,12 @@ class WeightUpdater:
             )
             self._last = None
             t0 = time.perf_counter()
+            keep = staged.pause_mode == pb.PAUSE_MODE_KEEP
             async with self.gate.closed():
-                aborted = await self._drain(staged.pause_mode, staged.drain_timeout_seconds)
-                await self._pause_engine()
+                aborted = 0
+                if not keep:
+                    aborted = await self.drain_for(staged.pause_mode, staged.drain_timeout_seconds)
+                await self._pause_engine(keep)
                 try:
                     t_load = time.perf_counter()
                     await self.engine.start_weight_update()
@@ -203,7 +248,7 @@ class WeightUpdater:
                     )
                     await self.engine.finish_weight_update(weight_version=staged.weight_version)
                     t_reset = time.perf_counter()
-                    results = await self._reset_all()
+                    results = await self._reset_all(preempt_running=keep)
                 except Exception as e:
                     log.exception("weight update %r failed in the engine", staged.weight_version)
                     await self._abandon()
@@ -258,20 +303,23 @@ class WeightUpdater:
         except Exception:
             log.exception("could not clear the workers' reload state")
 
-    async def _pause_engine(self) -> None:
-        """Pauses the scheduler; nothing is running (the gate has drained
-        every admitted call), so this is a safety net that also holds back
-        anything that slipped in.
+    async def _pause_engine(self, keep: bool = False) -> None:
+        """Pauses the scheduler. Without `keep` nothing is running (the gate
+        has drained every admitted call), so this is a safety net that also
+        holds back anything that slipped in. With `keep` the running requests
+        are frozen where they are (vLLM's "keep" mode: no step runs until
+        resume), to continue on the new weights.
 
         AsyncLLM.pause_generation(clear_cache=False) is this same call plus a
         fixed 20 ms sleep that only orders in-flight outputs for its caller;
         with nothing in flight it is pure latency on the update's critical path.
         """
+        mode = "keep" if keep else "abort"
         core = getattr(self.engine, "engine_core", None)
         if core is not None and hasattr(core, "pause_scheduler_async"):
-            await core.pause_scheduler_async(mode="abort", clear_cache=False)
+            await core.pause_scheduler_async(mode=mode, clear_cache=False)
         else:
-            await self.engine.pause_generation(mode="abort", clear_cache=False)
+            await self.engine.pause_generation(mode=mode, clear_cache=False)
 
     async def _set_degraded(self, degraded: bool) -> None:
         changed = degraded != self.degraded
@@ -279,7 +327,7 @@ class WeightUpdater:
         if changed and self._on_degraded is not None:
             await self._on_degraded(degraded)
 
-    async def _drain(self, pause_mode: int, drain_timeout: float = 0.0) -> int:
+    async def drain_for(self, pause_mode: int, drain_timeout: float = 0.0) -> int:
         """Drains admitted calls; returns how many engine requests it aborted.
 
         WAIT past its deadline falls back to ABORT rather than failing the
@@ -304,11 +352,18 @@ class WeightUpdater:
             )
         return aborted
 
-    async def _reset_all(self) -> list[pb.CacheResetResult]:
-        """Resets every cache (engine paused, nothing running), a configured
-        KV connector's too; any failure raises, so that a stale cache is never
-        acknowledged."""
-        if not await self.engine.reset_prefix_cache(reset_connector=self._kv_connector):
+    async def _reset_all(self, preempt_running: bool = False) -> list[pb.CacheResetResult]:
+        """Resets every cache (engine paused), a configured KV connector's
+        too; any failure raises, so that a stale cache is never acknowledged.
+
+        `preempt_running` (PAUSE_MODE_KEEP): requests kept across the update
+        hold KV blocks computed with the old weights; vLLM preempts them back
+        to its waiting queue, dropping their KV, so that their prompt and
+        tokens so far are recomputed under the new weights before their next
+        token (the same recompute path as a preemption for memory)."""
+        if not await self.engine.reset_prefix_cache(
+            reset_running_requests=preempt_running, reset_connector=self._kv_connector
+        ):
             raise RuntimeError("the engine refused to reset the prefix cache")
         await self.engine.reset_mm_cache()
         await self.engine.reset_encoder_cache()
@@ -321,18 +376,24 @@ class WeightUpdater:
 
     async def reset_caches(self) -> pb.ResetCachesResponse:
         """ResetCaches: the same gate, drain, pause, reset, resume sequence."""
+        self.check_awake()
         return await asyncio.shield(self._reset_caches())
+
+    async def reset_paused(self) -> list[pb.CacheResetResult]:
+        """Pauses the engine, resets every cache, resumes (call drained,
+        behind the gate and the lock)."""
+        await self._pause_engine()
+        try:
+            return await self._reset_all()
+        finally:
+            await self.engine.resume_generation()
 
     async def _reset_caches(self) -> pb.ResetCachesResponse:
         async with self._apply_lock:
             t0 = time.perf_counter()
             async with self.gate.closed():
-                await self._drain(pb.PAUSE_MODE_WAIT)
-                await self._pause_engine()
-                try:
-                    results = await self._reset_all()
-                finally:
-                    await self.engine.resume_generation()
+                await self.drain_for(pb.PAUSE_MODE_WAIT)
+                results = await self.reset_paused()
             return pb.ResetCachesResponse(
                 results=results, duration_seconds=time.perf_counter() - t0
             )

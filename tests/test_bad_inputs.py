@@ -32,7 +32,7 @@ def gen(sp=None, **kw):
 
 
 GENERATE_CASES = {
-    "no prompt": (gen(prompt_token_ids=[]), INV, "prompt_token_ids/prompt_text"),
+    "no prompt": (gen(prompt_token_ids=[]), INV, "prompt_token_ids/prompt_text/messages"),
     "both prompts": (gen(prompt_text="hi"), INV, "got both"),
     "token past vocab": (gen(prompt_token_ids=[1, 512]), INV, "prompt_token_ids[1]"),
     "token id 2^32-1": (gen(prompt_token_ids=[U32]), INV, "outside the vocabulary"),

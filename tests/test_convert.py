@@ -89,15 +89,23 @@ def test_bad_sampling_values_name_the_field(kw, field):
     assert e.value.field == "sampling_params." + field
 
 
-def tok(text):
-    return [ord(c) % 100 for c in text]
+class FakeTokenizing:
+    """tokenizing.Tokenizing's surface, over a character-code tokenizer."""
+
+    def encode(self, text, field_name, add_special_tokens=True):
+        return [ord(c) % 100 for c in text]
+
+
+tok = FakeTokenizing()
+PROMPT = "prompt_token_ids/prompt_text/messages"
 
 
 @pytest.mark.parametrize(
     "req,field",
     [
-        (pb.GenerateRequest(), "prompt_token_ids/prompt_text"),
-        (pb.GenerateRequest(prompt_text="a", prompt_token_ids=[1]), "prompt_token_ids/prompt_text"),
+        (pb.GenerateRequest(), PROMPT),
+        (pb.GenerateRequest(prompt_text="a", prompt_token_ids=[1]), PROMPT),
+        (pb.GenerateRequest(messages=[pb.ChatMessage(role="user")], prompt_text="a"), PROMPT),
         (pb.GenerateRequest(prompt_token_ids=[1, 100]), "prompt_token_ids[1]"),
         (pb.GenerateRequest(prompt_token_ids=[1] * 64), "prompt_token_ids"),
         (pb.GenerateRequest(prompt_text="x", images=[pb.Image(data=b"png")]), "images"),
@@ -111,7 +119,8 @@ def test_bad_prompts_name_the_field(req, field):
 
 def test_text_is_tokenized_by_the_server():
     p = prompt_from_request(pb.GenerateRequest(prompt_text="hi"), LIMITS, tok)
-    assert p.prompt == {"prompt_token_ids": tok("hi")} and p.num_tokens == 2
+    assert p.prompt == {"prompt_token_ids": [ord("h") % 100, ord("i") % 100]} and p.num_tokens == 2
+    assert p.echo_ids, "ids the server made are returned to the caller"
 
 
 def test_images_that_are_not_images():

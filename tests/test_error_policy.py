@@ -31,7 +31,7 @@ from rollout_service.errors import (
 from rollout_service.rpc_handlers import streaming, unary
 
 INV = grpc.StatusCode.INVALID_ARGUMENT
-PROMPT = "prompt_token_ids/prompt_text"
+PROMPT = "prompt_token_ids/prompt_text/messages"
 
 
 def raised_by(**kw) -> Exception:

@@ -112,8 +112,8 @@ def test_stop_strings_stop(client):
 
 
 INVALID = [
-    ({"prompt_text": None}, "prompt_token_ids/prompt_text"),
-    ({"prompt_token_ids": [1, 2]}, "prompt_token_ids/prompt_text"),  # both
+    ({"prompt_text": None}, "prompt_token_ids/prompt_text/messages"),
+    ({"prompt_token_ids": [1, 2]}, "prompt_token_ids/prompt_text/messages"),  # both
     ({"prompt_text": None, "prompt_token_ids": [1, 100000]}, "prompt_token_ids[1]"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"max_tokens": 1_000_000}, "max_tokens"),

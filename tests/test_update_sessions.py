@@ -22,7 +22,7 @@ class _Staging:
 
 
 class _Updater:
-    async def assembler(self):
+    async def assembler(self, begin=None):
         return UpdateAssembler({"a": SPEC}, 1 << 20, _Staging(), "v0")
 
 

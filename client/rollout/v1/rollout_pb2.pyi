@@ -2,8 +2,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -35,6 +34,13 @@ class PauseMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PAUSE_MODE_UNSPECIFIED: _ClassVar[PauseMode]
     PAUSE_MODE_WAIT: _ClassVar[PauseMode]
     PAUSE_MODE_ABORT: _ClassVar[PauseMode]
+    PAUSE_MODE_KEEP: _ClassVar[PauseMode]
+
+class AdapterAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ADAPTER_ACTION_UNSPECIFIED: _ClassVar[AdapterAction]
+    ADAPTER_ACTION_LOAD: _ClassVar[AdapterAction]
+    ADAPTER_ACTION_REMOVE: _ClassVar[AdapterAction]
 
 class CacheKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -43,6 +49,14 @@ class CacheKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CACHE_KIND_MULTIMODAL: _ClassVar[CacheKind]
     CACHE_KIND_ENCODER: _ClassVar[CacheKind]
     CACHE_KIND_KV_CONNECTOR: _ClassVar[CacheKind]
+
+class LogprobsMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LOGPROBS_MODE_UNSPECIFIED: _ClassVar[LogprobsMode]
+    LOGPROBS_MODE_RAW_LOGPROBS: _ClassVar[LogprobsMode]
+    LOGPROBS_MODE_RAW_LOGITS: _ClassVar[LogprobsMode]
+    LOGPROBS_MODE_PROCESSED_LOGPROBS: _ClassVar[LogprobsMode]
+    LOGPROBS_MODE_PROCESSED_LOGITS: _ClassVar[LogprobsMode]
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -63,14 +77,23 @@ D_TYPE_FLOAT64: DType
 PAUSE_MODE_UNSPECIFIED: PauseMode
 PAUSE_MODE_WAIT: PauseMode
 PAUSE_MODE_ABORT: PauseMode
+PAUSE_MODE_KEEP: PauseMode
+ADAPTER_ACTION_UNSPECIFIED: AdapterAction
+ADAPTER_ACTION_LOAD: AdapterAction
+ADAPTER_ACTION_REMOVE: AdapterAction
 CACHE_KIND_UNSPECIFIED: CacheKind
 CACHE_KIND_PREFIX: CacheKind
 CACHE_KIND_MULTIMODAL: CacheKind
 CACHE_KIND_ENCODER: CacheKind
 CACHE_KIND_KV_CONNECTOR: CacheKind
+LOGPROBS_MODE_UNSPECIFIED: LogprobsMode
+LOGPROBS_MODE_RAW_LOGPROBS: LogprobsMode
+LOGPROBS_MODE_RAW_LOGITS: LogprobsMode
+LOGPROBS_MODE_PROCESSED_LOGPROBS: LogprobsMode
+LOGPROBS_MODE_PROCESSED_LOGITS: LogprobsMode
 
 class SamplingParams(_message.Message):
-    __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "n", "logprobs", "stop", "stop_token_ids", "ignore_eos", "repetition_penalty", "presence_penalty", "frequency_penalty", "min_tokens")
+    __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "n", "logprobs", "stop", "stop_token_ids", "ignore_eos", "repetition_penalty", "presence_penalty", "frequency_penalty", "min_tokens", "prompt_logprobs", "structured_output")
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +109,8 @@ class SamplingParams(_message.Message):
     PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
     FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
     MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    STRUCTURED_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     max_tokens: int
     temperature: float
     top_p: float
@@ -101,7 +126,30 @@ class SamplingParams(_message.Message):
     presence_penalty: float
     frequency_penalty: float
     min_tokens: int
-    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., n: _Optional[int] = ..., logprobs: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., min_tokens: _Optional[int] = ...) -> None: ...
+    prompt_logprobs: int
+    structured_output: StructuredOutput
+    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., n: _Optional[int] = ..., logprobs: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: bool = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., min_tokens: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ...) -> None: ...
+
+class StructuredOutput(_message.Message):
+    __slots__ = ("json_schema", "regex", "choice", "grammar", "json_object", "disable_any_whitespace")
+    class Choices(_message.Message):
+        __slots__ = ("choices",)
+        CHOICES_FIELD_NUMBER: _ClassVar[int]
+        choices: _containers.RepeatedScalarFieldContainer[str]
+        def __init__(self, choices: _Optional[_Iterable[str]] = ...) -> None: ...
+    JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    REGEX_FIELD_NUMBER: _ClassVar[int]
+    CHOICE_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_FIELD_NUMBER: _ClassVar[int]
+    JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
+    DISABLE_ANY_WHITESPACE_FIELD_NUMBER: _ClassVar[int]
+    json_schema: str
+    regex: str
+    choice: StructuredOutput.Choices
+    grammar: str
+    json_object: bool
+    disable_any_whitespace: bool
+    def __init__(self, json_schema: _Optional[str] = ..., regex: _Optional[str] = ..., choice: _Optional[_Union[StructuredOutput.Choices, _Mapping]] = ..., grammar: _Optional[str] = ..., json_object: bool = ..., disable_any_whitespace: bool = ...) -> None: ...
 
 class Image(_message.Message):
     __slots__ = ("data",)
@@ -109,19 +157,47 @@ class Image(_message.Message):
     data: bytes
     def __init__(self, data: _Optional[bytes] = ...) -> None: ...
 
+class ContentPart(_message.Message):
+    __slots__ = ("text", "image")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    image: Image
+    def __init__(self, text: _Optional[str] = ..., image: _Optional[_Union[Image, _Mapping]] = ...) -> None: ...
+
+class ChatMessage(_message.Message):
+    __slots__ = ("role", "content")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    content: _containers.RepeatedCompositeFieldContainer[ContentPart]
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[_Iterable[_Union[ContentPart, _Mapping]]] = ...) -> None: ...
+
+class ChatOptions(_message.Message):
+    __slots__ = ("continue_final_message",)
+    CONTINUE_FINAL_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    continue_final_message: bool
+    def __init__(self, continue_final_message: bool = ...) -> None: ...
+
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "prompt_text", "sampling_params", "images")
+    __slots__ = ("request_id", "prompt_token_ids", "prompt_text", "sampling_params", "images", "messages", "chat_options", "lora_adapter")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
     IMAGES_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    CHAT_OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    LORA_ADAPTER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     prompt_text: str
     sampling_params: SamplingParams
     images: _containers.RepeatedCompositeFieldContainer[Image]
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_text: _Optional[str] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ...) -> None: ...
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    chat_options: ChatOptions
+    lora_adapter: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_text: _Optional[str] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., chat_options: _Optional[_Union[ChatOptions, _Mapping]] = ..., lora_adapter: _Optional[str] = ...) -> None: ...
 
 class TopLogprobs(_message.Message):
     __slots__ = ("token_ids", "logprobs")
@@ -132,7 +208,7 @@ class TopLogprobs(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Completion(_message.Message):
-    __slots__ = ("index", "token_ids", "logprobs", "finish_reason", "text", "top_logprobs", "stop_reason")
+    __slots__ = ("index", "token_ids", "logprobs", "finish_reason", "text", "top_logprobs", "stop_reason", "version_spans")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +216,7 @@ class Completion(_message.Message):
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    VERSION_SPANS_FIELD_NUMBER: _ClassVar[int]
     index: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
@@ -147,7 +224,18 @@ class Completion(_message.Message):
     text: str
     top_logprobs: _containers.RepeatedCompositeFieldContainer[TopLogprobs]
     stop_reason: str
-    def __init__(self, index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., text: _Optional[str] = ..., top_logprobs: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ..., stop_reason: _Optional[str] = ...) -> None: ...
+    version_spans: _containers.RepeatedCompositeFieldContainer[VersionSpan]
+    def __init__(self, index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., text: _Optional[str] = ..., top_logprobs: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ..., stop_reason: _Optional[str] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ...) -> None: ...
+
+class VersionSpan(_message.Message):
+    __slots__ = ("weight_version", "start", "count")
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    weight_version: str
+    start: int
+    count: int
+    def __init__(self, weight_version: _Optional[str] = ..., start: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "cached_prompt_tokens")
@@ -160,33 +248,47 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("request_id", "completions", "weight_version", "usage")
+    __slots__ = ("request_id", "completions", "weight_version", "usage", "prompt_token_ids", "prompt_logprobs", "prompt_top_logprobs", "lora_adapter_version")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    LORA_ADAPTER_VERSION_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     completions: _containers.RepeatedCompositeFieldContainer[Completion]
     weight_version: str
     usage: Usage
-    def __init__(self, request_id: _Optional[str] = ..., completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., weight_version: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ...) -> None: ...
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    prompt_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    prompt_top_logprobs: _containers.RepeatedCompositeFieldContainer[TopLogprobs]
+    lora_adapter_version: str
+    def __init__(self, request_id: _Optional[str] = ..., completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., weight_version: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_logprobs: _Optional[_Iterable[float]] = ..., prompt_top_logprobs: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ..., lora_adapter_version: _Optional[str] = ...) -> None: ...
 
 class GenerateStreamRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "prompt_text", "sampling_params", "images")
+    __slots__ = ("request_id", "prompt_token_ids", "prompt_text", "sampling_params", "images", "messages", "chat_options", "lora_adapter")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
     IMAGES_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    CHAT_OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    LORA_ADAPTER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     prompt_text: str
     sampling_params: SamplingParams
     images: _containers.RepeatedCompositeFieldContainer[Image]
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_text: _Optional[str] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ...) -> None: ...
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    chat_options: ChatOptions
+    lora_adapter: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_text: _Optional[str] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., chat_options: _Optional[_Union[ChatOptions, _Mapping]] = ..., lora_adapter: _Optional[str] = ...) -> None: ...
 
 class GenerateStreamResponse(_message.Message):
-    __slots__ = ("request_id", "index", "token_ids", "logprobs", "top_logprobs", "text", "finish_reason", "weight_version", "usage", "stop_reason")
+    __slots__ = ("request_id", "index", "token_ids", "logprobs", "top_logprobs", "text", "finish_reason", "weight_version", "usage", "stop_reason", "version_spans", "prompt_token_ids", "prompt_logprobs", "prompt_top_logprobs", "lora_adapter_version")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -197,6 +299,11 @@ class GenerateStreamResponse(_message.Message):
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    VERSION_SPANS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    LORA_ADAPTER_VERSION_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     index: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -207,7 +314,12 @@ class GenerateStreamResponse(_message.Message):
     weight_version: str
     usage: Usage
     stop_reason: str
-    def __init__(self, request_id: _Optional[str] = ..., index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., top_logprobs: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., weight_version: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., stop_reason: _Optional[str] = ...) -> None: ...
+    version_spans: _containers.RepeatedCompositeFieldContainer[VersionSpan]
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    prompt_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    prompt_top_logprobs: _containers.RepeatedCompositeFieldContainer[TopLogprobs]
+    lora_adapter_version: str
+    def __init__(self, request_id: _Optional[str] = ..., index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., top_logprobs: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., weight_version: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., stop_reason: _Optional[str] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_logprobs: _Optional[_Iterable[float]] = ..., prompt_top_logprobs: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ..., lora_adapter_version: _Optional[str] = ...) -> None: ...
 
 class TensorSpec(_message.Message):
     __slots__ = ("name", "dtype", "shape", "crc32c")
@@ -221,17 +333,29 @@ class TensorSpec(_message.Message):
     crc32c: int
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., crc32c: _Optional[int] = ...) -> None: ...
 
+class AdapterTarget(_message.Message):
+    __slots__ = ("name", "action", "config_json")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    action: AdapterAction
+    config_json: str
+    def __init__(self, name: _Optional[str] = ..., action: _Optional[_Union[AdapterAction, str]] = ..., config_json: _Optional[str] = ...) -> None: ...
+
 class UpdateWeightsBegin(_message.Message):
-    __slots__ = ("weight_version", "tensors", "pause_mode", "drain_timeout_seconds")
+    __slots__ = ("weight_version", "tensors", "pause_mode", "drain_timeout_seconds", "adapter")
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     PAUSE_MODE_FIELD_NUMBER: _ClassVar[int]
     DRAIN_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     weight_version: str
     tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
     pause_mode: PauseMode
     drain_timeout_seconds: float
-    def __init__(self, weight_version: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., pause_mode: _Optional[_Union[PauseMode, str]] = ..., drain_timeout_seconds: _Optional[float] = ...) -> None: ...
+    adapter: AdapterTarget
+    def __init__(self, weight_version: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., pause_mode: _Optional[_Union[PauseMode, str]] = ..., drain_timeout_seconds: _Optional[float] = ..., adapter: _Optional[_Union[AdapterTarget, _Mapping]] = ...) -> None: ...
 
 class TensorChunk(_message.Message):
     __slots__ = ("tensor_index", "offset", "data")
@@ -263,7 +387,7 @@ class BeginUpdateRequest(_message.Message):
     SAME_HOST_FIELD_NUMBER: _ClassVar[int]
     begin: UpdateWeightsBegin
     same_host: bool
-    def __init__(self, begin: _Optional[_Union[UpdateWeightsBegin, _Mapping]] = ..., same_host: _Optional[bool] = ...) -> None: ...
+    def __init__(self, begin: _Optional[_Union[UpdateWeightsBegin, _Mapping]] = ..., same_host: bool = ...) -> None: ...
 
 class SharedStaging(_message.Message):
     __slots__ = ("path", "tensor_offsets")
@@ -355,7 +479,7 @@ class CacheResetResult(_message.Message):
     cache: CacheKind
     reset: bool
     detail: str
-    def __init__(self, cache: _Optional[_Union[CacheKind, str]] = ..., reset: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...
+    def __init__(self, cache: _Optional[_Union[CacheKind, str]] = ..., reset: bool = ..., detail: _Optional[str] = ...) -> None: ...
 
 class UpdateTimings(_message.Message):
     __slots__ = ("receive_seconds", "apply_seconds", "reset_seconds", "admission_closed_seconds", "load_seconds")
@@ -389,7 +513,7 @@ class UpdateWeightsResponse(_message.Message):
     previous_weight_version: str
     replayed: bool
     requests_aborted: int
-    def __init__(self, weight_version: _Optional[str] = ..., bytes_received: _Optional[int] = ..., tensors_loaded: _Optional[int] = ..., caches_reset: _Optional[_Iterable[_Union[CacheResetResult, _Mapping]]] = ..., timings: _Optional[_Union[UpdateTimings, _Mapping]] = ..., previous_weight_version: _Optional[str] = ..., replayed: _Optional[bool] = ..., requests_aborted: _Optional[int] = ...) -> None: ...
+    def __init__(self, weight_version: _Optional[str] = ..., bytes_received: _Optional[int] = ..., tensors_loaded: _Optional[int] = ..., caches_reset: _Optional[_Iterable[_Union[CacheResetResult, _Mapping]]] = ..., timings: _Optional[_Union[UpdateTimings, _Mapping]] = ..., previous_weight_version: _Optional[str] = ..., replayed: bool = ..., requests_aborted: _Optional[int] = ...) -> None: ...
 
 class ResetCachesRequest(_message.Message):
     __slots__ = ()
@@ -416,7 +540,7 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetServerInfoResponse(_message.Message):
-    __slots__ = ("model", "max_model_len", "vocab_size", "weight_version", "supports_images", "parameters", "max_message_bytes", "recommended_chunk_bytes", "max_update_bytes", "max_logprobs", "server_version", "degraded", "engine_requests", "parameter_groups", "drain_timeout_seconds")
+    __slots__ = ("model", "max_model_len", "vocab_size", "weight_version", "supports_images", "parameters", "max_message_bytes", "recommended_chunk_bytes", "max_update_bytes", "max_logprobs", "server_version", "degraded", "engine_requests", "parameter_groups", "drain_timeout_seconds", "logprobs_mode", "tokenizer", "lora_adapters", "lora_limits", "supports_sleep", "sleeping")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -432,6 +556,12 @@ class GetServerInfoResponse(_message.Message):
     ENGINE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     PARAMETER_GROUPS_FIELD_NUMBER: _ClassVar[int]
     DRAIN_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_MODE_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_FIELD_NUMBER: _ClassVar[int]
+    LORA_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    LORA_LIMITS_FIELD_NUMBER: _ClassVar[int]
+    SUPPORTS_SLEEP_FIELD_NUMBER: _ClassVar[int]
+    SLEEPING_FIELD_NUMBER: _ClassVar[int]
     model: str
     max_model_len: int
     vocab_size: int
@@ -447,4 +577,116 @@ class GetServerInfoResponse(_message.Message):
     engine_requests: int
     parameter_groups: _containers.RepeatedCompositeFieldContainer[ParameterGroup]
     drain_timeout_seconds: float
-    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., weight_version: _Optional[str] = ..., supports_images: _Optional[bool] = ..., parameters: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., max_message_bytes: _Optional[int] = ..., recommended_chunk_bytes: _Optional[int] = ..., max_update_bytes: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., server_version: _Optional[str] = ..., degraded: _Optional[bool] = ..., engine_requests: _Optional[int] = ..., parameter_groups: _Optional[_Iterable[_Union[ParameterGroup, _Mapping]]] = ..., drain_timeout_seconds: _Optional[float] = ...) -> None: ...
+    logprobs_mode: LogprobsMode
+    tokenizer: TokenizerInfo
+    lora_adapters: _containers.RepeatedCompositeFieldContainer[LoraAdapter]
+    lora_limits: LoraLimits
+    supports_sleep: bool
+    sleeping: bool
+    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., weight_version: _Optional[str] = ..., supports_images: bool = ..., parameters: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., max_message_bytes: _Optional[int] = ..., recommended_chunk_bytes: _Optional[int] = ..., max_update_bytes: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., server_version: _Optional[str] = ..., degraded: bool = ..., engine_requests: _Optional[int] = ..., parameter_groups: _Optional[_Iterable[_Union[ParameterGroup, _Mapping]]] = ..., drain_timeout_seconds: _Optional[float] = ..., logprobs_mode: _Optional[_Union[LogprobsMode, str]] = ..., tokenizer: _Optional[_Union[TokenizerInfo, _Mapping]] = ..., lora_adapters: _Optional[_Iterable[_Union[LoraAdapter, _Mapping]]] = ..., lora_limits: _Optional[_Union[LoraLimits, _Mapping]] = ..., supports_sleep: bool = ..., sleeping: bool = ...) -> None: ...
+
+class TokenizerInfo(_message.Message):
+    __slots__ = ("eos_token_ids", "bos_token_id", "pad_token_id", "has_chat_template", "image_placeholder", "image_token_id")
+    EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    BOS_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    PAD_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    HAS_CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_PLACEHOLDER_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    bos_token_id: int
+    pad_token_id: int
+    has_chat_template: bool
+    image_placeholder: str
+    image_token_id: int
+    def __init__(self, eos_token_ids: _Optional[_Iterable[int]] = ..., bos_token_id: _Optional[int] = ..., pad_token_id: _Optional[int] = ..., has_chat_template: bool = ..., image_placeholder: _Optional[str] = ..., image_token_id: _Optional[int] = ...) -> None: ...
+
+class LoraAdapter(_message.Message):
+    __slots__ = ("name", "weight_version", "rank")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    weight_version: str
+    rank: int
+    def __init__(self, name: _Optional[str] = ..., weight_version: _Optional[str] = ..., rank: _Optional[int] = ...) -> None: ...
+
+class LoraLimits(_message.Message):
+    __slots__ = ("enabled", "max_rank", "max_loras", "max_loaded")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    MAX_RANK_FIELD_NUMBER: _ClassVar[int]
+    MAX_LORAS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LOADED_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    max_rank: int
+    max_loras: int
+    max_loaded: int
+    def __init__(self, enabled: bool = ..., max_rank: _Optional[int] = ..., max_loras: _Optional[int] = ..., max_loaded: _Optional[int] = ...) -> None: ...
+
+class AbortRequest(_message.Message):
+    __slots__ = ("request_ids", "all")
+    REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    ALL_FIELD_NUMBER: _ClassVar[int]
+    request_ids: _containers.RepeatedScalarFieldContainer[str]
+    all: bool
+    def __init__(self, request_ids: _Optional[_Iterable[str]] = ..., all: bool = ...) -> None: ...
+
+class AbortResponse(_message.Message):
+    __slots__ = ("request_ids",)
+    REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    request_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TokenizeRequest(_message.Message):
+    __slots__ = ("text", "messages", "chat_options", "add_special_tokens")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    CHAT_OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    ADD_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    chat_options: ChatOptions
+    add_special_tokens: bool
+    def __init__(self, text: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., chat_options: _Optional[_Union[ChatOptions, _Mapping]] = ..., add_special_tokens: bool = ...) -> None: ...
+
+class TokenizeResponse(_message.Message):
+    __slots__ = ("token_ids", "text")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    text: str
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ...) -> None: ...
+
+class DetokenizeRequest(_message.Message):
+    __slots__ = ("token_ids", "skip_special_tokens")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SKIP_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    skip_special_tokens: bool
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., skip_special_tokens: bool = ...) -> None: ...
+
+class DetokenizeResponse(_message.Message):
+    __slots__ = ("text",)
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    def __init__(self, text: _Optional[str] = ...) -> None: ...
+
+class SleepRequest(_message.Message):
+    __slots__ = ("level",)
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    level: int
+    def __init__(self, level: _Optional[int] = ...) -> None: ...
+
+class SleepResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WakeUpRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WakeUpResponse(_message.Message):
+    __slots__ = ("needs_weights",)
+    NEEDS_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    needs_weights: bool
+    def __init__(self, needs_weights: bool = ...) -> None: ...

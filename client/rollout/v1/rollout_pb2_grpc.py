@@ -5,7 +5,7 @@ import warnings
 
 from rollout.v1 import rollout_pb2 as rollout_dot_v1_dot_rollout__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.66.2'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -18,14 +18,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in rollout/v1/rollout_pb2_grpc.py depends on'
+        + f' but the generated code in rollout/v1/rollout_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class RolloutServiceStub:
+class RolloutServiceStub(object):
     """The rollout service.
     """
 
@@ -85,9 +85,34 @@ class RolloutServiceStub:
                 request_serializer=rollout_dot_v1_dot_rollout__pb2.GetServerInfoRequest.SerializeToString,
                 response_deserializer=rollout_dot_v1_dot_rollout__pb2.GetServerInfoResponse.FromString,
                 _registered_method=True)
+        self.Abort = channel.unary_unary(
+                '/rollout.v1.RolloutService/Abort',
+                request_serializer=rollout_dot_v1_dot_rollout__pb2.AbortRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_rollout__pb2.AbortResponse.FromString,
+                _registered_method=True)
+        self.Tokenize = channel.unary_unary(
+                '/rollout.v1.RolloutService/Tokenize',
+                request_serializer=rollout_dot_v1_dot_rollout__pb2.TokenizeRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_rollout__pb2.TokenizeResponse.FromString,
+                _registered_method=True)
+        self.Detokenize = channel.unary_unary(
+                '/rollout.v1.RolloutService/Detokenize',
+                request_serializer=rollout_dot_v1_dot_rollout__pb2.DetokenizeRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_rollout__pb2.DetokenizeResponse.FromString,
+                _registered_method=True)
+        self.Sleep = channel.unary_unary(
+                '/rollout.v1.RolloutService/Sleep',
+                request_serializer=rollout_dot_v1_dot_rollout__pb2.SleepRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_rollout__pb2.SleepResponse.FromString,
+                _registered_method=True)
+        self.WakeUp = channel.unary_unary(
+                '/rollout.v1.RolloutService/WakeUp',
+                request_serializer=rollout_dot_v1_dot_rollout__pb2.WakeUpRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_rollout__pb2.WakeUpResponse.FromString,
+                _registered_method=True)
 
 
-class RolloutServiceServicer:
+class RolloutServiceServicer(object):
     """The rollout service.
     """
 
@@ -193,6 +218,49 @@ class RolloutServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Abort(self, request, context):
+        """Ends running Generate and GenerateStream calls by request id, or all of
+        them. Each ends normally with FINISH_REASON_ABORT and the tokens it had
+        generated (a stream gets its last delta), not with an error status.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Tokenize(self, request, context):
+        """Turns text, or chat messages rendered with the model's chat template, into
+        token ids with the served tokenizer, exactly as Generate would.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Detokenize(self, request, context):
+        """Turns token ids into text with the served tokenizer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Sleep(self, request, context):
+        """Puts the engine to sleep to free accelerator memory for a trainer that
+        shares it (vLLM's sleep mode; needs --enable-sleep-mode and a platform that
+        has it, FAILED_PRECONDITION otherwise). Running calls are drained as by an
+        update in PAUSE_MODE_WAIT; Generate waits at the gate until WakeUp.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WakeUp(self, request, context):
+        """Wakes a sleeping engine; Generate calls waiting at the gate then run.
+        After a level-2 sleep the weights are gone: the server is degraded until a
+        full update (every parameter) loads new ones.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -246,6 +314,31 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     request_deserializer=rollout_dot_v1_dot_rollout__pb2.GetServerInfoRequest.FromString,
                     response_serializer=rollout_dot_v1_dot_rollout__pb2.GetServerInfoResponse.SerializeToString,
             ),
+            'Abort': grpc.unary_unary_rpc_method_handler(
+                    servicer.Abort,
+                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.AbortRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_rollout__pb2.AbortResponse.SerializeToString,
+            ),
+            'Tokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Tokenize,
+                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.TokenizeRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_rollout__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'Detokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Detokenize,
+                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.DetokenizeRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_rollout__pb2.DetokenizeResponse.SerializeToString,
+            ),
+            'Sleep': grpc.unary_unary_rpc_method_handler(
+                    servicer.Sleep,
+                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.SleepRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_rollout__pb2.SleepResponse.SerializeToString,
+            ),
+            'WakeUp': grpc.unary_unary_rpc_method_handler(
+                    servicer.WakeUp,
+                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.WakeUpRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_rollout__pb2.WakeUpResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'rollout.v1.RolloutService', rpc_method_handlers)
@@ -254,7 +347,7 @@ def add_RolloutServiceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class RolloutService:
+class RolloutService(object):
     """The rollout service.
     """
 
@@ -518,6 +611,141 @@ class RolloutService:
             '/rollout.v1.RolloutService/GetServerInfo',
             rollout_dot_v1_dot_rollout__pb2.GetServerInfoRequest.SerializeToString,
             rollout_dot_v1_dot_rollout__pb2.GetServerInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Abort(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollout.v1.RolloutService/Abort',
+            rollout_dot_v1_dot_rollout__pb2.AbortRequest.SerializeToString,
+            rollout_dot_v1_dot_rollout__pb2.AbortResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollout.v1.RolloutService/Tokenize',
+            rollout_dot_v1_dot_rollout__pb2.TokenizeRequest.SerializeToString,
+            rollout_dot_v1_dot_rollout__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Detokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollout.v1.RolloutService/Detokenize',
+            rollout_dot_v1_dot_rollout__pb2.DetokenizeRequest.SerializeToString,
+            rollout_dot_v1_dot_rollout__pb2.DetokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Sleep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollout.v1.RolloutService/Sleep',
+            rollout_dot_v1_dot_rollout__pb2.SleepRequest.SerializeToString,
+            rollout_dot_v1_dot_rollout__pb2.SleepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WakeUp(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollout.v1.RolloutService/WakeUp',
+            rollout_dot_v1_dot_rollout__pb2.WakeUpRequest.SerializeToString,
+            rollout_dot_v1_dot_rollout__pb2.WakeUpResponse.FromString,
             options,
             channel_credentials,
             insecure,

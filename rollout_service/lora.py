@@ -1,0 +1,258 @@
+"""LoRA adapters: served by name, loaded, replaced or removed through the
+update path (UpdateWeightsBegin.adapter).
+
+An adapter update is validated like a base update, before the engine is
+touched: the PEFT config, and every tensor's name, dtype and shape against
+the base module it adapts (lora_A [r, in], lora_B [out, r], both or
+neither). The bytes are assembled in the staging region as usual, then
+written as a PEFT folder (adapter_config.json + adapter_model.safetensors)
+and loaded into the engine under a new LoRA id, while the old one keeps
+serving. If vLLM refuses the adapter, nothing changed. Then, as one step
+behind the gate: drain, switch the name to the new id, unload the old one,
+reset every cache, reopen. A call that waited at the gate runs on the new
+adapter; one that names a removed adapter is refused.
+
+The base weights and their version are never touched by an adapter update.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+
+from rollout.v1 import rollout_pb2 as pb
+from rollout_client import dtypes
+from rollout_service.errors import FailedPrecondition, InvalidArgument
+
+log = logging.getLogger(__name__)
+
+PEFT_PREFIX = "base_model.model."
+_PARTS = (".lora_A.weight", ".lora_B.weight")
+_FLOATS = (pb.D_TYPE_BFLOAT16, pb.D_TYPE_FLOAT16, pb.D_TYPE_FLOAT32)
+
+
+@dataclass(frozen=True)
+class Adapter:
+    name: str
+    int_id: int
+    path: str
+    version: str
+    rank: int
+
+
+@dataclass(frozen=True)
+class AdapterPlan:
+    """What a validated adapter update will load: the assembler's manifest
+    and groups, the version it replaces, the PEFT config."""
+
+    manifest: dict[str, pb.TensorSpec]
+    groups: dict[str, list[str]]
+    current_version: str
+    config: dict
+    rank: int
+
+
+class Adapters:
+    """The adapters the engine serves, by name."""
+
+    def __init__(self, engine, base_manifest: dict[str, pb.TensorSpec]) -> None:
+        self.engine = engine
+        lc = engine.vllm_config.lora_config
+        self.enabled = lc is not None
+        self.limits = pb.LoraLimits(enabled=self.enabled)
+        if lc is not None:
+            self.limits.max_rank = lc.max_lora_rank
+            self.limits.max_loras = lc.max_loras
+            self.limits.max_loaded = lc.max_cpu_loras or lc.max_loras
+        self._base = base_manifest
+        self._loaded: dict[str, Adapter] = {}
+        self._ids = itertools.count(1)
+        self._root: str | None = None
+
+    # -- serving ------------------------------------------------------------
+
+    def _require_enabled(self, field: str) -> None:
+        if not self.enabled:
+            raise InvalidArgument(field, "LoRA is off on this server; start it with --enable-lora")
+
+    def check_known(self, name: str) -> None:
+        """Refuses a Generate naming no loaded adapter."""
+        self._require_enabled("lora_adapter")
+        if name not in self._loaded:
+            loaded = ", ".join(sorted(self._loaded)) or "none"
+            raise InvalidArgument(
+                "lora_adapter", f"no adapter {name!r} is loaded (loaded: {loaded})"
+            )
+
+    def request_for(self, name: str):
+        """The engine's LoRARequest for a call admitted just now."""
+        from vllm.lora.request import LoRARequest
+
+        a = self._loaded.get(name)
+        if a is None:
+            raise FailedPrecondition(f"lora_adapter: {name!r} was removed while the call waited")
+        return LoRARequest(lora_name=a.name, lora_int_id=a.int_id, lora_path=a.path)
+
+    def version_of(self, name: str) -> str:
+        a = self._loaded.get(name)
+        return a.version if a is not None else ""
+
+    def listing(self) -> list[pb.LoraAdapter]:
+        return [
+            pb.LoraAdapter(name=a.name, weight_version=a.version, rank=a.rank)
+            for a in sorted(self._loaded.values(), key=lambda a: a.name)
+        ]
+
+    # -- validating an update -----------------------------------------------
+
+    def plan(self, begin: pb.UpdateWeightsBegin) -> AdapterPlan:
+        """Validates begin.adapter and the tensors against the base modules."""
+        t = begin.adapter
+        self._require_enabled("begin.adapter")
+        if not t.name:
+            raise InvalidArgument("begin.adapter.name", "must not be empty")
+        if begin.pause_mode == pb.PAUSE_MODE_KEEP:
+            raise InvalidArgument(
+                "begin.pause_mode", "PAUSE_MODE_KEEP applies to base updates only"
+            )
+        if t.action not in pb.AdapterAction.values():
+            raise InvalidArgument("begin.adapter.action", f"unknown value {t.action}")
+        current = self._loaded.get(t.name)
+        version = current.version if current is not None else ""
+        if t.action == pb.ADAPTER_ACTION_REMOVE:
+            if current is None:
+                raise InvalidArgument("begin.adapter.name", f"no adapter {t.name!r} is loaded")
+            if begin.tensors or t.config_json:
+                raise InvalidArgument("begin.tensors", "a removal carries no tensors and no config")
+            return AdapterPlan({}, {}, version, {}, 0)
+        config, rank = self._config(t.config_json)
+        manifest: dict[str, pb.TensorSpec] = {}
+        modules: dict[str, list[str]] = {}
+        for i, spec in enumerate(begin.tensors):
+            where = f"begin.tensors[{i}]"
+            part = next((p for p in _PARTS if spec.name.endswith(p)), None)
+            if not spec.name.startswith(PEFT_PREFIX) or part is None:
+                raise InvalidArgument(
+                    f"{where}.name",
+                    f"{spec.name!r} is not a PEFT LoRA tensor name "
+                    f"({PEFT_PREFIX}<module>.lora_A.weight or .lora_B.weight)",
+                )
+            module = spec.name[len(PEFT_PREFIX) : -len(part)]
+            base = self._base.get(module + ".weight")
+            if base is None or len(base.shape) != 2:
+                raise InvalidArgument(
+                    f"{where}.name", f"{module!r} is not a linear module of the served model"
+                )
+            if spec.dtype not in _FLOATS:
+                raise InvalidArgument(
+                    f"{where}.dtype",
+                    f"{spec.name}: got {dtypes.name(spec.dtype)}; adapters take bfloat16, "
+                    "float16 or float32",
+                )
+            out_f, in_f = base.shape
+            shape = [rank, in_f] if part == _PARTS[0] else [out_f, rank]
+            manifest[spec.name] = pb.TensorSpec(name=spec.name, dtype=spec.dtype, shape=shape)
+            modules.setdefault(module, []).append(spec.name)
+        groups = {m: [PEFT_PREFIX + m + p for p in _PARTS] for m in modules}
+        return AdapterPlan(manifest, groups, version, config, rank)
+
+    def _config(self, config_json: str) -> tuple[dict, int]:
+        field = "begin.adapter.config_json"
+        try:
+            config = json.loads(config_json)
+        except json.JSONDecodeError as e:
+            raise InvalidArgument(field, f"is not valid JSON ({e})") from e
+        if not isinstance(config, dict):
+            raise InvalidArgument(field, "must be a JSON object (PEFT's adapter_config.json)")
+        rank = config.get("r")
+        if not isinstance(rank, int) or rank < 1:
+            raise InvalidArgument(field, f"r must be a positive integer, got {rank!r}")
+        if rank > self.limits.max_rank:
+            raise InvalidArgument(
+                field, f"r={rank} is over the server's --max-lora-rank ({self.limits.max_rank})"
+            )
+        if not config.get("target_modules"):
+            raise InvalidArgument(field, "target_modules must list the adapted modules")
+        config.setdefault("peft_type", "LORA")
+        config.setdefault("lora_alpha", rank)
+        return config, rank
+
+    # -- applying -----------------------------------------------------------
+
+    def _write(self, staged, buf, config: dict) -> str:
+        """The adapter as a PEFT folder, from the staging region."""
+        import torch
+        from safetensors.torch import save_file
+
+        if self._root is None:
+            self._root = tempfile.mkdtemp(prefix="rollout-lora-")
+        path = tempfile.mkdtemp(prefix=f"{staged.adapter.name}-", dir=self._root)
+        tensors = {
+            t.name: torch.frombuffer(
+                buf[t.offset : t.offset + t.nbytes], dtype=getattr(torch, t.dtype)
+            )
+            .reshape(t.shape)
+            .clone()
+            for t in staged.tensors
+        }
+        save_file(tensors, os.path.join(path, "adapter_model.safetensors"))
+        with open(os.path.join(path, "adapter_config.json"), "w") as f:
+            json.dump(config, f)
+        return path
+
+    async def apply(self, updater, staged, plan: AdapterPlan) -> pb.UpdateWeightsResponse:
+        """Loads (beside the old one), then switches behind the gate."""
+        from vllm.lora.request import LoRARequest
+
+        t = staged.adapter
+        t0 = time.perf_counter()
+        new = None
+        if t.action != pb.ADAPTER_ACTION_REMOVE:
+            path = self._write(staged, updater.staging.ensure(0), plan.config)
+            new = Adapter(t.name, next(self._ids), path, staged.weight_version, plan.rank)
+            try:
+                await self.engine.add_lora(LoRARequest(new.name, new.int_id, new.path))
+            except Exception as e:
+                shutil.rmtree(path, ignore_errors=True)
+                raise InvalidArgument(
+                    "begin.adapter", f"the engine refused the adapter ({type(e).__name__}: {e})"
+                ) from e
+        t_switch = time.perf_counter()
+        async with updater.engine_step(), updater.gate.closed():
+            aborted = await updater.drain_for(staged.pause_mode, staged.drain_timeout_seconds)
+            old = self._loaded.pop(t.name, None)
+            if new is not None:
+                self._loaded[t.name] = new
+            if old is not None:
+                await self.engine.remove_lora(old.int_id)
+                shutil.rmtree(old.path, ignore_errors=True)
+            t_reset = time.perf_counter()
+            results = await updater.reset_paused()
+        t_end = time.perf_counter()
+        log.info(
+            "adapter %r: %r -> %r (%d tensors)",
+            t.name,
+            old.version if old else "",
+            new.version if new else "(removed)",
+            len(staged.tensors),
+        )
+        return pb.UpdateWeightsResponse(
+            weight_version=staged.weight_version,
+            previous_weight_version=old.version if old else "",
+            bytes_received=staged.bytes_received,
+            tensors_loaded=len(staged.tensors),
+            caches_reset=results,
+            timings=pb.UpdateTimings(
+                apply_seconds=t_reset - t0,
+                load_seconds=t_switch - t0,
+                reset_seconds=t_end - t_reset,
+                admission_closed_seconds=t_end - t_switch,
+            ),
+            requests_aborted=aborted,
+        )

@@ -1,0 +1,84 @@
+"""Sleep and WakeUp: freeing the accelerator for a trainer that shares it.
+
+vLLM's sleep mode offloads the weights (level 1) or drops them (level 2) and
+frees the KV cache. Only GPU platforms have it (vLLM's
+`Platform.is_sleep_mode_available`), and only an engine started with
+--enable-sleep-mode; everywhere else Sleep is FAILED_PRECONDITION saying which.
+
+While asleep the gate stays closed: Generate calls wait there (bounded by
+their deadlines) and run after WakeUp; updates and cache resets are refused.
+After level 2 the weights are gone, so the server wakes up degraded: no
+version is claimed and only a full update is accepted.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from rollout.v1 import rollout_pb2 as pb
+from rollout_service.errors import FailedPrecondition, InvalidArgument
+
+log = logging.getLogger(__name__)
+
+
+def sleep_unavailable_reason(engine) -> str | None:
+    """Why this engine cannot sleep, or None when it can."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_sleep_mode_available():
+        return (
+            f"vLLM's sleep mode is not available on this platform ({current_platform.device_name}"
+            "); it needs a CUDA, ROCm or XPU GPU"
+        )
+    if not engine.model_config.enable_sleep_mode:
+        return "the engine was started without --enable-sleep-mode"
+    return None
+
+
+class Sleeper:
+    """The engine's sleep state, behind the update lock and the gate."""
+
+    def __init__(self, engine, updater) -> None:
+        self.engine = engine
+        self.updater = updater
+        self.refusal = sleep_unavailable_reason(engine)
+        self.sleeping = False
+        self._level = 0
+
+    @property
+    def available(self) -> bool:
+        return self.refusal is None
+
+    async def sleep(self, level: int) -> pb.SleepResponse:
+        if self.refusal is not None:
+            raise FailedPrecondition(f"Sleep: {self.refusal}")
+        if level not in (1, 2):
+            raise InvalidArgument("level", f"must be 1 or 2, got {level}")
+        self.updater.check_awake()
+        async with self.updater.engine_step():
+            gate = self.updater.gate
+            gate.close()
+            try:
+                await self.updater.drain_for(pb.PAUSE_MODE_WAIT)
+                await self.engine.sleep(level)
+            except BaseException:
+                gate.open()
+                raise
+            self.sleeping, self._level = True, level
+            self.updater.asleep = True
+        log.info("the engine sleeps (level %d); Generate waits until WakeUp", level)
+        return pb.SleepResponse()
+
+    async def wake_up(self) -> pb.WakeUpResponse:
+        if not self.sleeping:
+            raise FailedPrecondition("the engine is not asleep")
+        async with self.updater.engine_step():
+            await self.engine.wake_up()
+            needs_weights = self._level >= 2
+            if needs_weights:
+                await self.updater.lose_weights("the weights were dropped by a level-2 Sleep")
+            self.sleeping, self._level = False, 0
+            self.updater.asleep = False
+            self.updater.gate.open()
+        log.info("the engine is awake%s", "; push a full update" if needs_weights else "")
+        return pb.WakeUpResponse(needs_weights=needs_weights)

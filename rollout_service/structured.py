@@ -1,0 +1,60 @@
+"""SamplingParams.structured_output to vLLM's StructuredOutputsParams.
+
+The constraint's own syntax (a schema that is not JSON, a regex that does not
+compile) is checked here, so that it is refused with a named field before the
+engine sees it; whether the backend supports every feature of it is vLLM's
+check, mapped to INVALID_ARGUMENT by the error policy.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from rollout.v1 import rollout_pb2 as pb
+from rollout_service.errors import InvalidArgument
+
+FIELD = "sampling_params.structured_output"
+
+
+def structured_outputs_from_proto(so: pb.StructuredOutput):
+    """The vLLM StructuredOutputsParams for `so`, or None when unset."""
+    from vllm.sampling_params import StructuredOutputsParams
+
+    kind = so.WhichOneof("constraint")
+    if kind is None:
+        if so.disable_any_whitespace:
+            raise InvalidArgument(FIELD, "disable_any_whitespace needs a constraint")
+        return None
+    options = {"disable_any_whitespace": so.disable_any_whitespace}
+    if kind == "json_schema":
+        try:
+            schema = json.loads(so.json_schema)
+        except json.JSONDecodeError as e:
+            raise InvalidArgument(f"{FIELD}.json_schema", f"is not valid JSON ({e})") from e
+        if not isinstance(schema, dict):
+            raise InvalidArgument(f"{FIELD}.json_schema", "must be a JSON object")
+        return StructuredOutputsParams(json=schema, **options)
+    if kind == "regex":
+        try:
+            re.compile(so.regex)
+        except re.error as e:
+            raise InvalidArgument(f"{FIELD}.regex", f"does not compile ({e})") from e
+        if not so.regex:
+            raise InvalidArgument(f"{FIELD}.regex", "must not be empty")
+        return StructuredOutputsParams(regex=so.regex, **options)
+    if kind == "choice":
+        choices = list(so.choice.choices)
+        if not choices:
+            raise InvalidArgument(f"{FIELD}.choice.choices", "must list at least one choice")
+        for i, c in enumerate(choices):
+            if not c:
+                raise InvalidArgument(f"{FIELD}.choice.choices[{i}]", "must not be empty")
+        return StructuredOutputsParams(choice=choices, **options)
+    if kind == "grammar":
+        if not so.grammar.strip():
+            raise InvalidArgument(f"{FIELD}.grammar", "must not be empty")
+        return StructuredOutputsParams(grammar=so.grammar, **options)
+    if not so.json_object:
+        raise InvalidArgument(f"{FIELD}.json_object", "set it to true, or set no constraint")
+    return StructuredOutputsParams(json_object=True, **options)

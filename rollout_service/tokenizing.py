@@ -1,0 +1,157 @@
+"""The served tokenizer: text and chat messages to token ids, ids to text, and
+the facts a client needs to build prompts itself (GetServerInfo.tokenizer).
+
+Chat messages are rendered with the model's own chat template (Hugging Face's
+`apply_chat_template`). A message whose parts are all text is given to the
+template as one string (what text-only templates expect); one with images as
+a list of `{"type": "text"|"image"}` parts (what multimodal templates and
+processors expect), the images themselves travelling beside the prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollout.v1 import rollout_pb2 as pb
+from rollout_service.errors import InvalidArgument
+
+
+@dataclass
+class RenderedChat:
+    """A chat rendered to prompt text, with the images its parts carried."""
+
+    text: str
+    images: list[pb.Image] = field(default_factory=list)
+
+
+def _conversation(
+    messages: Sequence[pb.ChatMessage], field_name: str
+) -> tuple[RenderedChat, list[dict[str, Any]]]:
+    """The messages as a Hugging Face conversation, and their images."""
+    conversation: list[dict[str, Any]] = []
+    images: list[pb.Image] = []
+    for i, m in enumerate(messages):
+        if not m.role:
+            raise InvalidArgument(f"{field_name}[{i}].role", "must not be empty")
+        parts: list[dict[str, Any]] = []
+        for j, part in enumerate(m.content):
+            kind = part.WhichOneof("part")
+            if kind is None:
+                raise InvalidArgument(f"{field_name}[{i}].content[{j}]", "must set text or image")
+            if kind == "image":
+                images.append(part.image)
+                parts.append({"type": "image"})
+            else:
+                parts.append({"type": "text", "text": part.text})
+        if any(p["type"] == "image" for p in parts):
+            conversation.append({"role": m.role, "content": parts})
+        else:
+            conversation.append({"role": m.role, "content": "".join(p["text"] for p in parts)})
+    return RenderedChat(text="", images=images), conversation
+
+
+class Tokenizing:
+    """Tokenization on the served model's tokenizer (None: the model has none)."""
+
+    def __init__(self, tokenizer, eos_token_ids: Sequence[int] = (), image_placeholder: str = ""):
+        self.tokenizer = tokenizer
+        self._eos = sorted(set(eos_token_ids))
+        self.image_placeholder = image_placeholder
+
+    def _require(self, field_name: str):
+        if self.tokenizer is None:
+            raise InvalidArgument(field_name, "the model has no tokenizer; send token ids")
+        return self.tokenizer
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self.tokenizer is not None and bool(getattr(self.tokenizer, "chat_template", None))
+
+    def encode(self, text: str, field_name: str, add_special_tokens: bool = True) -> list[int]:
+        return self._require(field_name).encode(text, add_special_tokens=add_special_tokens)
+
+    def render(
+        self,
+        messages: Sequence[pb.ChatMessage],
+        options: pb.ChatOptions,
+        field_name: str = "messages",
+    ) -> RenderedChat:
+        """Renders chat messages to prompt text with the chat template."""
+        tokenizer = self._require(field_name)
+        if not self.has_chat_template:
+            raise InvalidArgument(
+                field_name, "the model's tokenizer has no chat template; send prompt_text"
+            )
+        rendered, conversation = _conversation(messages, field_name)
+        cont = options.continue_final_message
+        if cont and messages[-1].role != "assistant":
+            raise InvalidArgument(
+                "chat_options.continue_final_message",
+                f"the last message must be the assistant's to continue, got {messages[-1].role!r}",
+            )
+        try:
+            rendered.text = tokenizer.apply_chat_template(
+                conversation,
+                tokenize=False,
+                add_generation_prompt=not cont,
+                continue_final_message=cont,
+            )
+        except Exception as e:  # jinja2 errors: the template refused these messages
+            raise InvalidArgument(field_name, f"the chat template failed: {e}") from e
+        return rendered
+
+    def chat_ids(self, rendered: RenderedChat, field_name: str = "messages") -> list[int]:
+        """Token ids of a rendered chat: the template already placed every
+        special token, so none are added."""
+        return self.encode(rendered.text, field_name, add_special_tokens=False)
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool) -> str:
+        return self._require("token_ids").decode(
+            list(token_ids), skip_special_tokens=skip_special_tokens
+        )
+
+    def info(self) -> pb.TokenizerInfo:
+        """GetServerInfo.tokenizer."""
+        info = pb.TokenizerInfo(eos_token_ids=self._eos, has_chat_template=self.has_chat_template)
+        tok = self.tokenizer
+        if tok is None:
+            return info
+        for name in ("bos_token_id", "pad_token_id"):
+            value = getattr(tok, name, None)
+            if isinstance(value, int):
+                setattr(info, name, value)
+        if self.image_placeholder:
+            info.image_placeholder = self.image_placeholder
+            image_id = tok.convert_tokens_to_ids(self.image_placeholder)
+            if isinstance(image_id, int) and image_id != getattr(tok, "unk_token_id", None):
+                info.image_token_id = image_id
+        return info
+
+
+def eos_token_ids(engine, tokenizer) -> list[int]:
+    """The tokenizer's eos id and the generation config's (which may list several)."""
+    ids = set()
+    if tokenizer is not None and isinstance(getattr(tokenizer, "eos_token_id", None), int):
+        ids.add(tokenizer.eos_token_id)
+    try:
+        generation = engine.model_config.try_get_generation_config() or {}
+    except Exception:
+        generation = {}
+    eos = generation.get("eos_token_id")
+    ids.update([eos] if isinstance(eos, int) else (eos or []))
+    return sorted(ids)
+
+
+def image_placeholder(engine) -> str:
+    """The multimodal model's image placeholder text ("" for text models)."""
+    mc = engine.model_config
+    if not mc.is_multimodal_model:
+        return ""
+    hf = mc.hf_config
+    tokenizer = engine.get_tokenizer()
+    index = getattr(hf, "image_token_index", None) or getattr(hf, "image_token_id", None)
+    if tokenizer is not None and isinstance(index, int):
+        return tokenizer.convert_ids_to_tokens(index)
+    return ""
