@@ -1,0 +1,666 @@
+// rollout_trainer: a small C++ trainer client of rollout-service, built from
+// proto/rollout/v1/rollout.proto alone (stubs generated at build time).
+//
+// Against --target it: waits for grpc.health.v1 SERVING, calls GetServerInfo,
+// Generates from token ids, pushes a small weight update with UpdateWeights
+// (begin / chunks / commit: by default the final norm, or --tensor NAME and
+// the rest of its parameter group, with bytes derived from --seed), Generates
+// again, calls ResetCaches, and prints a JSON summary on stdout. Progress goes
+// to stderr. Exit status 0 on success; on a failed call, 1 with a JSON
+// {"ok": false, "step": ..., "code": ..., "message": ...}; 2 on bad usage.
+//
+//   rollout_trainer --target 127.0.0.1:50051 --version step-1 [--seed 1]
+//       [--tensor NAME] [--prompt-len 200] [--max-tokens 16] [--chunk-bytes N]
+//       [--token T | env ROLLOUT_TOKEN] [--tls-ca CA.pem [--tls-cert C.pem --tls-key K.pem]]
+//       [--wait-seconds 300] [--timeout-seconds 600]
+//
+// The new tensor values: element i of tensor NAME is 1 + k/64 for a norm
+// weight, k/1024 otherwise, with k = splitmix64 output % 97 - 48 from the state
+// seed * 0x9E3779B97F4A7C15 + fnv1a64(NAME) (see NewValues). Every value is
+// exact in bf16, fp16, fp32 and fp64, so any language can recompute the bytes.
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "rollout/v1/rollout.grpc.pb.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "tensor bytes are written in host order, which must be little-endian"
+#endif
+
+namespace {
+
+namespace pb = rollout::v1;
+using Clock = std::chrono::system_clock;
+using grpc::health::v1::Health;
+using grpc::health::v1::HealthCheckRequest;
+using grpc::health::v1::HealthCheckResponse;
+
+constexpr int kMaxMessageBytes = 64 << 20;  // docs/clients.md: raise both limits
+
+// ---------------------------------------------------------------- options
+
+struct Options {
+  std::string target = "127.0.0.1:50051";
+  std::string version;
+  uint64_t seed = 1;
+  std::string tensor;
+  uint32_t prompt_len = 200;
+  uint32_t max_tokens = 16;
+  uint64_t chunk_bytes = 0;  // 0: the server's recommended_chunk_bytes
+  std::string token;
+  std::string tls_ca, tls_cert, tls_key;
+  double wait_seconds = 300;
+  double timeout_seconds = 600;
+};
+
+[[noreturn]] void Usage(const std::string& why) {
+  std::cerr << "rollout_trainer: " << why << "\n"
+            << "usage: rollout_trainer --target HOST:PORT [--version V] [--seed N]\n"
+            << "  [--tensor NAME] [--prompt-len N] [--max-tokens N] [--chunk-bytes N]\n"
+            << "  [--token T (or env ROLLOUT_TOKEN)] [--tls-ca CA.pem [--tls-cert CERT.pem "
+               "--tls-key KEY.pem]]\n"
+            << "  [--wait-seconds S] [--timeout-seconds S]\n";
+  std::exit(2);
+}
+
+uint64_t ParseUint(const std::string& flag, const std::string& s) {
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+  if (s.empty() || *end != '\0' || errno != 0 || s[0] == '-') Usage(flag + ": not a number: " + s);
+  return v;
+}
+
+double ParseSeconds(const std::string& flag, const std::string& s) {
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || *end != '\0' || !(v > 0)) Usage(flag + ": not a positive number: " + s);
+  return v;
+}
+
+Options ParseArgs(int argc, char** argv) {
+  Options o;
+  if (const char* t = std::getenv("ROLLOUT_TOKEN")) o.token = t;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "-h" || a == "--help") Usage("help");
+    std::string value;
+    auto eq = a.find('=');
+    if (a.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = a.substr(eq + 1);
+      a = a.substr(0, eq);
+    } else {
+      if (i + 1 >= argc) Usage(a + " needs a value");
+      value = argv[++i];
+    }
+    if (a == "--target") o.target = value;
+    else if (a == "--version") o.version = value;
+    else if (a == "--seed") o.seed = ParseUint(a, value);
+    else if (a == "--tensor") o.tensor = value;
+    else if (a == "--prompt-len") o.prompt_len = static_cast<uint32_t>(ParseUint(a, value));
+    else if (a == "--max-tokens") o.max_tokens = static_cast<uint32_t>(ParseUint(a, value));
+    else if (a == "--chunk-bytes") o.chunk_bytes = ParseUint(a, value);
+    else if (a == "--token") o.token = value;
+    else if (a == "--tls-ca") o.tls_ca = value;
+    else if (a == "--tls-cert") o.tls_cert = value;
+    else if (a == "--tls-key") o.tls_key = value;
+    else if (a == "--wait-seconds") o.wait_seconds = ParseSeconds(a, value);
+    else if (a == "--timeout-seconds") o.timeout_seconds = ParseSeconds(a, value);
+    else Usage("unknown option " + a);
+  }
+  if (o.tls_cert.empty() != o.tls_key.empty()) Usage("--tls-cert and --tls-key go together");
+  if (!o.tls_cert.empty() && o.tls_ca.empty()) Usage("--tls-cert/--tls-key need --tls-ca");
+  if (o.prompt_len == 0) Usage("--prompt-len must be at least 1");
+  if (o.max_tokens == 0) Usage("--max-tokens must be at least 1");
+  if (o.version.empty()) o.version = "cpp-seed-" + std::to_string(o.seed);
+  return o;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) Usage("cannot read " + path);
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// ---------------------------------------------------------------- JSON
+
+std::string Quote(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string Num(double v) {
+  if (!std::isfinite(v)) return "null";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+std::string Bool(bool b) { return b ? "true" : "false"; }
+
+template <typename Seq, typename F>
+std::string List(const Seq& items, F f) {
+  std::string out = "[";
+  bool first = true;
+  for (const auto& x : items) {
+    if (!first) out += ", ";
+    first = false;
+    out += f(x);
+  }
+  return out + "]";
+}
+
+// {"k": v, ...} from already-encoded values, in order.
+std::string Obj(const std::vector<std::pair<std::string, std::string>>& fields) {
+  std::string out = "{";
+  for (size_t i = 0; i < fields.size(); ++i) {
+    if (i) out += ", ";
+    out += Quote(fields[i].first) + ": " + fields[i].second;
+  }
+  return out + "}";
+}
+
+// ---------------------------------------------------------------- calls
+
+const char* CodeName(grpc::StatusCode c) {
+  static const char* names[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT",
+                                "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
+                                "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+                                "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
+                                "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
+  int i = static_cast<int>(c);
+  return i >= 0 && i < 17 ? names[i] : "UNKNOWN";
+}
+
+[[noreturn]] void Fail(const std::string& step, const grpc::Status& s) {
+  std::cerr << "rollout_trainer: " << step << " failed: " << CodeName(s.error_code()) << ": "
+            << s.error_message() << "\n";
+  std::cout << Obj({{"ok", "false"},
+                    {"step", Quote(step)},
+                    {"code", Quote(CodeName(s.error_code()))},
+                    {"message", Quote(s.error_message())}})
+            << std::endl;
+  std::exit(1);
+}
+
+[[noreturn]] void FailLocal(const std::string& step, const std::string& message) {
+  Fail(step, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, message));
+}
+
+class Session {
+ public:
+  explicit Session(const Options& o) : o_(o) {
+    std::shared_ptr<grpc::ChannelCredentials> creds;
+    if (o.tls_ca.empty()) {
+      creds = grpc::InsecureChannelCredentials();
+    } else {
+      grpc::SslCredentialsOptions ssl;
+      ssl.pem_root_certs = ReadFile(o.tls_ca);
+      if (!o.tls_cert.empty()) {
+        ssl.pem_cert_chain = ReadFile(o.tls_cert);
+        ssl.pem_private_key = ReadFile(o.tls_key);
+      }
+      creds = grpc::SslCredentials(ssl);
+    }
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    args.SetMaxSendMessageSize(kMaxMessageBytes);
+    channel_ = grpc::CreateCustomChannel(o.target, creds, args);
+    stub_ = pb::RolloutService::NewStub(channel_);
+    health_ = Health::NewStub(channel_);
+  }
+
+  // A context with the deadline and, when a token is set, the bearer
+  // metadata (per call, so that it works on plaintext channels too).
+  std::unique_ptr<grpc::ClientContext> Context(double seconds) const {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
+    if (!o_.token.empty()) ctx->AddMetadata("authorization", "Bearer " + o_.token);
+    return ctx;
+  }
+
+  std::unique_ptr<grpc::ClientContext> Context() const { return Context(o_.timeout_seconds); }
+
+  // Polls grpc.health.v1 Check("") until SERVING or --wait-seconds.
+  void WaitServing() {
+    auto deadline = std::chrono::steady_clock::now() +
+                    std::chrono::milliseconds(static_cast<int64_t>(o_.wait_seconds * 1000));
+    while (true) {
+      HealthCheckRequest req;
+      HealthCheckResponse resp;
+      auto ctx = Context(5);
+      grpc::Status s = health_->Check(ctx.get(), req, &resp);
+      if (s.ok() && resp.status() == HealthCheckResponse::SERVING) return;
+      // UNAVAILABLE (not listening yet, TLS refused) and slow answers are
+      // waited out; any other error is final.
+      if (!s.ok() && s.error_code() != grpc::StatusCode::UNAVAILABLE &&
+          s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED)
+        Fail("Health.Check", s);
+      if (std::chrono::steady_clock::now() > deadline) {
+        std::string why = "not SERVING after --wait-seconds: ";
+        if (s.ok())  // answered, but not (yet) SERVING
+          Fail("Health.Check",
+               grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                            why + HealthCheckResponse::ServingStatus_Name(resp.status())));
+        Fail("Health.Check", grpc::Status(s.error_code(), why + s.error_message()));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+  }
+
+  pb::RolloutService::Stub& stub() { return *stub_; }
+
+ private:
+  const Options& o_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<pb::RolloutService::Stub> stub_;
+  std::unique_ptr<Health::Stub> health_;
+};
+
+// ---------------------------------------------------------------- tensors
+
+uint64_t Fnv1a64(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+bool IsNorm(const std::string& name) {
+  auto ends = [&](const std::string& suffix) {
+    return name.size() >= suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  return ends("norm.weight") || name.find("layernorm") != std::string::npos ||
+         name.find("layer_norm") != std::string::npos;
+}
+
+// The element values documented at the top of this file.
+std::vector<double> NewValues(const std::string& name, uint64_t count, uint64_t seed) {
+  std::vector<double> out;
+  out.reserve(count);
+  uint64_t state = seed * 0x9E3779B97F4A7C15ULL + Fnv1a64(name);
+  bool norm = IsNorm(name);
+  for (uint64_t i = 0; i < count; ++i) {
+    state += 0x9E3779B97F4A7C15ULL;
+    uint64_t z = state;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    z ^= z >> 31;
+    double k = static_cast<double>(static_cast<int64_t>(z % 97) - 48);
+    out.push_back(norm ? 1.0 + k / 64.0 : k / 1024.0);
+  }
+  return out;
+}
+
+bool IsFloat(pb::DType d) {
+  return d == pb::D_TYPE_BFLOAT16 || d == pb::D_TYPE_FLOAT16 || d == pb::D_TYPE_FLOAT32 ||
+         d == pb::D_TYPE_FLOAT64;
+}
+
+size_t ElementSize(pb::DType d) {
+  switch (d) {
+    case pb::D_TYPE_FLOAT8_E4M3FN:
+    case pb::D_TYPE_FLOAT8_E5M2:
+    case pb::D_TYPE_INT8:
+    case pb::D_TYPE_UINT8:
+    case pb::D_TYPE_BOOL:
+      return 1;
+    case pb::D_TYPE_BFLOAT16:
+    case pb::D_TYPE_FLOAT16:
+    case pb::D_TYPE_INT16:
+      return 2;
+    case pb::D_TYPE_FLOAT32:
+    case pb::D_TYPE_INT32:
+      return 4;
+    case pb::D_TYPE_FLOAT64:
+    case pb::D_TYPE_INT64:
+      return 8;
+    default:
+      return 0;
+  }
+}
+
+uint64_t Elements(const pb::TensorSpec& t) {
+  uint64_t n = 1;
+  for (uint64_t d : t.shape()) n *= d;
+  return n;
+}
+
+// float32 -> bfloat16, rounding to nearest even (exact for our values).
+uint16_t ToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if ((bits & 0x7fffffffU) > 0x7f800000U) return static_cast<uint16_t>((bits >> 16) | 0x40);  // NaN
+  bits += 0x7fffU + ((bits >> 16) & 1U);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+// The tensor's bytes, little-endian and row-major, in its manifest dtype.
+std::string Encode(const std::vector<double>& values, pb::DType dtype) {
+  std::string out;
+  out.resize(values.size() * ElementSize(dtype));
+  char* p = out.data();
+  for (double v : values) {
+    switch (dtype) {
+      case pb::D_TYPE_BFLOAT16: {
+        uint16_t h = ToBf16(static_cast<float>(v));
+        std::memcpy(p, &h, 2);
+        p += 2;
+        break;
+      }
+      case pb::D_TYPE_FLOAT16: {
+        _Float16 h = static_cast<_Float16>(v);
+        std::memcpy(p, &h, 2);
+        p += 2;
+        break;
+      }
+      case pb::D_TYPE_FLOAT32: {
+        float f = static_cast<float>(v);
+        std::memcpy(p, &f, 4);
+        p += 4;
+        break;
+      }
+      case pb::D_TYPE_FLOAT64:
+        std::memcpy(p, &v, 8);
+        p += 8;
+        break;
+      default:
+        FailLocal("encode", "no floating dtype: " + pb::DType_Name(dtype));
+    }
+  }
+  return out;
+}
+
+// CRC-32C (Castagnoli), as TensorSpec.crc32c wants it.
+uint32_t Crc32c(const std::string& data) {
+  static uint32_t table[256];
+  static bool ready = false;
+  if (!ready) {
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78U : c >> 1;
+      table[i] = c;
+    }
+    ready = true;
+  }
+  uint32_t crc = 0xFFFFFFFFU;
+  for (unsigned char b : data) crc = table[(crc ^ b) & 0xff] ^ (crc >> 8);
+  return crc ^ 0xFFFFFFFFU;
+}
+
+// The tensors to push: --tensor (with the rest of its group), or else the
+// best ungrouped floating tensor: the final norm, another norm, the smallest.
+std::vector<pb::TensorSpec> ChooseTensors(const pb::GetServerInfoResponse& info,
+                                          const std::string& wanted) {
+  std::map<std::string, int> group_of;
+  for (int g = 0; g < info.parameter_groups_size(); ++g)
+    for (const auto& n : info.parameter_groups(g).names()) group_of[n] = g;
+  std::map<std::string, const pb::TensorSpec*> by_name;
+  for (const auto& p : info.parameters()) by_name[p.name()] = &p;
+
+  std::string pick = wanted;
+  if (pick.empty()) {
+    const pb::TensorSpec* best = nullptr;
+    auto rank = [](const pb::TensorSpec& p) {
+      return std::make_tuple(p.name() != "model.norm.weight", !IsNorm(p.name()),
+                             Elements(p) * ElementSize(p.dtype()));
+    };
+    for (const auto& p : info.parameters()) {
+      if (group_of.count(p.name()) || !IsFloat(p.dtype()) || Elements(p) == 0) continue;
+      if (!best || rank(p) < rank(*best)) best = &p;
+    }
+    if (!best) FailLocal("choose tensor", "the manifest has no ungrouped floating tensor");
+    pick = best->name();
+  }
+  if (!by_name.count(pick)) FailLocal("choose tensor", "not in the manifest: " + pick);
+  std::vector<pb::TensorSpec> out;
+  auto g = group_of.find(pick);
+  if (g == group_of.end()) {
+    out.push_back(*by_name[pick]);
+  } else {
+    for (const auto& n : info.parameter_groups(g->second).names()) {
+      if (!by_name.count(n)) FailLocal("choose tensor", "group member not in the manifest: " + n);
+      out.push_back(*by_name[n]);
+    }
+  }
+  for (const auto& t : out)
+    if (!IsFloat(t.dtype()))
+      FailLocal("choose tensor", t.name() + " is " + pb::DType_Name(t.dtype()) +
+                                     ": only floating tensors get new values here");
+  return out;
+}
+
+// ---------------------------------------------------------------- steps
+
+std::string GenerationJson(const pb::GenerateResponse& r) {
+  const pb::Completion& c = r.completions(0);
+  return Obj({{"weight_version", Quote(r.weight_version())},
+              {"token_ids", List(c.token_ids(), [](uint32_t t) { return std::to_string(t); })},
+              {"logprobs", List(c.logprobs(), [](float v) { return Num(v); })},
+              {"finish_reason", Quote(pb::FinishReason_Name(c.finish_reason()))},
+              {"prompt_tokens", std::to_string(r.usage().prompt_tokens())},
+              {"cached_prompt_tokens", std::to_string(r.usage().cached_prompt_tokens())}});
+}
+
+std::string CachesJson(const google::protobuf::RepeatedPtrField<pb::CacheResetResult>& rs) {
+  return List(rs, [](const pb::CacheResetResult& r) {
+    return Obj({{"cache", Quote(pb::CacheKind_Name(r.cache()))},
+                {"reset", Bool(r.reset())},
+                {"detail", Quote(r.detail())}});
+  });
+}
+
+pb::GenerateResponse Generate(Session& s, const std::vector<uint32_t>& prompt, uint32_t max_tokens,
+                              const std::string& step) {
+  pb::GenerateRequest req;
+  for (uint32_t t : prompt) req.add_prompt_token_ids(t);
+  auto* sp = req.mutable_sampling_params();
+  sp->set_max_tokens(max_tokens);
+  sp->set_temperature(0.0f);  // greedy: the same weights give the same tokens
+  sp->set_ignore_eos(true);
+  pb::GenerateResponse resp;
+  auto ctx = s.Context();
+  grpc::Status st = s.stub().Generate(ctx.get(), req, &resp);
+  if (!st.ok()) Fail(step, st);
+  if (resp.completions_size() != 1) FailLocal(step, "expected one completion");
+  const auto& c = resp.completions(0);
+  if (c.logprobs_size() != c.token_ids_size()) FailLocal(step, "logprobs not aligned with tokens");
+  std::cerr << "rollout_trainer: " << step << ": " << c.token_ids_size() << " tokens, version "
+            << resp.weight_version() << "\n";
+  return resp;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o = ParseArgs(argc, argv);
+  auto t0 = std::chrono::steady_clock::now();
+  Session s(o);
+
+  // 1. Readiness.
+  s.WaitServing();
+  std::cerr << "rollout_trainer: " << o.target << " is SERVING\n";
+
+  // 2. The server's description: version, manifest, groups, limits.
+  pb::GetServerInfoResponse info;
+  {
+    auto ctx = s.Context();
+    grpc::Status st = s.stub().GetServerInfo(ctx.get(), pb::GetServerInfoRequest(), &info);
+    if (!st.ok()) Fail("GetServerInfo", st);
+  }
+  if (info.degraded()) FailLocal("GetServerInfo", "the server is degraded");
+  if (info.vocab_size() == 0) FailLocal("GetServerInfo", "vocab_size is 0");
+  std::cerr << "rollout_trainer: model " << info.model() << ", version " << info.weight_version()
+            << ", " << info.parameters_size() << " tensors, " << info.parameter_groups_size()
+            << " groups\n";
+
+  // 3. Generate from token ids (deterministic prompt inside the vocabulary).
+  std::vector<uint32_t> prompt;
+  for (uint32_t i = 0; i < o.prompt_len; ++i)
+    prompt.push_back(static_cast<uint32_t>((31ULL * i + 7) % info.vocab_size()));
+  pb::GenerateResponse before = Generate(s, prompt, o.max_tokens, "Generate (before)");
+
+  // 4. UpdateWeights: begin, chunks, commit.
+  std::vector<pb::TensorSpec> specs = ChooseTensors(info, o.tensor);
+  std::vector<std::string> data;
+  uint64_t total = 0;
+  for (auto& t : specs) {
+    data.push_back(Encode(NewValues(t.name(), Elements(t), o.seed), t.dtype()));
+    t.set_crc32c(Crc32c(data.back()));  // the server checks it
+    total += data.back().size();
+  }
+  if (info.max_update_bytes() && total > info.max_update_bytes())
+    FailLocal("UpdateWeights", "the update is larger than max_update_bytes");
+  uint64_t chunk = o.chunk_bytes ? o.chunk_bytes
+                                 : (info.recommended_chunk_bytes() ? info.recommended_chunk_bytes()
+                                                                   : 1 << 20);
+  chunk = std::min<uint64_t>(chunk, kMaxMessageBytes / 2);
+
+  pb::UpdateWeightsResponse ack;
+  uint64_t chunks_sent = 0;
+  {
+    auto ctx = s.Context();
+    std::unique_ptr<grpc::ClientWriter<pb::UpdateWeightsRequest>> w(
+        s.stub().UpdateWeights(ctx.get(), &ack));
+    pb::UpdateWeightsRequest req;
+    auto* begin = req.mutable_begin();
+    begin->set_weight_version(o.version);
+    begin->set_pause_mode(pb::PAUSE_MODE_WAIT);
+    for (const auto& t : specs) *begin->add_tensors() = t;
+    bool ok = w->Write(req);
+    for (size_t i = 0; ok && i < data.size(); ++i) {
+      for (uint64_t off = 0; ok && off < data[i].size(); off += chunk) {
+        req.Clear();
+        auto* c = req.mutable_chunk();
+        c->set_tensor_index(static_cast<uint32_t>(i));
+        c->set_offset(off);
+        c->set_data(data[i].data() + off, std::min<uint64_t>(chunk, data[i].size() - off));
+        ok = w->Write(req);
+        chunks_sent += ok;
+      }
+    }
+    if (ok) {
+      req.Clear();
+      req.mutable_commit();
+      ok = w->Write(req);
+    }
+    w->WritesDone();  // if a Write failed, Finish has the server's reason
+    grpc::Status st = w->Finish();
+    if (!st.ok()) Fail("UpdateWeights", st);
+    if (!ok) FailLocal("UpdateWeights", "the stream broke but the call reported OK");
+  }
+  std::cerr << "rollout_trainer: UpdateWeights acknowledged: now serving " << ack.weight_version()
+            << " (was " << ack.previous_weight_version() << "), " << ack.tensors_loaded()
+            << " tensor(s), " << ack.bytes_received() << " bytes\n";
+
+  // 5. Generate again: the new version.
+  pb::GenerateResponse after = Generate(s, prompt, o.max_tokens, "Generate (after)");
+
+  // 6. ResetCaches.
+  pb::ResetCachesResponse reset;
+  {
+    auto ctx = s.Context();
+    grpc::Status st = s.stub().ResetCaches(ctx.get(), pb::ResetCachesRequest(), &reset);
+    if (!st.ok()) Fail("ResetCaches", st);
+  }
+  std::cerr << "rollout_trainer: ResetCaches: " << reset.results_size() << " cache(s) in "
+            << reset.duration_seconds() << " s\n";
+
+  double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto& tm = ack.timings();
+  std::string tensors_json = List(specs, [&](const pb::TensorSpec& t) {
+    size_t i = &t - specs.data();
+    return Obj({{"name", Quote(t.name())},
+                {"dtype", Quote(pb::DType_Name(t.dtype()))},
+                {"shape", List(t.shape(), [](uint64_t d) { return std::to_string(d); })},
+                {"bytes", std::to_string(data[i].size())},
+                {"crc32c", std::to_string(t.crc32c())}});
+  });
+  std::cout << Obj({
+                   {"ok", "true"},
+                   {"target", Quote(o.target)},
+                   {"tls", Bool(!o.tls_ca.empty())},
+                   {"mutual_tls", Bool(!o.tls_cert.empty())},
+                   {"token", Bool(!o.token.empty())},
+                   {"server", Obj({{"model", Quote(info.model())},
+                                   {"server_version", Quote(info.server_version())},
+                                   {"weight_version", Quote(info.weight_version())},
+                                   {"vocab_size", std::to_string(info.vocab_size())},
+                                   {"max_model_len", std::to_string(info.max_model_len())},
+                                   {"parameters", std::to_string(info.parameters_size())},
+                                   {"parameter_groups", std::to_string(info.parameter_groups_size())},
+                                   {"max_message_bytes", std::to_string(info.max_message_bytes())},
+                                   {"recommended_chunk_bytes",
+                                    std::to_string(info.recommended_chunk_bytes())}})},
+                   {"prompt_token_ids", List(prompt, [](uint32_t t) { return std::to_string(t); })},
+                   {"before", GenerationJson(before)},
+                   {"update",
+                    Obj({{"version", Quote(o.version)},
+                         {"seed", std::to_string(o.seed)},
+                         {"tensors", tensors_json},
+                         {"chunk_bytes", std::to_string(chunk)},
+                         {"chunks", std::to_string(chunks_sent)},
+                         {"ack", Obj({{"weight_version", Quote(ack.weight_version())},
+                                      {"previous_weight_version", Quote(ack.previous_weight_version())},
+                                      {"bytes_received", std::to_string(ack.bytes_received())},
+                                      {"tensors_loaded", std::to_string(ack.tensors_loaded())},
+                                      {"replayed", Bool(ack.replayed())},
+                                      {"requests_aborted", std::to_string(ack.requests_aborted())},
+                                      {"caches_reset", CachesJson(ack.caches_reset())},
+                                      {"timings", Obj({{"receive_seconds", Num(tm.receive_seconds())},
+                                                       {"apply_seconds", Num(tm.apply_seconds())},
+                                                       {"load_seconds", Num(tm.load_seconds())},
+                                                       {"reset_seconds", Num(tm.reset_seconds())},
+                                                       {"admission_closed_seconds",
+                                                        Num(tm.admission_closed_seconds())}})}})}})},
+                   {"after", GenerationJson(after)},
+                   {"reset_caches", Obj({{"results", CachesJson(reset.results())},
+                                         {"duration_seconds", Num(reset.duration_seconds())}})},
+                   {"seconds", Num(seconds)},
+               })
+            << std::endl;
+  return 0;
+}
