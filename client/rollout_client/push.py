@@ -24,7 +24,7 @@ from typing import Any
 import grpc
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client import dtypes, wire
+from rollout_client import dtypes, extras, wire
 from rollout_client.sources import SourceTensor
 
 _SERVICE = "/rollout.v1.RolloutService/"
@@ -61,11 +61,10 @@ def describe(
                 )
         spec = pb.TensorSpec(name=t.name, dtype=t.dtype, shape=t.shape)
         if checksum:
-            import crc32c
-
+            crc32c = extras.require("crc32c", "checksum=True").crc32c
             crc = 0
             for _, data in t.chunks(1 << 24):
-                crc = crc32c.crc32c(data, crc)
+                crc = crc32c(data, crc)
             spec.crc32c = crc
         specs.append(spec)
     if not specs:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rollout_client import dtypes
+from rollout_client import dtypes, extras
 
 
 @dataclass
@@ -148,6 +148,8 @@ def _in_memory(name: str, tensor: Any) -> SourceTensor:
 def _as_bytes(t: Any) -> memoryview:
     """Row-major bytes of a torch tensor or numpy array, without a copy when
     it is already contiguous on the CPU."""
+    # numpy gives both kinds their byte view; torch is there if `t` is a tensor
+    np = extras.require("numpy", "pushing in-memory tensors")
     if hasattr(t, "detach"):  # torch
         import torch
 
@@ -157,6 +159,4 @@ def _as_bytes(t: Any) -> memoryview:
         # reshape first: a 0-d tensor cannot be viewed as bytes directly
         t = t.to("cpu").contiguous().reshape(-1)
         return memoryview(t.view(torch.uint8).numpy()).cast("B")
-    import numpy as np
-
     return memoryview(np.ascontiguousarray(t)).cast("B")
