@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from rollout.v1 import rollout_pb2_grpc
 from rollout_client import AsyncRolloutClient, ManifestMismatch, RolloutClient, RolloutError, pb
 from rollout_service.tiny_models import ensure_model
 from tests.serverproc import free_port
@@ -137,3 +138,110 @@ def test_bearer_token_is_sent_as_metadata():
     assert ConnectionOptions(token="s3cret").metadata() == (("authorization", "Bearer s3cret"),)
     assert ConnectionOptions().metadata() is None
     assert pb.PAUSE_MODE_WAIT == 1
+
+
+class FlakyServer(rollout_pb2_grpc.RolloutServiceServicer):
+    """An in-process stand-in for the service: GetServerInfo and UpdateWeights,
+    of which those named in `failing` fail with `code` on their first
+    `failures` attempts. Counts the attempts that reach it."""
+
+    def __init__(
+        self, failures: int, code=grpc.StatusCode.UNAVAILABLE, failing=("GetServerInfo",)
+    ) -> None:
+        from concurrent import futures
+
+        self.failures, self.code, self.failing = failures, code, failing
+        self.attempts: dict[str, int] = {}
+        self.chunks = 0
+        self.server = grpc.server(futures.ThreadPoolExecutor(4))
+        rollout_pb2_grpc.add_RolloutServiceServicer_to_server(self, self.server)
+        self.target = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        self.server.start()
+
+    def _attempt(self, name: str, context) -> None:
+        n = self.attempts[name] = self.attempts.get(name, 0) + 1
+        if name in self.failing and n <= self.failures:
+            context.abort(self.code, f"attempt {n} of {name} refused")
+
+    def GetServerInfo(self, request, context):
+        self._attempt("GetServerInfo", context)
+        spec = pb.TensorSpec(name="w", dtype=pb.D_TYPE_FLOAT32, shape=[4])
+        return pb.GetServerInfoResponse(model="flaky", parameters=[spec])
+
+    def UpdateWeights(self, request_iterator, context):
+        messages = list(request_iterator)  # the whole stream arrives before the refusal
+        self.chunks += sum(m.HasField("chunk") for m in messages)
+        self._attempt("UpdateWeights", context)
+        return pb.UpdateWeightsResponse(weight_version=messages[0].begin.weight_version)
+
+    def __enter__(self) -> FlakyServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.stop(None)
+
+
+def test_retry_policy_sends_unavailable_calls_again_sync_and_async():
+    with FlakyServer(failures=2) as s:
+        with RolloutClient(s.target, retries=2, backoff=0.01, timeout=10) as c:
+            assert c.server_info().parameters[0].name == "w"
+        assert s.attempts["GetServerInfo"] == 3
+
+    async def on_asyncio(target):
+        async with AsyncRolloutClient(target, retries=2, backoff=0.01, timeout=10) as c:
+            return await c.server_info()
+
+    with FlakyServer(failures=2) as s:
+        assert asyncio.run(on_asyncio(s.target)).parameters[0].name == "w"
+        assert s.attempts["GetServerInfo"] == 3
+    with FlakyServer(failures=3) as s:
+        with pytest.raises(RolloutError) as e:
+            asyncio.run(on_asyncio(s.target))
+        assert e.value.code == grpc.StatusCode.UNAVAILABLE
+        assert s.attempts["GetServerInfo"] == 3
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.INTERNAL])
+def test_only_unavailable_is_retried(code):
+    with FlakyServer(failures=1, code=code) as s, RolloutClient(s.target, timeout=10) as c:
+        with pytest.raises(RolloutError) as e:
+            c.server_info()
+        assert e.value.code == code
+        assert s.attempts["GetServerInfo"] == 1
+    with FlakyServer(failures=1) as s, RolloutClient(s.target, retries=0, timeout=10) as c:
+        with pytest.raises(RolloutError):
+            c.server_info()
+        assert s.attempts["GetServerInfo"] == 1
+
+
+def test_a_refused_update_is_sent_again_whole():
+    """UpdateWeights is left out of gRPC's policy (a client stream); the client
+    sends the whole update again, which the server answers with the original
+    acknowledgement if it had applied it (see core.send_update)."""
+    import numpy as np
+
+    with FlakyServer(failures=1, failing=("UpdateWeights",)) as s:
+        with RolloutClient(s.target, retries=1, backoff=0.01, timeout=10) as c:
+            ack = c.update_weights({"w": np.ones(4, dtype=np.float32)}, "v-again", chunk_bytes=8)
+        assert ack.weight_version == "v-again"
+        assert s.attempts["UpdateWeights"] == 2
+        assert s.chunks == 2 * 2  # both attempts carried every chunk
+
+
+def test_connection_options_map_onto_grpc_retry_policy():
+    import json
+
+    from rollout_client.client import ConnectionOptions
+
+    config = json.loads(ConnectionOptions(retries=3, backoff=0.4).service_config())
+    (method,) = config["methodConfig"]
+    assert {n["method"] for n in method["name"]} >= {"Generate", "GetServerInfo", "ResetCaches"}
+    assert not {n["method"] for n in method["name"]} & {"UpdateWeights", "UploadChunks"}
+    policy = method["retryPolicy"]
+    assert policy["maxAttempts"] == 4
+    assert policy["retryableStatusCodes"] == ["UNAVAILABLE"]
+    # gRPC's +-20% jitter never brings a wait under backoff * 2**i
+    assert float(policy["initialBackoff"].rstrip("s")) * 0.8 == pytest.approx(0.4)
+    assert json.loads(ConnectionOptions(retries=0).service_config()) == {"methodConfig": []}
+    with pytest.raises(ValueError, match="at most 4"):
+        ConnectionOptions(retries=5)

@@ -9,6 +9,10 @@ the gRPC status code and the server's message.
     >>> r = client.generate(prompt_text="Hello", max_tokens=8, temperature=0)  # doctest: +SKIP
     >>> r.completions[0].token_ids, r.weight_version          # doctest: +SKIP
     >>> client.update_weights(model.state_dict(), version="step-1")  # doctest: +SKIP
+
+The two classes share everything but the call itself: requests, readiness,
+errors and update preparation come from core.py, channels and the retry
+policy (gRPC's own, from the service config) from connection.py.
 """
 
 from __future__ import annotations
@@ -16,119 +20,28 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2_grpc
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
-from rollout_client import push
+from rollout_client import core, push
+from rollout_client.connection import (  # noqa: F401  (re-exported)
+    DEFAULT_MAX_MESSAGE_BYTES,
+    ConnectionOptions,
+    RolloutError,
+)
+from rollout_client.core import build_generate_request  # noqa: F401  (re-exported)
 from rollout_client.push import DEFAULT_CHUNK_BYTES
 
-# Leaves room for a 1 MiB chunk plus framing; the server's default is larger.
-DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 
-_SAMPLING_FIELDS = {f.name for f in pb.SamplingParams.DESCRIPTOR.fields}
+class _Surface:
+    """What both clients hold: the target, the default deadline, the options,
+    one channel (sync or grpc.aio) and its stubs."""
 
-
-class RolloutError(Exception):
-    """A failed call: `code` is the grpc.StatusCode, `details` the server's message."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(f"{code.name}: {details}")
-        self.code = code
-        self.details = details
-
-    @classmethod
-    def wrap(cls, e: grpc.RpcError) -> RolloutError:
-        return cls(e.code(), e.details() or "")
-
-
-def build_generate_request(
-    prompt_text: str | None = None,
-    prompt_token_ids: list[int] | None = None,
-    images: list[bytes] | None = None,
-    request_id: str = "",
-    **sampling: Any,
-) -> pb.GenerateRequest:
-    """A GenerateRequest; keyword arguments are SamplingParams fields."""
-    unknown = set(sampling) - _SAMPLING_FIELDS
-    if unknown:
-        raise TypeError(f"unknown sampling parameter(s): {sorted(unknown)}")
-    return pb.GenerateRequest(
-        request_id=request_id,
-        prompt_text=prompt_text or "",
-        prompt_token_ids=prompt_token_ids or [],
-        images=[pb.Image(data=d) for d in images or []],
-        sampling_params=pb.SamplingParams(**{k: v for k, v in sampling.items() if v is not None}),
-    )
-
-
-def _progress_bar(total: int, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="B", unit_scale=True, desc="UpdateWeights")
-
-
-def _channel_options(max_message_bytes: int) -> list[tuple[str, Any]]:
-    return [
-        ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.max_receive_message_length", max_message_bytes),
-    ]
-
-
-@dataclass(frozen=True)
-class ConnectionOptions:
-    """How to reach the server: size limits, auth, TLS, retries.
-
-    `token` is sent as `authorization: Bearer <token>` on every call. TLS is on
-    when `root_certificates` is given (PEM bytes); add `certificate_chain` and
-    `private_key` for mutual TLS. Unary calls that fail with UNAVAILABLE (server
-    starting, restarting, shutting down) are retried `retries` times with
-    exponential backoff from `backoff` seconds; nothing else is retried.
-    """
-
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-    token: str | None = None
-    root_certificates: bytes | None = None
-    certificate_chain: bytes | None = None
-    private_key: bytes | None = None
-    retries: int = 3
-    backoff: float = 0.5
-
-    def metadata(self) -> tuple[tuple[str, str], ...] | None:
-        return (("authorization", f"Bearer {self.token}"),) if self.token else None
-
-    def credentials(self) -> grpc.ChannelCredentials | None:
-        if self.root_certificates is None:
-            return None
-        return grpc.ssl_channel_credentials(
-            self.root_certificates, self.private_key, self.certificate_chain
-        )
-
-    def channel(self, target: str, aio: bool, own_connection: bool = False):
-        """A channel; with `own_connection`, one that shares no connection
-        with the others (parallel uploads need one each)."""
-        mod = grpc.aio if aio else grpc
-        options = _channel_options(self.max_message_bytes)
-        if own_connection:
-            options.append(("grpc.use_local_subchannel_pool", 1))
-        creds = self.credentials()
-        if creds is None:
-            return mod.insecure_channel(target, options=options)
-        return mod.secure_channel(target, creds, options=options)
-
-    def delays(self):
-        """Seconds to wait before each retry."""
-        return [self.backoff * 2**i for i in range(self.retries)]
-
-
-class RolloutClient:
-    """Blocking client. Every call takes `timeout` (seconds, the deadline)."""
+    _aio = False
 
     def __init__(
         self,
@@ -141,14 +54,24 @@ class RolloutClient:
         self.timeout = timeout
         self.target = target
         self.options = options or ConnectionOptions(**option_fields)
-        self.channel = self.options.channel(target, aio=False)
-        self._regions = push.Regions()  # same-host updates' mappings
+        self.channel = self.options.channel(target, aio=self._aio)
         self.stub = rollout_pb2_grpc.RolloutServiceStub(self.channel)
         self._health = health_pb2_grpc.HealthStub(self.channel)
 
+    def _call_args(self, timeout: float | None) -> dict[str, Any]:
+        """A call's deadline (the client's unless given) and metadata."""
+        return {"timeout": timeout or self.timeout, "metadata": self.options.metadata()}
+
+
+class RolloutClient(_Surface):
+    """Blocking client. Every call takes `timeout` (seconds, the deadline)."""
+
+    _regions: push.Regions | None = None  # same-host updates' mappings, kept
+
     def close(self) -> None:
         self.channel.close()
-        self._regions.close()
+        if self._regions is not None:
+            self._regions.close()
 
     def __enter__(self) -> RolloutClient:
         return self
@@ -156,56 +79,38 @@ class RolloutClient:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _call(self, method, request, timeout: float | None):
-        """`request` is a message, or a zero-argument factory of a request
-        iterator (client streams are rebuilt for each attempt)."""
-        for delay in [*self.options.delays(), None]:
-            try:
-                req = request() if callable(request) else request
-                return method(
-                    req, timeout=timeout or self.timeout, metadata=self.options.metadata()
-                )
-            except grpc.RpcError as e:
-                if e.code() != grpc.StatusCode.UNAVAILABLE or delay is None:
-                    raise RolloutError.wrap(e) from None
-                time.sleep(delay)
+    def _unary(self, method, request, timeout: float | None):
+        with core.rpc_errors():
+            return method(request, **self._call_args(timeout))
+
+    def _health_status(self) -> int | None:
+        try:
+            return self._health.Check(core.HEALTH_CHECK, timeout=core.HEALTH_TIMEOUT).status
+        except grpc.RpcError:
+            return None
 
     def wait_until_ready(self, timeout: float = 300.0) -> None:
         """Polls health until SERVING; raises TimeoutError."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                r = self._health.Check(health_pb2.HealthCheckRequest(), timeout=5)
-                if r.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"server not SERVING after {timeout}s")
-            time.sleep(0.5)
+        ready = core.Readiness(timeout)
+        while not ready.done(self._health_status()):
+            time.sleep(core.POLL_SECONDS)
 
     def server_info(self, timeout: float | None = None) -> pb.GetServerInfoResponse:
-        return self._call(self.stub.GetServerInfo, pb.GetServerInfoRequest(), timeout)
+        return self._unary(self.stub.GetServerInfo, pb.GetServerInfoRequest(), timeout)
 
     def generate(self, *, timeout: float | None = None, **kwargs: Any) -> pb.GenerateResponse:
         """See `build_generate_request` for the arguments."""
-        return self._call(self.stub.Generate, build_generate_request(**kwargs), timeout)
+        return self._unary(self.stub.Generate, core.build_generate_request(**kwargs), timeout)
 
     def generate_stream(
         self, *, timeout: float | None = None, **kwargs: Any
     ) -> Iterator[pb.GenerateStreamResponse]:
-        request = pb.GenerateStreamRequest.FromString(
-            build_generate_request(**kwargs).SerializeToString()
-        )
-        try:
-            yield from self.stub.GenerateStream(
-                request, timeout=timeout or self.timeout, metadata=self.options.metadata()
-            )
-        except grpc.RpcError as e:
-            raise RolloutError.wrap(e) from None
+        request = core.build_generate_stream_request(**kwargs)
+        with core.rpc_errors():
+            yield from self.stub.GenerateStream(request, **self._call_args(timeout))
 
     def reset_caches(self, timeout: float | None = None) -> pb.ResetCachesResponse:
-        return self._call(self.stub.ResetCaches, pb.ResetCachesRequest(), timeout)
+        return self._unary(self.stub.ResetCaches, pb.ResetCachesRequest(), timeout)
 
     def update_weights(
         self,
@@ -229,65 +134,41 @@ class RolloutClient:
         `drain_timeout_seconds` bounds the wait for in-flight calls (WAIT
         mode; see UpdateWeightsBegin). Retried like the other calls: a retry
         of an applied update returns its acknowledgement."""
-        manifest = self.server_info(timeout).parameters
-        u = push.prepare(
+        u = core.prepare_update(
             source,
             version,
-            manifest,
+            self.server_info(timeout).parameters,
+            progress=progress,
+            timeout=timeout or self.timeout,
+            metadata=self.options.metadata(),
             pause_mode=pause_mode,
             chunk_bytes=chunk_bytes,
             checksum=checksum,
             drain_timeout_seconds=drain_timeout_seconds,
         )
-        return self._push(u, progress, timeout, streams, same_host)
+        if self._regions is None:
+            self._regions = push.Regions()
+        regions = self._regions
 
-    def _push(self, u: push.Update, progress: bool, timeout, streams: int, on_host: bool):
-        total = sum(t.nbytes for t in u.tensors)
-        u.progress = _progress_bar(total, progress)
-        u.timeout = timeout or self.timeout
-        u.metadata = self.options.metadata()
-
-        def new_channel():
+        def new_channel() -> grpc.Channel:
             return self.options.channel(self.target, aio=False, own_connection=True)
 
-        try:
-            for delay in [*self.options.delays(), None]:
-                try:
-                    return push.send(
-                        u, self.channel, new_channel, streams, on_host, self._regions
-                    )
-                except grpc.RpcError as e:
-                    if e.code() != grpc.StatusCode.UNAVAILABLE or delay is None:
-                        raise RolloutError.wrap(e) from None
-                    time.sleep(delay)
-        finally:
-            if u.progress is not None:
-                u.progress.close()
+        def send() -> pb.UpdateWeightsResponse:
+            return push.send(u, self.channel, new_channel, streams, same_host, regions)
+
+        return core.send_update(u, self.options, send)
 
 
-class AsyncRolloutClient:
+class AsyncRolloutClient(_Surface):
     """asyncio client with the same methods as RolloutClient, awaited."""
 
-    def __init__(
-        self,
-        target: str = "127.0.0.1:50051",
-        *,
-        timeout: float | None = 600.0,
-        options: ConnectionOptions | None = None,
-        **option_fields: Any,
-    ) -> None:
-        self.timeout = timeout
-        self.target = target
-        self.options = options or ConnectionOptions(**option_fields)
-        self.channel = self.options.channel(target, aio=True)
-        self.stub = rollout_pb2_grpc.RolloutServiceStub(self.channel)
-        self._health = health_pb2_grpc.HealthStub(self.channel)
-        self._sync: RolloutClient | None = None  # for update_weights
+    _aio = True
+    _blocking: RolloutClient | None = None  # for update_weights
 
     async def close(self) -> None:
         await self.channel.close()
-        if self._sync is not None:
-            self._sync.close()
+        if self._blocking is not None:
+            self._blocking.close()
 
     async def __aenter__(self) -> AsyncRolloutClient:
         return self
@@ -295,54 +176,37 @@ class AsyncRolloutClient:
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
-    async def _call(self, method, request, timeout: float | None):
-        for delay in [*self.options.delays(), None]:
-            try:
-                req = request() if callable(request) else request
-                return await method(
-                    req, timeout=timeout or self.timeout, metadata=self.options.metadata()
-                )
-            except grpc.RpcError as e:
-                if e.code() != grpc.StatusCode.UNAVAILABLE or delay is None:
-                    raise RolloutError.wrap(e) from None
-                await asyncio.sleep(delay)
+    async def _unary(self, method, request, timeout: float | None):
+        with core.rpc_errors():
+            return await method(request, **self._call_args(timeout))
+
+    async def _health_status(self) -> int | None:
+        try:
+            return (await self._health.Check(core.HEALTH_CHECK, timeout=core.HEALTH_TIMEOUT)).status
+        except grpc.RpcError:
+            return None
 
     async def wait_until_ready(self, timeout: float = 300.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                r = await self._health.Check(health_pb2.HealthCheckRequest(), timeout=5)
-                if r.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"server not SERVING after {timeout}s")
-            await asyncio.sleep(0.5)
+        ready = core.Readiness(timeout)
+        while not ready.done(await self._health_status()):
+            await asyncio.sleep(core.POLL_SECONDS)
 
     async def server_info(self, timeout: float | None = None) -> pb.GetServerInfoResponse:
-        return await self._call(self.stub.GetServerInfo, pb.GetServerInfoRequest(), timeout)
+        return await self._unary(self.stub.GetServerInfo, pb.GetServerInfoRequest(), timeout)
 
     async def generate(self, *, timeout: float | None = None, **kwargs: Any) -> pb.GenerateResponse:
-        return await self._call(self.stub.Generate, build_generate_request(**kwargs), timeout)
+        return await self._unary(self.stub.Generate, core.build_generate_request(**kwargs), timeout)
 
     async def generate_stream(
         self, *, timeout: float | None = None, **kwargs: Any
     ) -> AsyncIterator[pb.GenerateStreamResponse]:
-        request = pb.GenerateStreamRequest.FromString(
-            build_generate_request(**kwargs).SerializeToString()
-        )
-        try:
-            call = self.stub.GenerateStream(
-                request, timeout=timeout or self.timeout, metadata=self.options.metadata()
-            )
-            async for item in call:
+        request = core.build_generate_stream_request(**kwargs)
+        with core.rpc_errors():
+            async for item in self.stub.GenerateStream(request, **self._call_args(timeout)):
                 yield item
-        except grpc.RpcError as e:
-            raise RolloutError.wrap(e) from None
 
     async def reset_caches(self, timeout: float | None = None) -> pb.ResetCachesResponse:
-        return await self._call(self.stub.ResetCaches, pb.ResetCachesRequest(), timeout)
+        return await self._unary(self.stub.ResetCaches, pb.ResetCachesRequest(), timeout)
 
     async def update_weights(
         self,
@@ -358,12 +222,12 @@ class AsyncRolloutClient:
         streams: int = 1,
         same_host: bool = False,
     ) -> pb.UpdateWeightsResponse:
-        """RolloutClient.update_weights, run in a thread on a blocking
-        client to the same target (the sending code is the same)."""
-        if self._sync is None:
-            self._sync = RolloutClient(self.target, timeout=self.timeout, options=self.options)
+        """RolloutClient.update_weights, run in a thread on a blocking client
+        to the same target (the sending code is the same)."""
+        if self._blocking is None:
+            self._blocking = RolloutClient(self.target, timeout=self.timeout, options=self.options)
         return await asyncio.to_thread(
-            self._sync.update_weights,
+            self._blocking.update_weights,
             source,
             version,
             pause_mode=pause_mode,

@@ -1,0 +1,133 @@
+"""What the sync and the asyncio client share: request building, readiness,
+error translation, update preparation and the retry of a whole update.
+client.py holds the two surfaces, which differ only in how a call is made.
+
+A new RPC needs a request builder here (when it takes more than a message),
+its name in connection.RETRIED_METHODS if it is safe to send twice, and a
+method in each surface."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2
+
+from rollout.v1 import rollout_pb2 as pb
+from rollout_client import extras, push
+from rollout_client.connection import ConnectionOptions, RolloutError
+
+_SAMPLING_FIELDS = {f.name for f in pb.SamplingParams.DESCRIPTOR.fields}
+
+
+def build_generate_request(
+    prompt_text: str | None = None,
+    prompt_token_ids: list[int] | None = None,
+    images: list[bytes] | None = None,
+    request_id: str = "",
+    **sampling: Any,
+) -> pb.GenerateRequest:
+    """A GenerateRequest; keyword arguments are SamplingParams fields."""
+    unknown = set(sampling) - _SAMPLING_FIELDS
+    if unknown:
+        raise TypeError(f"unknown sampling parameter(s): {sorted(unknown)}")
+    return pb.GenerateRequest(
+        request_id=request_id,
+        prompt_text=prompt_text or "",
+        prompt_token_ids=prompt_token_ids or [],
+        images=[pb.Image(data=d) for d in images or []],
+        sampling_params=pb.SamplingParams(**{k: v for k, v in sampling.items() if v is not None}),
+    )
+
+
+def build_generate_stream_request(**kwargs: Any) -> pb.GenerateStreamRequest:
+    """The same request for GenerateStream (the two messages share their fields)."""
+    return pb.GenerateStreamRequest.FromString(build_generate_request(**kwargs).SerializeToString())
+
+
+@contextmanager
+def rpc_errors() -> Iterator[None]:
+    """gRPC's errors raised inside, as RolloutError (sync and async code alike)."""
+    try:
+        yield
+    except grpc.RpcError as e:
+        raise RolloutError.wrap(e) from None
+
+
+HEALTH_CHECK = health_pb2.HealthCheckRequest()
+HEALTH_TIMEOUT = 5.0  # seconds, one health check
+POLL_SECONDS = 0.5  # between health checks
+
+
+class Readiness:
+    """The readiness wait: health checks until SERVING, TimeoutError after
+    `timeout` seconds. The surfaces make the checks and the pauses."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
+
+    def done(self, status: int | None) -> bool:
+        """True once `status` (None: the check failed) is SERVING; raises
+        TimeoutError once the time is up."""
+        if status == health_pb2.HealthCheckResponse.SERVING:
+            return True
+        if time.monotonic() > self.deadline:
+            raise TimeoutError(f"server not SERVING after {self.timeout}s")
+        return False
+
+
+def prepare_update(
+    source: Any,
+    version: str,
+    manifest: Sequence[pb.TensorSpec],
+    *,
+    progress: bool,
+    timeout: float | None,
+    metadata: Any,
+    **begin: Any,
+) -> push.Update:
+    """The update of `source`, checked against the manifest (push.prepare
+    takes `begin`'s keywords), with its progress bar, deadline and metadata."""
+    u = push.prepare(source, version, manifest, **begin)
+    u.progress = _progress_bar(sum(t.nbytes for t in u.tensors), progress)
+    u.timeout = timeout
+    u.metadata = metadata
+    return u
+
+
+def _progress_bar(total: int, enabled: bool):
+    if not enabled:
+        return None
+    tqdm = extras.require("tqdm", "progress=True").tqdm
+    return tqdm(total=total, unit="B", unit_scale=True, desc="UpdateWeights")
+
+
+def send_update(
+    u: push.Update, options: ConnectionOptions, send: Callable[[], pb.UpdateWeightsResponse]
+) -> pb.UpdateWeightsResponse:
+    """`send()`, again after UNAVAILABLE as often as `options` says, with the
+    same backoff as the unary calls' policy.
+
+    gRPC's retry policy cannot do this for a client stream (it would have to
+    hold the whole stream to replay it), and a retry of one call of a staged
+    update would find the update half done. A whole update is safe to send
+    again: a retry begins afresh with the same version and bytes; one the
+    server has applied already is answered with the original acknowledgement
+    (`replayed`) without touching the engine, one it has not is received anew."""
+    delays = iter(options.delays())
+    try:
+        while True:
+            try:
+                return send()
+            except grpc.RpcError as e:
+                delay = next(delays, None)
+                if e.code() != grpc.StatusCode.UNAVAILABLE or delay is None:
+                    raise RolloutError.wrap(e) from None
+                time.sleep(delay)
+    finally:
+        if u.progress is not None:
+            u.progress.close()
