@@ -23,10 +23,7 @@ def structured_outputs_from_proto(so: pb.StructuredOutput):
 
     kind = so.WhichOneof("constraint")
     if kind is None:
-        if so.disable_any_whitespace:
-            raise InvalidArgument(FIELD, "disable_any_whitespace needs a constraint")
         return None
-    options = {"disable_any_whitespace": so.disable_any_whitespace}
     if kind == "json_schema":
         try:
             schema = json.loads(so.json_schema)
@@ -34,7 +31,7 @@ def structured_outputs_from_proto(so: pb.StructuredOutput):
             raise InvalidArgument(f"{FIELD}.json_schema", f"is not valid JSON ({e})") from e
         if not isinstance(schema, dict):
             raise InvalidArgument(f"{FIELD}.json_schema", "must be a JSON object")
-        return StructuredOutputsParams(json=schema, **options)
+        return StructuredOutputsParams(json=schema)
     if kind == "regex":
         try:
             re.compile(so.regex)
@@ -42,7 +39,7 @@ def structured_outputs_from_proto(so: pb.StructuredOutput):
             raise InvalidArgument(f"{FIELD}.regex", f"does not compile ({e})") from e
         if not so.regex:
             raise InvalidArgument(f"{FIELD}.regex", "must not be empty")
-        return StructuredOutputsParams(regex=so.regex, **options)
+        return StructuredOutputsParams(regex=so.regex)
     if kind == "choice":
         choices = list(so.choice.choices)
         if not choices:
@@ -50,11 +47,11 @@ def structured_outputs_from_proto(so: pb.StructuredOutput):
         for i, c in enumerate(choices):
             if not c:
                 raise InvalidArgument(f"{FIELD}.choice.choices[{i}]", "must not be empty")
-        return StructuredOutputsParams(choice=choices, **options)
+        return StructuredOutputsParams(choice=choices)
     if kind == "grammar":
         if not so.grammar.strip():
             raise InvalidArgument(f"{FIELD}.grammar", "must not be empty")
-        return StructuredOutputsParams(grammar=so.grammar, **options)
+        return StructuredOutputsParams(grammar=so.grammar)
     if not so.json_object:
         raise InvalidArgument(f"{FIELD}.json_object", "set it to true, or set no constraint")
-    return StructuredOutputsParams(json_object=True, **options)
+    return StructuredOutputsParams(json_object=True)

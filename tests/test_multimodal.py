@@ -93,3 +93,42 @@ def test_vision_only_update_is_never_stale(llava, tmp_path):
         fresh.stop()
     assert after_tokens == want_tokens
     assert after_logprobs == pytest.approx(want_logprobs, abs=1e-6)
+
+
+def test_chat_messages_carry_images_to_the_placeholder(llava):
+    from rollout_client import pb
+
+    _, client = llava
+    info = client.server_info()
+    assert info.tokenizer.image_placeholder == "<image>" and info.tokenizer.HasField(
+        "image_token_id"
+    )
+    image = png(7)
+    msg = pb.ChatMessage(
+        role="user",
+        content=[pb.ContentPart(image=pb.Image(data=image)), pb.ContentPart(text=" What is it?")],
+    )
+    chat = client.stub.Generate(
+        pb.GenerateRequest(
+            messages=[msg], sampling_params=pb.SamplingParams(max_tokens=12, temperature=0)
+        ),
+        timeout=120,
+    )
+    rendered = "<|user|>\n<image> What is it?<|endoftext|>\n<|assistant|>\n"
+    text = client.generate(prompt_text=rendered, images=[image], max_tokens=12, temperature=0)
+    assert list(chat.completions[0].token_ids) == list(text.completions[0].token_ids)
+    assert info.tokenizer.image_token_id in chat.prompt_token_ids
+
+
+def test_keep_mode_is_refused_on_a_multimodal_model(llava):
+    from rollout_client import pb
+
+    _, client = llava
+    info = client.server_info()
+    before = greedy(client, png(3))[0]
+    weights = random_weights(info.parameters[:1], seed=9)
+    with pytest.raises(RolloutError) as e:
+        client.update_weights(weights, version(), pause_mode=pb.PAUSE_MODE_KEEP)
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "begin.pause_mode" in e.value.details and "multimodal" in e.value.details
+    assert greedy(client, png(3))[0] == before
