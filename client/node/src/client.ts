@@ -225,12 +225,13 @@ export interface ClientOptions {
  * each time (gRPC adds +-20% jitter). UpdateWeights is left out (a client
  * stream is retried whole by RolloutClient.updateWeights instead, since gRPC
  * buffers at most grpc.per_rpc_retry_buffer_size bytes of it for a retry) and
- * so is GenerateStream (as in the Python client). Empty with `retries` 0.
+ * so is GenerateStream (as in the Python client). No method config with `retries` 0.
  */
 export function retryServiceConfig(retries = DEFAULT_RETRIES, backoffMs = DEFAULT_BACKOFF_MS): object {
   checkRetries(retries, backoffMs);
-  if (retries === 0) return {};
-  const seconds = (ms: number) => `${(ms / 1000).toFixed(3)}s`;
+  if (retries === 0) return { methodConfig: [] };
+  // gRPC refuses a zero backoff: 1 ms is as good as none.
+  const seconds = (ms: number) => `${(Math.max(ms, 1) / 1000).toFixed(6)}s`;
   return {
     methodConfig: [
       {
