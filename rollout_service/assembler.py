@@ -169,7 +169,8 @@ class UpdateAssembler:
             raise InvalidArgument("begin.weight_version", "must not be empty")
         if begin.weight_version == self._current_version != self._replayable:
             raise FailedPrecondition(
-                f"begin.weight_version: {begin.weight_version!r} is already the served version"
+                f"begin.weight_version: {begin.weight_version!r} is already the served version",
+                reason=pb.ERROR_REASON_VERSION_ALREADY_SERVED,
             )
         if begin.HasField("drain_timeout_seconds") and not begin.drain_timeout_seconds > 0:
             raise InvalidArgument(
@@ -301,7 +302,8 @@ class UpdateAssembler:
                     raise FailedPrecondition(
                         f"begin.weight_version: {self._current_version!r} is already the "
                         f"served version, and this update is incomplete ({t.spec.name}: "
-                        f"{t.coverage.received} of {t.nbytes} bytes)"
+                        f"{t.coverage.received} of {t.nbytes} bytes)",
+                        reason=pb.ERROR_REASON_VERSION_ALREADY_SERVED,
                     )
                 raise InvalidArgument(
                     f"begin.tensors[{i}]",

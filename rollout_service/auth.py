@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import grpc
 
+from rollout.v1 import rollout_pb2 as pb
+from rollout_service.errors import details_trailer
 from rollout_service.rpc_handlers import like
 
 ROLES = ("generate", "admin")
@@ -89,13 +91,20 @@ def required_role(method: str) -> str | None:
 
 
 def _denied(handler, code: grpc.StatusCode, message: str):
-    """A handler of the same shape as `handler` that fails the call."""
+    """A handler of the same shape as `handler` that fails the call, with
+    the ErrorInfo reason of its code (AUTH_REQUIRED, ROLE_DENIED)."""
+    reason = (
+        pb.ERROR_REASON_AUTH_REQUIRED
+        if code == grpc.StatusCode.UNAUTHENTICATED
+        else pb.ERROR_REASON_ROLE_DENIED
+    )
+    trailer = details_trailer(code, message, reason)
 
     async def unary(request, context):
-        await context.abort(code, message)
+        await context.abort(code, message, trailing_metadata=trailer)
 
     async def streaming(request, context):
-        await context.abort(code, message)
+        await context.abort(code, message, trailing_metadata=trailer)
         yield  # pragma: no cover - makes this an async generator
 
     return like(handler, streaming if handler.response_streaming else unary)

@@ -32,21 +32,29 @@ log = logging.getLogger(__name__)
 
 
 class RpcError(Exception):
-    """An error that maps to one gRPC status code."""
+    """An error that maps to one gRPC status code and one documented
+    rollout.v1.ErrorReason (each class has a default; raise sites whose
+    cause differs name theirs)."""
 
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    reason: int = pb.ERROR_REASON_INTERNAL_ERROR
 
-    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+    def __init__(
+        self, message: str, code: grpc.StatusCode | None = None, reason: int | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         if code is not None:
             self.code = code
+        if reason is not None:
+            self.reason = reason
 
 
 class InvalidArgument(RpcError):
     """The request is malformed; the message names the field."""
 
     code = grpc.StatusCode.INVALID_ARGUMENT
+    reason = pb.ERROR_REASON_INVALID_FIELD
 
     def __init__(self, field: str, problem: str) -> None:
         super().__init__(f"{field}: {problem}")
@@ -57,58 +65,69 @@ class FailedPrecondition(RpcError):
     """The request conflicts with the server's state (version, degraded, ...)."""
 
     code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = pb.ERROR_REASON_DEGRADED
 
 
 class Aborted(RpcError):
     """The request lost a race with another one (e.g. a concurrent update)."""
 
     code = grpc.StatusCode.ABORTED
+    reason = pb.ERROR_REASON_UPDATE_IN_PROGRESS
 
 
 class ResourceExhausted(RpcError):
     """The request goes over a configured limit; the message names it."""
 
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = pb.ERROR_REASON_LIMIT_EXCEEDED
 
 
 class DeadlineExceeded(RpcError):
     """Work that waited too long on the caller (a stalled update)."""
 
     code = grpc.StatusCode.DEADLINE_EXCEEDED
+    reason = pb.ERROR_REASON_UPDATE_IDLE_TIMEOUT
 
 
 class Unavailable(RpcError):
-    """The server cannot serve right now (shutting down, engine dead)."""
+    """The server cannot serve right now (starting, engine dead)."""
 
     code = grpc.StatusCode.UNAVAILABLE
+    reason = pb.ERROR_REASON_ENGINE_DEAD
 
 
-def status_details(err: RpcError) -> bytes:
-    """The error as a serialized google.rpc.Status with rich details, for the
-    `grpc-status-details-bin` trailer: a BadRequest field violation for bad
-    input, an ErrorInfo with the error class as reason otherwise. Clients in
-    any language read these with their gRPC status-details helpers."""
+def reason_name(reason: int) -> str:
+    """ErrorInfo.reason: the ErrorReason's name without its prefix."""
+    return pb.ErrorReason.Name(reason).removeprefix("ERROR_REASON_")
+
+
+def details_trailer(code: grpc.StatusCode, message: str, reason: int, violation=None):
+    """The `grpc-status-details-bin` trailer: a serialized google.rpc.Status
+    with an ErrorInfo (domain rollout.v1, the reason) and, for bad input, a
+    BadRequest field violation. Clients in any language read these with their
+    gRPC status-details helpers."""
     from google.protobuf import any_pb2
     from google.rpc import error_details_pb2, status_pb2
 
-    detail = any_pb2.Any()
-    if isinstance(err, InvalidArgument):
-        detail.Pack(
+    details = []
+    if violation is not None:
+        field, description = violation
+        bad = any_pb2.Any()
+        bad.Pack(
             error_details_pb2.BadRequest(
                 field_violations=[
                     error_details_pb2.BadRequest.FieldViolation(
-                        field=err.field, description=err.message
+                        field=field, description=description
                     )
                 ]
             )
         )
-    else:
-        detail.Pack(
-            error_details_pb2.ErrorInfo(reason=type(err).__name__.upper(), domain="rollout.v1")
-        )
-    return status_pb2.Status(
-        code=err.code.value[0], message=err.message, details=[detail]
-    ).SerializeToString()
+        details.append(bad)
+    info = any_pb2.Any()
+    info.Pack(error_details_pb2.ErrorInfo(reason=reason_name(reason), domain="rollout.v1"))
+    details.append(info)
+    status = status_pb2.Status(code=code.value[0], message=message, details=details)
+    return (("grpc-status-details-bin", status.SerializeToString()),)
 
 
 # vLLM names the prompt after its OpenAI-shaped requests; ours has two fields.
@@ -161,7 +180,7 @@ def from_exception(e: Exception) -> RpcError | None:
         # processor not available for text-only models").
         return _invalid(e.__cause__)
     if isinstance(e, (QueueOverflowError, MaxQueuedTokensError)):
-        return ResourceExhausted(e.message)
+        return ResourceExhausted(e.message, reason=pb.ERROR_REASON_QUEUE_FULL)
     if isinstance(e, EngineDeadError):
         return Unavailable("the engine has died; the server is shutting down")
     return None
@@ -181,6 +200,9 @@ async def abort(context: grpc.aio.ServicerContext, e: Exception, rpc: str) -> No
         log.error("%s failed: %s", rpc, err.message)
     else:
         log.info("%s refused: %s %s", rpc, err.code.name, err.message)
+    violation = (err.field, err.message) if isinstance(err, InvalidArgument) else None
     await context.abort(
-        err.code, err.message, trailing_metadata=(("grpc-status-details-bin", status_details(err)),)
+        err.code,
+        err.message,
+        trailing_metadata=details_trailer(err.code, err.message, err.reason, violation),
     )

@@ -22,16 +22,18 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
+from rollout.v1 import rollout_pb2 as pb
 from rollout_service.errors import ResourceExhausted
 
 
 class Ticket:
     """One admitted call: its version and its engine request, once made."""
 
-    __slots__ = ("version", "engine_id", "started", "adapter_version")
+    __slots__ = ("version", "engine_id", "started", "adapter_version", "keep_epoch")
 
-    def __init__(self, version: str) -> None:
+    def __init__(self, version: str, keep_epoch: int = 0) -> None:
         self.version = version
+        self.keep_epoch = keep_epoch
         # The LoRA adapter's version, for a call that names one.
         self.adapter_version = ""
         # The call's engine request, once made: a drain follows or aborts it.
@@ -46,6 +48,10 @@ class AdmissionGate:
 
     def __init__(self, version: str, max_pending: int | None = None) -> None:
         self.version = version
+        # Counts PAUSE_MODE_KEEP updates: a call admitted in the same epoch as
+        # now has not been switched to other weights mid-way (its tokens all
+        # carry its admission version, no span lookup needed).
+        self.keep_epoch = 0
         # Calls admitted plus waiting; one more gets RESOURCE_EXHAUSTED.
         self.max_pending = max_pending
         self.waiting = 0
@@ -74,7 +80,8 @@ class AdmissionGate:
         if self.max_pending is not None and self.admitted + self.waiting >= self.max_pending:
             raise ResourceExhausted(
                 f"{self.admitted + self.waiting} Generate calls are already running or "
-                f"waiting, the limit (--max-queued-generate) is {self.max_pending}"
+                f"waiting, the limit (--max-queued-generate) is {self.max_pending}",
+                reason=pb.ERROR_REASON_QUEUE_FULL,
             )
         # Re-check after every wake-up: the gate may close again between the
         # event being set and this task running.
@@ -84,7 +91,7 @@ class AdmissionGate:
                 await self._open.wait()
         finally:
             self.waiting -= 1
-        ticket = Ticket(self.version)
+        ticket = Ticket(self.version, self.keep_epoch)
         self._tickets.add(ticket)
         self._idle.clear()
         try:

@@ -96,7 +96,10 @@ class Adapters:
 
         a = self._loaded.get(name)
         if a is None:
-            raise FailedPrecondition(f"lora_adapter: {name!r} was removed while the call waited")
+            raise FailedPrecondition(
+                f"lora_adapter: {name!r} was removed while the call waited",
+                reason=pb.ERROR_REASON_ADAPTER_REMOVED,
+            )
         return LoRARequest(lora_name=a.name, lora_int_id=a.int_id, lora_path=a.path)
 
     def version_of(self, name: str) -> str:

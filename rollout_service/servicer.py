@@ -62,7 +62,9 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
 
     def _check_ready(self) -> None:
         if self.engine is None:
-            raise Unavailable("the engine is starting; wait for health SERVING")
+            raise Unavailable(
+                "the engine is starting; wait for health SERVING", reason=pb.ERROR_REASON_STARTING
+            )
         if self.engine.errored:
             raise Unavailable("the engine has died; the server is shutting down")
 
@@ -186,6 +188,8 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
                     delivered[c.index] = start + count
                     if c.finished():
                         spans = convert.version_spans(c.weight_versions, start, count, version)
+                    elif ticket.keep_epoch == self.gate.keep_epoch:
+                        spans = convert.version_spans(None, start, count, version)
                     else:
                         spans = self._live_spans(ticket.engine_id, c.index, start, count, version)
                     d = convert.stream_delta_to_proto(request_id, c, top_k, version, spans)

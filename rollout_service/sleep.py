@@ -51,7 +51,9 @@ class Sleeper:
 
     async def sleep(self, level: int) -> pb.SleepResponse:
         if self.refusal is not None:
-            raise FailedPrecondition(f"Sleep: {self.refusal}")
+            raise FailedPrecondition(
+                f"Sleep: {self.refusal}", reason=pb.ERROR_REASON_SLEEP_UNAVAILABLE
+            )
         if level not in (1, 2):
             raise InvalidArgument("level", f"must be 1 or 2, got {level}")
         self.updater.check_awake()
@@ -71,7 +73,9 @@ class Sleeper:
 
     async def wake_up(self) -> pb.WakeUpResponse:
         if not self.sleeping:
-            raise FailedPrecondition("the engine is not asleep")
+            raise FailedPrecondition(
+                "the engine is not asleep", reason=pb.ERROR_REASON_SLEEP_UNAVAILABLE
+            )
         async with self.updater.engine_step():
             await self.engine.wake_up()
             needs_weights = self._level >= 2

@@ -84,17 +84,23 @@ class UpdateSessions:
         if s is None or s.id != update_id:
             raise FailedPrecondition(
                 f"update_id: {update_id!r} is not open (never begun, committed, aborted or "
-                "expired after the idle timeout)"
+                "expired after the idle timeout)",
+                reason=pb.ERROR_REASON_UPDATE_NOT_OPEN,
             )
         if s.state != "open":
-            raise FailedPrecondition(f"update_id: {update_id!r} is being applied")
+            raise FailedPrecondition(
+                f"update_id: {update_id!r} is being applied", reason=pb.ERROR_REASON_UPDATE_NOT_OPEN
+            )
         s.touch()
         return s
 
     def upload(self, session: UpdateSession, chunk: RawChunk | pb.TensorChunk) -> int:
         """Writes one chunk; returns its size."""
         if session.state != "open":
-            raise FailedPrecondition(f"update_id: {session.id!r} is no longer open")
+            raise FailedPrecondition(
+                f"update_id: {session.id!r} is no longer open",
+                reason=pb.ERROR_REASON_UPDATE_NOT_OPEN,
+            )
         session.touch()
         session.assembler.add_chunk(chunk.tensor_index, chunk.offset, chunk.data)
         return len(chunk.data)

@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 class EngineFailure(RpcError):
     """The engine failed while loading: INTERNAL, and the server is degraded."""
 
+    reason = pb.ERROR_REASON_ENGINE_FAILURE
+
 
 @dataclass
 class _Applied:
@@ -108,7 +110,9 @@ class WeightUpdater:
 
     def check_awake(self) -> None:
         if self.asleep:
-            raise FailedPrecondition("the engine is asleep (Sleep); call WakeUp first")
+            raise FailedPrecondition(
+                "the engine is asleep (Sleep); call WakeUp first", reason=pb.ERROR_REASON_ASLEEP
+            )
 
     async def lose_weights(self, why: str) -> None:
         """The engine no longer holds the served weights: degraded, no version."""
@@ -208,7 +212,8 @@ class WeightUpdater:
         if last is None or await last.content != content:
             raise FailedPrecondition(
                 f"begin.weight_version: {staged.weight_version!r} is already the served "
-                "version, and this stream's tensors differ from the update that installed it"
+                "version, and this stream's tensors differ from the update that installed it",
+                reason=pb.ERROR_REASON_VERSION_ALREADY_SERVED,
             )
         log.info("UpdateWeights %r: a retry of the applied update", staged.weight_version)
         ack = pb.UpdateWeightsResponse()
@@ -246,6 +251,8 @@ class WeightUpdater:
                             }
                         )
                     )
+                    if keep:  # kept calls' tokens now span two versions
+                        self.gate.keep_epoch += 1
                     await self.engine.finish_weight_update(weight_version=staged.weight_version)
                     t_reset = time.perf_counter()
                     results = await self._reset_all(preempt_running=keep)

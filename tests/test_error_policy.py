@@ -20,6 +20,7 @@ from vllm.exceptions import (
 )
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
+from rollout.v1 import rollout_pb2 as pb
 from rollout_service.errors import (
     Aborted,
     FailedPrecondition,
@@ -159,13 +160,39 @@ def test_abort_sends_a_field_violation_for_vllm_errors():
 
 
 @pytest.mark.parametrize(
-    "error", [FailedPrecondition("stale"), Aborted("lost"), ResourceExhausted("full")]
+    "error,reason",
+    [
+        (FailedPrecondition("degraded"), "DEGRADED"),
+        (
+            FailedPrecondition("served", reason=pb.ERROR_REASON_VERSION_ALREADY_SERVED),
+            "VERSION_ALREADY_SERVED",
+        ),
+        (Aborted("lost"), "UPDATE_IN_PROGRESS"),
+        (ResourceExhausted("full", reason=pb.ERROR_REASON_QUEUE_FULL), "QUEUE_FULL"),
+        (ResourceExhausted("big"), "LIMIT_EXCEEDED"),
+    ],
 )
-def test_our_errors_keep_their_status(error):
+def test_our_errors_keep_their_status_and_reason(error, reason):
     code, details, status = aborted(error)
     assert (code, details) == (error.code, error.message)
     info = error_details_pb2.ErrorInfo()
-    assert status.details[0].Unpack(info) and info.reason == type(error).__name__.upper()
+    assert status.details[-1].Unpack(info)
+    assert (info.reason, info.domain) == (reason, "rollout.v1")
+    assert pb.ErrorReason.Value("ERROR_REASON_" + reason)  # a documented reason
+
+
+def test_bad_input_carries_the_field_and_the_reason():
+    _, _, status = aborted(InvalidArgument("sampling_params.top_p", "too big"))
+    bad, info = error_details_pb2.BadRequest(), error_details_pb2.ErrorInfo()
+    assert status.details[0].Unpack(bad) and status.details[1].Unpack(info)
+    assert bad.field_violations[0].field == "sampling_params.top_p"
+    assert info.reason == "INVALID_FIELD"
+
+
+def test_the_engine_s_queue_overflow_is_queue_full():
+    _, _, status = aborted(QueueOverflowError())
+    info = error_details_pb2.ErrorInfo()
+    assert status.details[-1].Unpack(info) and info.reason == "QUEUE_FULL"
 
 
 def test_the_unexpected_is_logged_and_internal(caplog):

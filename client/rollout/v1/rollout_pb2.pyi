@@ -6,6 +6,27 @@ from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Map
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ERROR_REASON_UNSPECIFIED: _ClassVar[ErrorReason]
+    ERROR_REASON_INVALID_FIELD: _ClassVar[ErrorReason]
+    ERROR_REASON_VERSION_ALREADY_SERVED: _ClassVar[ErrorReason]
+    ERROR_REASON_UPDATE_IN_PROGRESS: _ClassVar[ErrorReason]
+    ERROR_REASON_UPDATE_NOT_OPEN: _ClassVar[ErrorReason]
+    ERROR_REASON_DEGRADED: _ClassVar[ErrorReason]
+    ERROR_REASON_ENGINE_FAILURE: _ClassVar[ErrorReason]
+    ERROR_REASON_QUEUE_FULL: _ClassVar[ErrorReason]
+    ERROR_REASON_LIMIT_EXCEEDED: _ClassVar[ErrorReason]
+    ERROR_REASON_AUTH_REQUIRED: _ClassVar[ErrorReason]
+    ERROR_REASON_ROLE_DENIED: _ClassVar[ErrorReason]
+    ERROR_REASON_STARTING: _ClassVar[ErrorReason]
+    ERROR_REASON_ENGINE_DEAD: _ClassVar[ErrorReason]
+    ERROR_REASON_ASLEEP: _ClassVar[ErrorReason]
+    ERROR_REASON_SLEEP_UNAVAILABLE: _ClassVar[ErrorReason]
+    ERROR_REASON_ADAPTER_REMOVED: _ClassVar[ErrorReason]
+    ERROR_REASON_UPDATE_IDLE_TIMEOUT: _ClassVar[ErrorReason]
+    ERROR_REASON_INTERNAL_ERROR: _ClassVar[ErrorReason]
+
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
@@ -57,6 +78,24 @@ class LogprobsMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LOGPROBS_MODE_RAW_LOGITS: _ClassVar[LogprobsMode]
     LOGPROBS_MODE_PROCESSED_LOGPROBS: _ClassVar[LogprobsMode]
     LOGPROBS_MODE_PROCESSED_LOGITS: _ClassVar[LogprobsMode]
+ERROR_REASON_UNSPECIFIED: ErrorReason
+ERROR_REASON_INVALID_FIELD: ErrorReason
+ERROR_REASON_VERSION_ALREADY_SERVED: ErrorReason
+ERROR_REASON_UPDATE_IN_PROGRESS: ErrorReason
+ERROR_REASON_UPDATE_NOT_OPEN: ErrorReason
+ERROR_REASON_DEGRADED: ErrorReason
+ERROR_REASON_ENGINE_FAILURE: ErrorReason
+ERROR_REASON_QUEUE_FULL: ErrorReason
+ERROR_REASON_LIMIT_EXCEEDED: ErrorReason
+ERROR_REASON_AUTH_REQUIRED: ErrorReason
+ERROR_REASON_ROLE_DENIED: ErrorReason
+ERROR_REASON_STARTING: ErrorReason
+ERROR_REASON_ENGINE_DEAD: ErrorReason
+ERROR_REASON_ASLEEP: ErrorReason
+ERROR_REASON_SLEEP_UNAVAILABLE: ErrorReason
+ERROR_REASON_ADAPTER_REMOVED: ErrorReason
+ERROR_REASON_UPDATE_IDLE_TIMEOUT: ErrorReason
+ERROR_REASON_INTERNAL_ERROR: ErrorReason
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
