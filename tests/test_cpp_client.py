@@ -58,6 +58,9 @@ def trainer() -> Path:
             "libgrpc++-dev (run scripts/setup-native, or scripts/setup --dev)",
             pytrace=False,
         )
+    cache = BUILD_DIR / "CMakeCache.txt"
+    if cache.exists() and f"CMAKE_HOME_DIRECTORY:INTERNAL={CPP_DIR}\n" not in cache.read_text():
+        shutil.rmtree(BUILD_DIR)  # configured for a copy of the repository elsewhere
     _run(["cmake", "-S", CPP_DIR, "-B", BUILD_DIR], timeout=300)
     _run(["cmake", "--build", BUILD_DIR, "-j2"], timeout=900)
     binary = BUILD_DIR / "rollout_trainer"
