@@ -111,7 +111,8 @@ def test_an_adapter_is_loaded_replaced_and_removed(oc):
 
     # replacing it equals a fresh load of the new adapter under another name
     oc.stub.UpdateWeights(adapter_stream("ad", "a2", a2))
-    oc.stub.UpdateWeights(adapter_stream("fresh", "f2", a2))
+    # (the Python client's way of pushing an adapter)
+    oc.update_weights(a2, "f2", adapter="fresh", adapter_config=json.loads(CONFIG))
     on_a2, fresh = greedy(oc, "ad"), greedy(oc, "fresh")
     assert on_a2.lora_adapter_version == "a2"
     assert tokens(on_a2) == tokens(fresh) != tokens(on_a1)
@@ -119,13 +120,7 @@ def test_an_adapter_is_loaded_replaced_and_removed(oc):
         list(fresh.completions[0].logprobs), abs=1e-4
     )
 
-    removal = pb.UpdateWeightsRequest(
-        begin=pb.UpdateWeightsBegin(
-            weight_version="gone",
-            adapter=pb.AdapterTarget(name="ad", action=pb.ADAPTER_ACTION_REMOVE),
-        )
-    )
-    oc.stub.UpdateWeights(iter([removal, COMMIT]))
+    assert oc.remove_adapter("ad", "gone").weight_version == "gone"
     assert [a.name for a in oc.server_info().lora_adapters] == ["fresh"]
     assert "no adapter 'ad'" in refused(lambda: greedy(oc, "ad"))
     assert tokens(greedy(oc, "fresh")) == tokens(fresh)

@@ -113,7 +113,7 @@ def test_roles(secure):
         with pytest.raises(RolloutError) as e:
             gen.update_weights(random_weights(head, seed=1), version())
         assert e.value.code == grpc.StatusCode.PERMISSION_DENIED
-        assert "admin" in e.value.details
+        assert "admin" in e.value.details and e.value.reason == "ROLE_DENIED"
         with pytest.raises(RolloutError) as e:
             gen.reset_caches()
         assert e.value.code == grpc.StatusCode.PERMISSION_DENIED
@@ -130,6 +130,7 @@ def test_missing_or_unknown_token_is_unauthenticated(secure, token):
         with pytest.raises(RolloutError) as e:
             c.generate(prompt_text="hi", max_tokens=2)
         assert e.value.code == grpc.StatusCode.UNAUTHENTICATED
+        assert e.value.reason == "AUTH_REQUIRED"
         # health stays open
         assert c._health.Check(health_pb2.HealthCheckRequest()).status == 1
 
@@ -142,6 +143,7 @@ def test_mutual_tls_refuses_clients_without_certificate(secure):
         with pytest.raises(RolloutError) as e:
             c.server_info(timeout=5)
         assert e.value.code == grpc.StatusCode.UNAVAILABLE
+        assert e.value.reason == "", "a status gRPC made itself carries no reason"
     with grpc.insecure_channel(proc.target) as ch:  # plaintext is refused too
         with pytest.raises(grpc.RpcError):
             health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
@@ -153,7 +155,7 @@ def test_prompt_limit_names_the_limit(secure):
         with pytest.raises(RolloutError) as e:
             c.generate(prompt_token_ids=[5] * 65, max_tokens=2)
         assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "--max-prompt-tokens" in e.value.details
+        assert "--max-prompt-tokens" in e.value.details and e.value.reason == "LIMIT_EXCEEDED"
         assert c.generate(prompt_token_ids=[5] * 64, max_tokens=2).completions
 
 
@@ -180,7 +182,7 @@ def test_queue_limit_names_the_limit(secure):
         with pytest.raises(RolloutError) as e:
             c.generate(prompt_text="hi", max_tokens=2)
         assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "--max-queued-generate" in e.value.details
+        assert "--max-queued-generate" in e.value.details and e.value.reason == "QUEUE_FULL"
         for t in threads:
             t.join()
 

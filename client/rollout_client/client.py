@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
 import grpc
@@ -125,6 +125,8 @@ class RolloutClient(_Surface):
         drain_timeout_seconds: float | None = None,
         streams: int = 1,
         same_host: bool = False,
+        adapter: str | None = None,
+        adapter_config: dict | None = None,
     ) -> pb.UpdateWeightsResponse:
         """Sends `source` (a safetensors file or folder, a state_dict, a
         module or an iterable of (name, tensor)), read tensor by tensor,
@@ -133,11 +135,17 @@ class RolloutClient(_Surface):
         into the server's staging region (same host, /dev/shm and user).
         `drain_timeout_seconds` bounds the wait for in-flight calls (WAIT
         mode; see UpdateWeightsBegin). Retried like the other calls: a retry
-        of an applied update returns its acknowledgement."""
+        of an applied update returns its acknowledgement.
+
+        With `adapter` (a name) and `adapter_config` (PEFT's
+        adapter_config.json as a dict), `source` is a LoRA adapter's tensors
+        (PEFT names) and the update loads or replaces that adapter; the base
+        weights are untouched, `version` is the adapter's."""
+        target = core.adapter_target(adapter, adapter_config)
         u = core.prepare_update(
             source,
             version,
-            self.server_info(timeout).parameters,
+            None if target else self.server_info(timeout).parameters,
             progress=progress,
             timeout=timeout or self.timeout,
             metadata=self.options.metadata(),
@@ -145,6 +153,7 @@ class RolloutClient(_Surface):
             chunk_bytes=chunk_bytes,
             checksum=checksum,
             drain_timeout_seconds=drain_timeout_seconds,
+            adapter=target,
         )
         if self._regions is None:
             self._regions = push.Regions()
@@ -157,6 +166,41 @@ class RolloutClient(_Surface):
             return push.send(u, self.channel, new_channel, streams, same_host, regions)
 
         return core.send_update(u, self.options, send)
+
+    def remove_adapter(
+        self, name: str, version: str, *, timeout: float | None = None
+    ) -> pb.UpdateWeightsResponse:
+        """Unloads LoRA adapter `name` (an update with no tensors)."""
+        with core.rpc_errors():
+            return self.stub.UpdateWeights(
+                iter(core.adapter_removal(name, version)), **self._call_args(timeout)
+            )
+
+    def abort(
+        self, request_ids: Iterable[str] = (), *, all: bool = False, timeout: float | None = None
+    ) -> pb.AbortResponse:
+        """Ends running Generate calls by request id (or all); they return
+        their partial tokens with FINISH_REASON_ABORT."""
+        return self._unary(self.stub.Abort, core.build_abort_request(request_ids, all), timeout)
+
+    def tokenize(self, *, timeout: float | None = None, **kwargs: Any) -> pb.TokenizeResponse:
+        """`text=` or chat `messages=` (see core.chat_messages) to token ids."""
+        return self._unary(self.stub.Tokenize, core.build_tokenize_request(**kwargs), timeout)
+
+    def detokenize(
+        self, token_ids: Iterable[int], *, skip_special_tokens: bool = False, timeout=None
+    ) -> pb.DetokenizeResponse:
+        request = pb.DetokenizeRequest(
+            token_ids=list(token_ids), skip_special_tokens=skip_special_tokens
+        )
+        return self._unary(self.stub.Detokenize, request, timeout)
+
+    def sleep(self, level: int = 1, *, timeout: float | None = None) -> pb.SleepResponse:
+        """Frees the accelerator (vLLM's sleep mode, GPU hosts); WakeUp resumes."""
+        return self._unary(self.stub.Sleep, pb.SleepRequest(level=level), timeout)
+
+    def wake_up(self, *, timeout: float | None = None) -> pb.WakeUpResponse:
+        return self._unary(self.stub.WakeUp, pb.WakeUpRequest(), timeout)
 
 
 class AsyncRolloutClient(_Surface):
@@ -221,6 +265,8 @@ class AsyncRolloutClient(_Surface):
         drain_timeout_seconds: float | None = None,
         streams: int = 1,
         same_host: bool = False,
+        adapter: str | None = None,
+        adapter_config: dict | None = None,
     ) -> pb.UpdateWeightsResponse:
         """RolloutClient.update_weights, run in a thread on a blocking client
         to the same target (the sending code is the same)."""
@@ -238,4 +284,38 @@ class AsyncRolloutClient(_Surface):
             drain_timeout_seconds=drain_timeout_seconds,
             streams=streams,
             same_host=same_host,
+            adapter=adapter,
+            adapter_config=adapter_config,
         )
+
+    async def remove_adapter(
+        self, name: str, version: str, *, timeout: float | None = None
+    ) -> pb.UpdateWeightsResponse:
+        with core.rpc_errors():
+            return await self.stub.UpdateWeights(
+                iter(core.adapter_removal(name, version)), **self._call_args(timeout)
+            )
+
+    async def abort(
+        self, request_ids: Iterable[str] = (), *, all: bool = False, timeout: float | None = None
+    ) -> pb.AbortResponse:
+        request = core.build_abort_request(request_ids, all)
+        return await self._unary(self.stub.Abort, request, timeout)
+
+    async def tokenize(self, *, timeout: float | None = None, **kwargs: Any) -> pb.TokenizeResponse:
+        request = core.build_tokenize_request(**kwargs)
+        return await self._unary(self.stub.Tokenize, request, timeout)
+
+    async def detokenize(
+        self, token_ids: Iterable[int], *, skip_special_tokens: bool = False, timeout=None
+    ) -> pb.DetokenizeResponse:
+        request = pb.DetokenizeRequest(
+            token_ids=list(token_ids), skip_special_tokens=skip_special_tokens
+        )
+        return await self._unary(self.stub.Detokenize, request, timeout)
+
+    async def sleep(self, level: int = 1, *, timeout: float | None = None) -> pb.SleepResponse:
+        return await self._unary(self.stub.Sleep, pb.SleepRequest(level=level), timeout)
+
+    async def wake_up(self, *, timeout: float | None = None) -> pb.WakeUpResponse:
+        return await self._unary(self.stub.WakeUp, pb.WakeUpRequest(), timeout)

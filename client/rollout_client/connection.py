@@ -21,7 +21,13 @@ SERVICE = "rollout.v1.RolloutService"
 # here. Client streams are not (UpdateWeights, UploadChunks: gRPC would have to
 # buffer the whole stream), nor the staged-update calls: a whole update is
 # retried instead (RolloutClient._push says why that is safe).
-RETRIED_METHODS = ("Generate", "GetServerInfo", "ResetCaches")
+RETRIED_METHODS = (
+    "Generate",
+    "GetServerInfo",
+    "ResetCaches",
+    "Tokenize",
+    "Detokenize",
+)
 
 # gRPC makes at most 5 attempts, whatever the policy says (gRFC A6).
 MAX_RETRIES = 4
@@ -31,17 +37,76 @@ MAX_RETRIES = 4
 _JITTER = 0.2
 
 
-class RolloutError(Exception):
-    """A failed call: `code` is the grpc.StatusCode, `details` the server's message."""
+def _fields(buf: bytes) -> dict[int, list[bytes]]:
+    """The length-delimited fields of one protobuf message, by number (all
+    google.rpc.Status, Any and ErrorInfo need here; the other wire types are
+    skipped). A few lines instead of a dependency on googleapis-common-protos."""
+    out: dict[int, list[bytes]] = {}
+    i = 0
 
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+    def varint() -> int:
+        nonlocal i
+        value = shift = 0
+        while True:
+            b = buf[i]
+            i += 1
+            value |= (b & 0x7F) << shift
+            if b < 0x80:
+                return value
+            shift += 7
+
+    while i < len(buf):
+        key = varint()
+        wire = key & 7
+        if wire == 0:
+            varint()
+        elif wire == 2:
+            n = varint()
+            out.setdefault(key >> 3, []).append(buf[i : i + n])
+            i += n
+        elif wire in (1, 5):
+            i += 8 if wire == 1 else 4
+        else:
+            break
+    return out
+
+
+def error_reason(trailing_metadata) -> str:
+    """The google.rpc.ErrorInfo reason of a failed call's status details
+    (rollout.v1.ErrorReason's name without its prefix, e.g.
+    "VERSION_ALREADY_SERVED"), or "" for statuses gRPC made itself."""
+    raw = dict(trailing_metadata or ()).get("grpc-status-details-bin")
+    if not raw:
+        return ""
+    try:
+        for detail in _fields(raw).get(3, []):
+            any_fields = _fields(detail)
+            if any_fields.get(1, [b""])[0].endswith(b"/google.rpc.ErrorInfo"):
+                return _fields(any_fields.get(2, [b""])[0]).get(1, [b""])[0].decode()
+    except (IndexError, UnicodeDecodeError):
+        pass
+    return ""
+
+
+class RolloutError(Exception):
+    """A failed call: `code` is the grpc.StatusCode, `details` the server's
+    message, `reason` the documented rollout.v1.ErrorReason name without its
+    prefix ("" for gRPC's own statuses), to branch on without parsing messages:
+
+        except RolloutError as e:
+            if e.reason == "UPDATE_IN_PROGRESS": ...
+    """
+
+    def __init__(self, code: grpc.StatusCode, details: str, reason: str = "") -> None:
         super().__init__(f"{code.name}: {details}")
         self.code = code
         self.details = details
+        self.reason = reason
 
     @classmethod
     def wrap(cls, e: grpc.RpcError) -> RolloutError:
-        return cls(e.code(), e.details() or "")
+        trailers = e.trailing_metadata() if hasattr(e, "trailing_metadata") else None
+        return cls(e.code(), e.details() or "", error_reason(trailers))
 
 
 @dataclass(frozen=True)

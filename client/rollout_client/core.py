@@ -8,6 +8,7 @@ method in each surface."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -23,24 +24,107 @@ from rollout_client.connection import ConnectionOptions, RolloutError
 _SAMPLING_FIELDS = {f.name for f in pb.SamplingParams.DESCRIPTOR.fields}
 
 
+def _part(part: Any) -> pb.ContentPart:
+    if isinstance(part, pb.ContentPart):
+        return part
+    if isinstance(part, str):
+        return pb.ContentPart(text=part)
+    if isinstance(part, (bytes, bytearray)):
+        return pb.ContentPart(image=pb.Image(data=bytes(part)))
+    if isinstance(part, dict) and part.get("type") == "text":
+        return pb.ContentPart(text=part["text"])
+    if isinstance(part, dict) and part.get("type") == "image":
+        return pb.ContentPart(image=pb.Image(data=part["data"]))
+    raise TypeError(f"a content part is text, image bytes or a ContentPart, got {part!r}")
+
+
+def chat_messages(messages: Sequence[Any]) -> list[pb.ChatMessage]:
+    """Chat messages from ChatMessage protos or dicts such as
+    {"role": "user", "content": "Hi"} or {"role": "user", "content":
+    ["Describe", png_bytes]} (str parts are text, bytes parts images)."""
+    out = []
+    for m in messages:
+        if isinstance(m, pb.ChatMessage):
+            out.append(m)
+            continue
+        content = m["content"]
+        parts = [content] if isinstance(content, str) else list(content)
+        out.append(pb.ChatMessage(role=m["role"], content=[_part(p) for p in parts]))
+    return out
+
+
 def build_generate_request(
     prompt_text: str | None = None,
     prompt_token_ids: list[int] | None = None,
     images: list[bytes] | None = None,
     request_id: str = "",
+    messages: Sequence[Any] | None = None,
+    continue_final_message: bool = False,
+    lora_adapter: str = "",
     **sampling: Any,
 ) -> pb.GenerateRequest:
-    """A GenerateRequest; keyword arguments are SamplingParams fields."""
+    """A GenerateRequest; the prompt is `prompt_text`, `prompt_token_ids` or
+    chat `messages` (see chat_messages), `lora_adapter` names a loaded LoRA
+    adapter; other keyword arguments are SamplingParams fields
+    (`structured_output=pb.StructuredOutput(regex=...)`, `prompt_logprobs=2`)."""
     unknown = set(sampling) - _SAMPLING_FIELDS
     if unknown:
         raise TypeError(f"unknown sampling parameter(s): {sorted(unknown)}")
-    return pb.GenerateRequest(
+    request = pb.GenerateRequest(
         request_id=request_id,
         prompt_text=prompt_text or "",
         prompt_token_ids=prompt_token_ids or [],
         images=[pb.Image(data=d) for d in images or []],
+        messages=chat_messages(messages or []),
+        lora_adapter=lora_adapter,
         sampling_params=pb.SamplingParams(**{k: v for k, v in sampling.items() if v is not None}),
     )
+    if continue_final_message:
+        request.chat_options.continue_final_message = True
+    return request
+
+
+def build_tokenize_request(
+    text: str | None = None,
+    messages: Sequence[Any] | None = None,
+    continue_final_message: bool = False,
+    add_special_tokens: bool = False,
+) -> pb.TokenizeRequest:
+    request = pb.TokenizeRequest(
+        text=text or "",
+        messages=chat_messages(messages or []),
+        add_special_tokens=add_special_tokens,
+    )
+    if continue_final_message:
+        request.chat_options.continue_final_message = True
+    return request
+
+
+def build_abort_request(request_ids: Sequence[str] = (), all: bool = False) -> pb.AbortRequest:
+    return pb.AbortRequest(request_ids=list(request_ids), all=all)
+
+
+def adapter_target(name: str | None, config: dict | None) -> pb.AdapterTarget | None:
+    """The AdapterTarget of a LoRA load (None: a base update)."""
+    if name is None:
+        if config is not None:
+            raise TypeError("adapter_config needs adapter (the adapter's name)")
+        return None
+    if config is None:
+        raise TypeError("adapter needs adapter_config (PEFT's adapter_config.json as a dict)")
+    return pb.AdapterTarget(
+        name=name, action=pb.ADAPTER_ACTION_LOAD, config_json=json.dumps(config)
+    )
+
+
+def adapter_removal(name: str, version: str) -> list[pb.UpdateWeightsRequest]:
+    """The UpdateWeights stream that unloads LoRA adapter `name`."""
+    target = pb.AdapterTarget(name=name, action=pb.ADAPTER_ACTION_REMOVE)
+    begin = pb.UpdateWeightsBegin(weight_version=version, adapter=target)
+    return [
+        pb.UpdateWeightsRequest(begin=begin),
+        pb.UpdateWeightsRequest(commit=pb.UpdateWeightsCommit()),
+    ]
 
 
 def build_generate_stream_request(**kwargs: Any) -> pb.GenerateStreamRequest:

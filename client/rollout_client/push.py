@@ -284,9 +284,12 @@ def prepare(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     checksum: bool = False,
     drain_timeout_seconds: float | None = None,
+    adapter: pb.AdapterTarget | None = None,
 ) -> Update:
     """An Update of `source` (see sources.open_source), checked against the
-    manifest; no tensor bytes are read yet unless `checksum`."""
+    manifest; no tensor bytes are read yet unless `checksum`. With `adapter`
+    it loads that LoRA adapter instead (the server checks its tensors against
+    the base modules; pass manifest=None)."""
     from rollout_client.sources import open_source
 
     tensors = open_source(source)
@@ -294,6 +297,7 @@ def prepare(
         weight_version=version,
         tensors=describe(tensors, manifest, checksum),
         pause_mode=pause_mode,
+        adapter=adapter,
     )
     if drain_timeout_seconds is not None:
         begin.drain_timeout_seconds = drain_timeout_seconds
