@@ -263,6 +263,7 @@ def test_packed_demo_with_a_token_and_mutual_tls(packed, secure_server, certs):
     assert p.returncode == 1, p.stdout + p.stderr
     assert "[before] token_ids=" in p.stdout
     assert "PERMISSION_DENIED" in p.stderr and "admin" in p.stderr
+    assert "(reason ROLE_DENIED)" in p.stderr, "the ErrorInfo reason reaches RolloutError"
     with RolloutClient(server.target, token=ADMIN, **tls) as client:
         assert client.server_info().weight_version == version
 

@@ -264,7 +264,9 @@ async function main(): Promise<void> {
 }
 
 main().catch((e: unknown) => {
-  if (e instanceof RolloutError) console.error(`demo failed: RPC error ${e.message}`);
+  if (e instanceof RolloutError) {
+    console.error(`demo failed: RPC error ${e.message}${e.reason ? ` (reason ${e.reason})` : ""}`);
+  }
   else if (e instanceof DemoFailure) console.error(`demo failed: ${e.message}`);
   else console.error("demo failed:", e);
   process.exitCode = 1;
