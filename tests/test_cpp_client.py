@@ -338,7 +338,7 @@ def test_cpp_trainer_with_a_generate_token_may_not_update(trainer, secure, admin
     )  # fmt: skip
     assert rc == 1
     assert (out["ok"], out["step"], out["code"]) == (False, "UpdateWeights", "PERMISSION_DENIED")
-    assert "admin" in out["message"]
+    assert "admin" in out["message"] and out["reason"] == "ROLE_DENIED"
     assert admin.server_info().weight_version == served
 
 

@@ -7,7 +7,9 @@
 // the rest of its parameter group, with bytes derived from --seed), Generates
 // again, calls ResetCaches, and prints a JSON summary on stdout. Progress goes
 // to stderr. Exit status 0 on success; on a failed call, 1 with a JSON
-// {"ok": false, "step": ..., "code": ..., "message": ...}; 2 on bad usage.
+// {"ok": false, "step": ..., "code": ..., "reason": ..., "message": ...}
+// (reason: the server's rollout.v1.ErrorReason, "" for gRPC's own statuses);
+// 2 on bad usage.
 //
 //   rollout_trainer --target 127.0.0.1:50051 --version step-1 [--seed 1]
 //       [--tensor NAME] [--prompt-len 200] [--max-tokens 16] [--chunk-bytes N]
@@ -211,12 +213,63 @@ const char* CodeName(grpc::StatusCode c) {
   return i >= 0 && i < 17 ? names[i] : "UNKNOWN";
 }
 
+// The length-delimited fields numbered `field` of one serialized protobuf
+// message (what reading google.rpc.Status, Any and ErrorInfo needs).
+std::vector<std::string> ProtoFields(const std::string& buf, uint32_t field) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  auto varint = [&]() -> uint64_t {
+    uint64_t v = 0;
+    for (int shift = 0; i < buf.size() && shift < 64; shift += 7) {
+      uint8_t b = static_cast<uint8_t>(buf[i++]);
+      v |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if (b < 0x80) break;
+    }
+    return v;
+  };
+  while (i < buf.size()) {
+    uint64_t key = varint();
+    switch (key & 7) {
+      case 0: varint(); break;
+      case 1: i += 8; break;
+      case 5: i += 4; break;
+      case 2: {
+        uint64_t n = varint();
+        if (n > buf.size() - i) return out;
+        if ((key >> 3) == field) out.push_back(buf.substr(i, n));
+        i += n;
+        break;
+      }
+      default: return out;
+    }
+  }
+  return out;
+}
+
+// The ErrorInfo reason of a status (rollout.v1.ErrorReason's name without
+// its prefix, e.g. "ROLE_DENIED"), from its google.rpc.Status details;
+// "" for statuses gRPC made itself.
+std::string ErrorReason(const grpc::Status& s) {
+  const std::string suffix = "/google.rpc.ErrorInfo";
+  for (const std::string& any : ProtoFields(s.error_details(), 3)) {
+    auto type = ProtoFields(any, 1);
+    auto value = ProtoFields(any, 2);
+    if (type.empty() || value.empty() || type[0].size() < suffix.size() ||
+        type[0].compare(type[0].size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
+    auto reason = ProtoFields(value[0], 1);
+    return reason.empty() ? "" : reason[0];
+  }
+  return "";
+}
+
 [[noreturn]] void Fail(const std::string& step, const grpc::Status& s) {
   std::cerr << "rollout_trainer: " << step << " failed: " << CodeName(s.error_code()) << ": "
             << s.error_message() << "\n";
   std::cout << Obj({{"ok", "false"},
                     {"step", Quote(step)},
                     {"code", Quote(CodeName(s.error_code()))},
+                    {"reason", Quote(ErrorReason(s))},
                     {"message", Quote(s.error_message())}})
             << std::endl;
   std::exit(1);
