@@ -68,3 +68,21 @@ def test_push_weights_refuses_a_mismatched_file_before_sending(server, client, t
     p = run(server, "push-weights", str(f), "--version", version(), check=False)
     assert p.returncode == 1 and "lm_head.weight" in p.stderr and "shape" in p.stderr
     assert client.server_info().weight_version == before
+
+
+def test_chat_constraints_tokenize_and_detokenize(server):
+    chat = ("generate", "Name a color.", "--chat", "--system", "Be terse.", "--max-tokens", "8")
+    out = json.loads(run(server, "--json", *chat, "--choice", "red", "--choice", "blue").stdout)
+    assert out["completions"][0]["text"] in ("red", "blue")
+    ids = run(server, "tokenize", "Name a color.", "--chat", "--system", "Be terse.").stdout
+    assert [int(t) for t in ids.split()] == out["prompt_token_ids"]
+    text = run(server, "detokenize", *ids.split(), "--skip-special").stdout
+    assert "Be terse." in text and "Name a color." in text
+    regex = json.loads(run(server, "--json", "generate", "Hi", "--regex", "[0-9]{3}").stdout)
+    assert len(regex["completions"][0]["text"]) == 3 and regex["completions"][0]["text"].isdigit()
+
+
+def test_abort_and_the_error_reason(server):
+    assert "nothing was running" in run(server, "abort", "--all").stdout
+    p = run(server, "generate", "Hello", "--top-p", "2", check=False)
+    assert "[INVALID_FIELD]" in p.stderr

@@ -126,6 +126,26 @@ def test_an_adapter_is_loaded_replaced_and_removed(oc):
     assert tokens(greedy(oc, "fresh")) == tokens(fresh)
 
 
+def test_the_cli_pushes_and_removes_a_peft_folder(oc, options_server, tmp_path):
+    from safetensors.torch import save_file
+
+    from tests.test_cli import run
+
+    w = adapter_weights(oc.server_info(), 5)
+    save_file(w, tmp_path / "adapter_model.safetensors")
+    (tmp_path / "adapter_config.json").write_text(CONFIG)
+    push = ("push-weights", str(tmp_path), "--adapter", "cli", "--version", "c1")
+    ack = json.loads(run(options_server, "--json", *push).stdout)
+    assert ack["weight_version"] == "c1" and ack["tensors_loaded"] == len(w)
+    assert "cli@c1" in run(options_server, "info").stdout
+    out = json.loads(
+        run(options_server, "--json", "generate", "Hi", "--lora", "cli", "--max-tokens", "4").stdout
+    )
+    assert out["lora_adapter_version"] == "c1"
+    run(options_server, "remove-adapter", "cli", "--version", "c2")
+    assert "cli" not in [a.name for a in oc.server_info().lora_adapters]
+
+
 def test_bad_adapters_are_refused_before_the_engine_is_touched(oc):
     info = oc.server_info()
     w = adapter_weights(info, 3)

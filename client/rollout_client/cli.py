@@ -2,7 +2,12 @@
 
     rollout-client info
     rollout-client generate "Once upon a time" --max-tokens 32 --temperature 0 --stream
-    rollout-client push-weights model.safetensors --version step-7
+    rollout-client generate "Name a color." --chat --regex "[a-z]+" --max-tokens 8
+    rollout-client push-weights model.safetensors --version step-7 [--keep]
+    rollout-client push-weights adapter_dir/ --adapter math --version a-3
+    rollout-client remove-adapter math --version a-4
+    rollout-client abort REQUEST_ID... | --all
+    rollout-client tokenize "Hello" [--chat];  rollout-client detokenize 1 2 3
     rollout-client reset-caches
 
 Human-readable output by default; `--json` prints the response messages as
@@ -13,11 +18,13 @@ status code and the server's message on stderr.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
 from google.protobuf import json_format
 
+from rollout.v1 import rollout_pb2 as pb
 from rollout_client import dtypes
 from rollout_client.client import ConnectionOptions, RolloutClient, RolloutError
 from rollout_client.push import ManifestMismatch
@@ -40,6 +47,12 @@ def _info(client: RolloutClient, args) -> None:
     print(f"images           {'yes' if info.supports_images else 'no'}")
     print(f"parameters       {len(info.parameters)} tensors, {total / 1e6:.1f} MB")
     print(f"max message      {info.max_message_bytes} bytes")
+    mode = pb.LogprobsMode.Name(info.logprobs_mode).removeprefix("LOGPROBS_MODE_").lower()
+    print(f"logprobs         {mode}")
+    print(f"chat template    {'yes' if info.tokenizer.has_chat_template else 'no'}")
+    if info.lora_limits.enabled:
+        loaded = ", ".join(f"{a.name}@{a.weight_version}" for a in info.lora_adapters) or "none"
+        print(f"LoRA adapters    {loaded} (max rank {info.lora_limits.max_rank})")
     print(f"server version   {info.server_version}")
 
 
@@ -56,10 +69,16 @@ def _generate(client: RolloutClient, args) -> None:
         seed=args.seed,
         n=args.n,
         logprobs=args.logprobs,
+        prompt_logprobs=args.prompt_logprobs,
         stop=args.stop or None,
+        structured_output=_constraint(args),
+        lora_adapter=args.lora or "",
+        request_id=args.request_id or "",
     )
     if args.ids:
-        kw["prompt_token_ids"] = [int(t) for t in args.prompt.replace(",", " ").split()]
+        kw["prompt_token_ids"] = _ids(args.prompt)
+    elif args.chat:
+        kw["messages"] = _chat(args.prompt, args.system)
     else:
         kw["prompt_text"] = args.prompt
     if args.stream:
@@ -84,16 +103,64 @@ def _generate(client: RolloutClient, args) -> None:
     print(f"[weight version {r.weight_version}]", file=sys.stderr)
 
 
-def _finish(reason: int) -> str:
-    from rollout.v1 import rollout_pb2 as pb
+def _ids(text: str) -> list[int]:
+    return [int(t) for t in text.replace(",", " ").split()]
 
+
+def _chat(prompt: str, system: str | None) -> list[dict]:
+    """The prompt as the user's message, after an optional system message."""
+    return [{"role": "system", "content": system}] * bool(system) + [
+        {"role": "user", "content": prompt}
+    ]
+
+
+def _constraint(args) -> pb.StructuredOutput | None:
+    given = [x for x in (args.json_schema, args.regex, args.choice) if x]
+    if len(given) > 1:
+        raise SystemExit("--json-schema, --regex and --choice exclude each other")
+    if args.json_schema:
+        schema = args.json_schema
+        if os.path.isfile(schema):
+            with open(schema) as f:
+                schema = f.read()
+        return pb.StructuredOutput(json_schema=schema)
+    if args.regex:
+        return pb.StructuredOutput(regex=args.regex)
+    if args.choice:
+        return pb.StructuredOutput(choice=pb.StructuredOutput.Choices(choices=args.choice))
+    return None
+
+
+def _finish(reason: int) -> str:
     return pb.FinishReason.Name(reason).removeprefix("FINISH_REASON_").lower()
 
 
-def _push(client: RolloutClient, args) -> None:
-    from rollout.v1 import rollout_pb2 as pb
+def _adapter_config(args) -> dict | None:
+    """PEFT's adapter_config.json: --adapter-config, or the one beside the tensors."""
+    if not args.adapter:
+        if args.adapter_config:
+            raise SystemExit("--adapter-config needs --adapter NAME")
+        return None
+    path = args.adapter_config or os.path.join(
+        args.file if os.path.isdir(args.file) else os.path.dirname(args.file),
+        "adapter_config.json",
+    )
+    if not os.path.isfile(path):
+        raise SystemExit(f"--adapter: no PEFT config at {path} (give --adapter-config FILE)")
+    with open(path) as f:
+        return json.load(f)
 
-    mode = pb.PAUSE_MODE_ABORT if args.abort else pb.PAUSE_MODE_WAIT
+
+def _push(client: RolloutClient, args) -> None:
+    if args.abort and args.keep:
+        raise SystemExit("--abort and --keep exclude each other")
+    mode = (
+        pb.PAUSE_MODE_ABORT
+        if args.abort
+        else pb.PAUSE_MODE_KEEP
+        if args.keep
+        else pb.PAUSE_MODE_WAIT
+    )
     ack = client.update_weights(
         args.file,
         args.version,
@@ -101,7 +168,17 @@ def _push(client: RolloutClient, args) -> None:
         chunk_bytes=args.chunk_bytes,
         checksum=True,
         progress=not args.json,
+        adapter=args.adapter,
+        adapter_config=_adapter_config(args),
     )
+    _print_ack(ack, args)
+
+
+def _remove_adapter(client: RolloutClient, args) -> None:
+    _print_ack(client.remove_adapter(args.name, args.version), args)
+
+
+def _print_ack(ack, args) -> None:
     if args.json:
         print(_json(ack))
         return
@@ -114,13 +191,34 @@ def _push(client: RolloutClient, args) -> None:
     )
 
 
+def _abort(client: RolloutClient, args) -> None:
+    if bool(args.request_ids) == args.all:
+        raise SystemExit("abort: name request ids, or --all")
+    r = client.abort(args.request_ids, all=args.all)
+    if args.json:
+        print(_json(r))
+        return
+    print("aborted: " + (" ".join(r.request_ids) or "nothing was running"))
+
+
+def _tokenize(client: RolloutClient, args) -> None:
+    if args.chat:
+        r = client.tokenize(messages=_chat(args.text, args.system))
+    else:
+        r = client.tokenize(text=args.text)
+    print(_json(r) if args.json else " ".join(map(str, r.token_ids)))
+
+
+def _detokenize(client: RolloutClient, args) -> None:
+    r = client.detokenize(_ids(" ".join(args.ids)), skip_special_tokens=args.skip_special)
+    print(_json(r) if args.json else r.text)
+
+
 def _reset(client: RolloutClient, args) -> None:
     r = client.reset_caches()
     if args.json:
         print(_json(r))
         return
-    from rollout.v1 import rollout_pb2 as pb
-
     for x in r.results:
         name = pb.CacheKind.Name(x.cache).removeprefix("CACHE_KIND_").lower()
         print(f"{name:12} {'reset' if x.reset else 'NOT reset: ' + x.detail}")
@@ -179,13 +277,43 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--logprobs", type=int, help="top alternatives per token")
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.add_argument("--stream", action="store_true", help="print tokens as they come")
+    g.add_argument("--chat", action="store_true", help="the prompt is a user chat message")
+    g.add_argument("--system", help="with --chat or tokenize --chat: a system message first")
+    g.add_argument("--lora", help="generate with this loaded LoRA adapter")
+    g.add_argument("--prompt-logprobs", type=int, help="score the prompt (top alternatives)")
+    g.add_argument("--request-id", help="the call's id (for abort)")
+    g.add_argument("--json-schema", help="constrain to a JSON schema (JSON text or a file)")
+    g.add_argument("--regex", help="constrain to a regular expression")
+    g.add_argument("--choice", action="append", help="constrain to one of these (repeatable)")
     g.set_defaults(fn=_generate)
     w = sub.add_parser("push-weights", help="push a safetensors file as new weights")
-    w.add_argument("file", help="a .safetensors file with checkpoint-format names")
+    w.add_argument("file", help="a .safetensors file or folder with checkpoint-format names")
     w.add_argument("--version", required=True, help="the new weight version")
     w.add_argument("--abort", action="store_true", help="abort in-flight requests, not wait")
+    w.add_argument(
+        "--keep", action="store_true", help="in-flight requests continue on the new weights"
+    )
+    w.add_argument("--adapter", help="load (or replace) this LoRA adapter instead of the base")
+    w.add_argument("--adapter-config", help="its PEFT adapter_config.json (default: beside it)")
     w.add_argument("--chunk-bytes", type=int, default=1 << 20)
     w.set_defaults(fn=_push)
+    r = sub.add_parser("remove-adapter", help="unload a LoRA adapter")
+    r.add_argument("name")
+    r.add_argument("--version", required=True, help="the version the removal is recorded as")
+    r.set_defaults(fn=_remove_adapter)
+    a = sub.add_parser("abort", help="end running Generate calls (partial tokens returned)")
+    a.add_argument("request_ids", nargs="*")
+    a.add_argument("--all", action="store_true", help="every running call")
+    a.set_defaults(fn=_abort)
+    t = sub.add_parser("tokenize", help="text (or a chat message) to token ids")
+    t.add_argument("text")
+    t.add_argument("--chat", action="store_true", help="render as a user message first")
+    t.add_argument("--system", help="with --chat: a system message first")
+    t.set_defaults(fn=_tokenize)
+    d = sub.add_parser("detokenize", help="token ids to text")
+    d.add_argument("ids", nargs="+", help="token ids")
+    d.add_argument("--skip-special", action="store_true", help="drop special tokens")
+    d.set_defaults(fn=_detokenize)
     sub.add_parser("reset-caches", help="reset every cache").set_defaults(fn=_reset)
     return p
 
@@ -197,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
         with RolloutClient(args.target, timeout=args.timeout, options=options) as client:
             args.fn(client, args)
     except RolloutError as e:
-        print(f"error: {e.code.name}: {e.details}", file=sys.stderr)
+        reason = f" [{e.reason}]" if e.reason else ""
+        print(f"error: {e.code.name}{reason}: {e.details}", file=sys.stderr)
         return 1
     except ManifestMismatch as e:
         print(f"error: the server would refuse this file: {e}", file=sys.stderr)
