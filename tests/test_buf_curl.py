@@ -26,9 +26,16 @@ def test_list_methods(server):
     p = curl(server, "--list-methods", url(server))
     assert p.returncode == 0, p.stderr
     methods = set(p.stdout.split())
-    for rpc in ("Generate", "GenerateStream", "UpdateWeights", "ResetCaches", "GetServerInfo"):
-        assert f"rollout.v1.RolloutService/{rpc}" in methods
+    from pathlib import Path
+
+    from rollout_client import pb
+
+    service = pb.DESCRIPTOR.services_by_name["RolloutService"]
+    every = {f"rollout.v1.RolloutService/{m.name}" for m in service.methods}
+    assert every <= methods, "reflection lists every RPC of the proto"
     assert "grpc.health.v1.Health/Check" in methods
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert all(m in readme for m in every), "the README's --list-methods block is current"
 
 
 def test_generate_get_info_reset_and_health(server, info):
