@@ -1,8 +1,11 @@
 """Prometheus metrics: per-RPC counters with the usual gRPC names, and the
 service's own (TTFT, tokens, queue, pause, weight version, updates, resets).
 
-Served over HTTP (`--metrics-port`) by prometheus_client, on its own
-registry so vLLM's metrics do not mix in.
+Served over HTTP (`--metrics-port`) by prometheus_client from its default
+registry, where vLLM's PrometheusStatLogger (built by AsyncLLM in this process
+unless `--disable-log-stats`) keeps the engine's `vllm:` metrics: one
+endpoint shows both. One registry also means a name both claimed would fail
+at registration instead of appearing twice.
 """
 
 from __future__ import annotations
@@ -11,11 +14,9 @@ import asyncio
 import time
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, Info
 
 from rollout_service.rpc_handlers import like
-
-REGISTRY = CollectorRegistry()
 
 _LABELS = ("grpc_type", "grpc_service", "grpc_method")
 STARTED = Counter("grpc_server_started", "RPCs started on the server.", _LABELS, registry=REGISTRY)
@@ -137,11 +138,16 @@ def _start(labels) -> float:
     return time.perf_counter()
 
 
-def _finish(labels, context, t0: float, cancelled: bool) -> None:
+def call_code(context, cancelled: bool) -> grpc.StatusCode:
+    """The status a call ended with (read once its handler is done)."""
     code = grpc.StatusCode.CANCELLED if cancelled else context.code()
     if code is None:
-        code = grpc.StatusCode.OK
-    elif isinstance(code, int):
-        code = next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)
-    HANDLED.labels(*labels, code.name).inc()
+        return grpc.StatusCode.OK
+    if isinstance(code, int):
+        return next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)
+    return code
+
+
+def _finish(labels, context, t0: float, cancelled: bool) -> None:
+    HANDLED.labels(*labels, call_code(context, cancelled).name).inc()
     HANDLING.labels(*labels).observe(time.perf_counter() - t0)

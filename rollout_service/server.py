@@ -18,7 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from rollout.v1 import rollout_pb2
-from rollout_service import metrics, parent_watch, placement
+from rollout_service import metrics, parent_watch, placement, tracing
 from rollout_service.auth import AuthInterceptor, Tokens
 from rollout_service.engine import build_engine, engine_info, warm_up
 from rollout_service.gate import AdmissionGate
@@ -141,6 +141,9 @@ async def serve(config: ServerConfig, engine_args) -> int:
     ]
     tokens = Tokens.load(config.tokens_file)
     interceptors = [MetricsInterceptor()]
+    # vLLM's --otlp-traces-endpoint; outermost, so refused calls get a span too.
+    if (traced := tracing.setup(engine_args.otlp_traces_endpoint)) is not None:
+        interceptors.insert(0, traced)
     if tokens is not None:
         interceptors.append(AuthInterceptor(tokens, config.protect_health))
     server = grpc.aio.server(

@@ -15,7 +15,7 @@ from vllm.sampling_params import RequestOutputKind
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
-from rollout_service import __version__, convert, logs, metrics
+from rollout_service import __version__, convert, logs, metrics, tracing
 from rollout_service.calls import Call, RunningCalls
 from rollout_service.engine import EngineInfo
 from rollout_service.errors import InvalidArgument, Unavailable
@@ -108,7 +108,12 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
         ticket.adapter_version = self.adapters.version_of(adapter) if adapter else ""
         ticket.engine_id = call.engine_id = f"{call.request_id}-{uuid.uuid4().hex[:8]}"
         async for out in self.engine.generate(
-            prompt.prompt, params, ticket.engine_id, lora_request=lora
+            prompt.prompt,
+            params,
+            ticket.engine_id,
+            lora_request=lora,
+            # vLLM's llm_request span becomes a child of this RPC's span.
+            trace_headers=tracing.headers(),
         ):
             ticket.started = True
             if call.aborted and not out.finished:

@@ -1,0 +1,147 @@
+"""OpenTelemetry tracing: a SERVER span for every RPC, and its trace context
+handed to vLLM, whose `llm_request` span then becomes a child of it.
+
+On with vLLM's own `--otlp-traces-endpoint` (it passes through `serve`);
+without it nothing here runs: no interceptor, no headers per request.
+The exporter is vLLM's (`vllm.tracing.init_tracer`: OTLP over gRPC, or
+HTTP with OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf), so the
+server's spans and the engine's go the same way.
+
+Our own interceptor rather than opentelemetry-instrumentation-grpc's aio
+one: that one records a cancelled or timed-out call as status 0 (OK), which
+MetricsInterceptor counts as CANCELLED, and adds two exception events with
+tracebacks to every call the error policy aborts on purpose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+import grpc
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from rollout_service.metrics import call_code
+from rollout_service.rpc_handlers import like
+
+log = logging.getLogger(__name__)
+
+# vLLM reads the trace context of an engine request with this propagator.
+_PROPAGATOR = TraceContextTextMapPropagator()
+# Server-side codes that are errors, as OpenTelemetry's RPC conventions say
+# (a caller's bad argument is not the server's failure).
+_SERVER_ERRORS = {
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.UNIMPLEMENTED,
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DATA_LOSS,
+}
+_enabled = False
+
+
+class _RefusedOverride(logging.Filter):
+    """AsyncLLM builds a second tracer provider from the same endpoint; the
+    global one stays ours (it serves vLLM's spans in this process too), so
+    OpenTelemetry's warning about the refused override says nothing."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Overriding of current TracerProvider" not in record.getMessage()
+
+
+def setup(endpoint: str | None) -> TracingInterceptor | None:
+    """Exports spans to `endpoint` and returns the interceptor that makes
+    them; None (and nothing set up) without an endpoint."""
+    global _enabled
+    if endpoint is None:
+        return None
+    from vllm.tracing import init_tracer
+
+    # Resource.create reads it, here and in vLLM's engine processes.
+    os.environ.setdefault("OTEL_SERVICE_NAME", "rollout-service")
+    tracer = init_tracer("rollout_service", endpoint)
+    logging.getLogger("opentelemetry.trace").addFilter(_RefusedOverride())
+    _enabled = True
+    log.info("tracing: OTLP spans to %s", endpoint)
+    return TracingInterceptor(tracer)
+
+
+def headers() -> dict[str, str] | None:
+    """The current span's W3C trace context, for AsyncLLM.generate's
+    `trace_headers`; None when tracing is off."""
+    if not _enabled:
+        return None
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier)
+    return carrier or None
+
+
+class TracingInterceptor(grpc.aio.ServerInterceptor):
+    """A SERVER span per RPC, named `package.Service/Method`, child of the
+    caller's `traceparent` metadata when it sends one, current while the
+    handler runs."""
+
+    def __init__(self, tracer: trace.Tracer) -> None:
+        self.tracer = tracer
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        name = details.method.lstrip("/")
+        service, _, method = name.partition("/")
+        attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
+        metadata = dict(details.invocation_metadata or ())
+        start = self._start
+
+        if handler.response_streaming:
+            inner = handler.unary_stream or handler.stream_stream
+
+            async def stream_wrapper(request, context):
+                span, token = start(name, attributes, metadata)
+                cancelled = False
+                try:
+                    async for item in inner(request, context):
+                        yield item
+                except asyncio.CancelledError:
+                    cancelled = True
+                    raise
+                finally:
+                    _end(span, token, context, cancelled)
+
+            return like(handler, stream_wrapper)
+        inner = handler.unary_unary or handler.stream_unary
+
+        async def unary_wrapper(request, context):
+            span, token = start(name, attributes, metadata)
+            cancelled = False
+            try:
+                return await inner(request, context)
+            except asyncio.CancelledError:
+                cancelled = True
+                raise
+            finally:
+                _end(span, token, context, cancelled)
+
+        return like(handler, unary_wrapper)
+
+    def _start(self, name: str, attributes: dict, metadata: dict):
+        parent = _PROPAGATOR.extract(metadata)
+        span = self.tracer.start_span(
+            name, context=parent, kind=SpanKind.SERVER, attributes=attributes
+        )
+        return span, otel_context.attach(trace.set_span_in_context(span, parent))
+
+
+def _end(span, token, context, cancelled: bool) -> None:
+    otel_context.detach(token)
+    code = call_code(context, cancelled)
+    span.set_attribute("rpc.grpc.status_code", code.value[0])
+    if code in _SERVER_ERRORS:
+        span.set_status(Status(StatusCode.ERROR, f"{code.name}: {context.details() or ''}"))
+    span.end()
