@@ -33,7 +33,7 @@ def gen(sp=None, **kw):
 
 GENERATE_CASES = {
     "no prompt": (gen(prompt_token_ids=[]), INV, "prompt_token_ids/prompt_text/messages"),
-    "both prompts": (gen(prompt_text="hi"), INV, "got both"),
+    "both prompts": (gen(prompt_text="hi"), INV, "got prompt_token_ids and prompt_text"),
     "token past vocab": (gen(prompt_token_ids=[1, 512]), INV, "prompt_token_ids[1]"),
     "token id 2^32-1": (gen(prompt_token_ids=[U32]), INV, "outside the vocabulary"),
     "prompt over context": (gen(prompt_token_ids=[7] * 2048), INV, "max_model_len"),
@@ -58,6 +58,62 @@ GENERATE_CASES = {
     "frequency_penalty -inf": (gen({"frequency_penalty": -math.inf}), INV, "frequency_penalty"),
     "min_tokens over max": (gen({"min_tokens": 9, "max_tokens": 2}), INV, "min_tokens"),
     "image on a text model": (gen(images=[pb.Image(data=b"\x89PNG")]), INV, "images"),
+    "prompt_logprobs 10000": (gen({"prompt_logprobs": 10000}), INV, "prompt_logprobs"),
+    "JSON schema not JSON": (
+        gen({"structured_output": pb.StructuredOutput(json_schema="{")}),
+        INV,
+        "structured_output.json_schema",
+    ),
+    "regex that does not compile": (
+        gen({"structured_output": pb.StructuredOutput(regex="[a-")}),
+        INV,
+        "structured_output.regex",
+    ),
+    "empty choice": (
+        gen({"structured_output": pb.StructuredOutput(choice=pb.StructuredOutput.Choices())}),
+        INV,
+        "structured_output.choice",
+    ),
+    "LoRA adapter on a server without LoRA": (gen(lora_adapter="x"), INV, "lora_adapter"),
+    "messages and token ids": (
+        gen(messages=[pb.ChatMessage(role="user", content=[pb.ContentPart(text="a")])]),
+        INV,
+        "got prompt_token_ids and messages",
+    ),
+    "message without role": (
+        gen(prompt_token_ids=[], messages=[pb.ChatMessage(content=[pb.ContentPart(text="a")])]),
+        INV,
+        "messages[0].role",
+    ),
+    "chat options without messages": (
+        gen(chat_options=pb.ChatOptions(continue_final_message=True)),
+        INV,
+        "chat_options",
+    ),
+}
+
+# The other RPCs' request fields.
+OTHER_CASES = {
+    "Abort: neither ids nor all": ("Abort", pb.AbortRequest(), INV, "request_ids"),
+    "Abort: ids and all": ("Abort", pb.AbortRequest(request_ids=["a"], all=True), INV, "all"),
+    "Tokenize: nothing": ("Tokenize", pb.TokenizeRequest(), INV, "text/messages"),
+    "Tokenize: special tokens for messages": (
+        "Tokenize",
+        pb.TokenizeRequest(
+            messages=[pb.ChatMessage(role="user", content=[pb.ContentPart(text="a")])],
+            add_special_tokens=True,
+        ),
+        INV,
+        "add_special_tokens",
+    ),
+    "Detokenize: id past vocab": (
+        "Detokenize",
+        pb.DetokenizeRequest(token_ids=[1, U32]),
+        INV,
+        "token_ids[1]",
+    ),
+    "Sleep: no sleep mode here": ("Sleep", pb.SleepRequest(level=3), FP, "sleep mode"),
+    "WakeUp: not asleep": ("WakeUp", pb.WakeUpRequest(), FP, "not asleep"),
 }
 
 # Raw bytes that are not valid messages: invalid UTF-8 in a string field,
@@ -97,6 +153,18 @@ def update_cases(info):
         "offset overflowing": ([begin(v, [p0]), chunk(0, 2**64 - 1, b"ab")], INV, "past"),
         "empty chunk": ([begin(v, [p0]), chunk(0, 0, b"")], INV, "empty chunk"),
         "tensor index 2^32-1": ([begin(v, [p0]), chunk(U32, 0, b"x")], INV, "tensor_index"),
+        "adapter without --enable-lora": (
+            [
+                pb.UpdateWeightsRequest(
+                    begin=pb.UpdateWeightsBegin(
+                        weight_version=v, adapter=pb.AdapterTarget(name="a", config_json="{}")
+                    )
+                ),
+                COMMIT,
+            ],
+            INV,
+            "--enable-lora",
+        ),
     }
 
 
@@ -149,6 +217,9 @@ def test_battery(client, channel, info):
             code,
             needle,
         )
+    for name, (method, req, code, needle) in OTHER_CASES.items():
+        rpc = getattr(stub, method)
+        cases[name] = (lambda m=rpc, r=req: m(r, timeout=30), code, needle)
     raw_update = channel.stream_unary("/rollout.v1.RolloutService/UpdateWeights")
     cases["UpdateWeights: truncated message"] = (
         lambda: raw_update(iter([b"\x0a\x40\x0a"]), timeout=30),
