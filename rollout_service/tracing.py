@@ -10,7 +10,9 @@ server's spans and the engine's go the same way.
 Our own interceptor rather than opentelemetry-instrumentation-grpc's aio
 one: that one records a cancelled or timed-out call as status 0 (OK), which
 MetricsInterceptor counts as CANCELLED, and adds two exception events with
-tracebacks to every call the error policy aborts on purpose.
+tracebacks to every call the error policy aborts on purpose. It honours the
+contrib one's OTEL_PYTHON_GRPC_EXCLUDED_SERVICES (comma-separated services,
+e.g. `grpc.health.v1.Health` for the probes of an orchestrator).
 """
 
 from __future__ import annotations
@@ -67,8 +69,14 @@ def setup(endpoint: str | None) -> TracingInterceptor | None:
     tracer = init_tracer("rollout_service", endpoint)
     logging.getLogger("opentelemetry.trace").addFilter(_RefusedOverride())
     _enabled = True
-    log.info("tracing: OTLP spans to %s", endpoint)
-    return TracingInterceptor(tracer)
+    raw = os.environ.get("OTEL_PYTHON_GRPC_EXCLUDED_SERVICES", "")
+    excluded = frozenset(s.strip() for s in raw.split(",") if s.strip())
+    log.info(
+        "tracing: OTLP spans to %s%s",
+        endpoint,
+        f" (not for {', '.join(sorted(excluded))})" if excluded else "",
+    )
+    return TracingInterceptor(tracer, excluded)
 
 
 def headers() -> dict[str, str] | None:
@@ -84,10 +92,11 @@ def headers() -> dict[str, str] | None:
 class TracingInterceptor(grpc.aio.ServerInterceptor):
     """A SERVER span per RPC, named `package.Service/Method`, child of the
     caller's `traceparent` metadata when it sends one, current while the
-    handler runs."""
+    handler runs; none for the services in `excluded`."""
 
-    def __init__(self, tracer: trace.Tracer) -> None:
+    def __init__(self, tracer: trace.Tracer, excluded: frozenset[str] = frozenset()) -> None:
         self.tracer = tracer
+        self.excluded = excluded
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
@@ -95,6 +104,8 @@ class TracingInterceptor(grpc.aio.ServerInterceptor):
             return None
         name = details.method.lstrip("/")
         service, _, method = name.partition("/")
+        if service in self.excluded:
+            return handler
         attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
         metadata = dict(details.invocation_metadata or ())
         start = self._start

@@ -196,7 +196,7 @@ class _Handlers:
             yield b"x"
 
 
-def test_the_interceptor_records_status_and_stays_current_while_streaming():
+def test_the_interceptor_records_status_stays_current_and_skips_excluded_services():
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -208,7 +208,7 @@ def test_the_interceptor_records_status_and_stays_current_while_streaming():
     handlers = _Handlers()
 
     async def main():
-        interceptor = tracing.TracingInterceptor(provider.get_tracer("t"))
+        interceptor = tracing.TracingInterceptor(provider.get_tracer("t"), frozenset({"t.Quiet"}))
         server = grpc.aio.server(interceptors=[interceptor])
         methods = {
             "Fail": grpc.unary_unary_rpc_method_handler(handlers.fail),
@@ -216,6 +216,7 @@ def test_the_interceptor_records_status_and_stays_current_while_streaming():
             "Stream": grpc.unary_stream_rpc_method_handler(handlers.stream),
         }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("t.S", methods),))
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("t.Quiet", methods),))
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -223,6 +224,7 @@ def test_the_interceptor_records_status_and_stays_current_while_streaming():
                 with pytest.raises(grpc.RpcError):
                     await channel.unary_unary(f"/t.S/{method}")(b"", timeout=timeout)
             assert len([m async for m in channel.unary_stream("/t.S/Stream")(b"")]) == 3
+            assert len([m async for m in channel.unary_stream("/t.Quiet/Stream")(b"")]) == 3
         await asyncio.sleep(0.2)  # the cancelled handler's span ends
         await server.stop(0)
 
@@ -235,7 +237,8 @@ def test_the_interceptor_records_status_and_stays_current_while_streaming():
     assert spans["t.S/Slow"].attributes["rpc.grpc.status_code"] == 1
     assert spans["t.S/Slow"].status.status_code == StatusCode.UNSET
     assert not spans["t.S/Fail"].events  # an abort on purpose is no exception
-    assert set(handlers.current) == {spans["t.S/Stream"].context.span_id}
+    assert set(handlers.current[:3]) == {spans["t.S/Stream"].context.span_id}
+    assert not any(name.startswith("t.Quiet/") for name in spans)  # an excluded service
 
 
 def test_no_trace_headers_without_an_endpoint():
