@@ -8,7 +8,6 @@ pushes do not reach the session server that other tests share."""
 
 from __future__ import annotations
 
-import datetime
 import json
 import math
 import os
@@ -23,6 +22,7 @@ import pytest
 import torch
 
 from rollout_client import RolloutClient, dtypes, pb
+from tests.certs import make_certs, python_tls, server_tls_args
 from tests.serverproc import ServerProcess
 
 CPP_DIR = Path(__file__).resolve().parents[1] / "client" / "cpp"
@@ -68,77 +68,18 @@ def trainer() -> Path:
     return binary
 
 
-def _certs(tmp: Path) -> dict[str, Path]:
-    """A CA, a server certificate for 127.0.0.1 and a client certificate."""
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = datetime.datetime.now(datetime.timezone.utc)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-
-    def cert(name: str, key, ca: bool, san=None):
-        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-        issuer = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "cpp-test-ca")])
-        b = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(issuer)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        )
-        if san:
-            b = b.add_extension(x509.SubjectAlternativeName(san), critical=False)
-        return b.sign(ca_key, hashes.SHA256())
-
-    srv_key = ec.generate_private_key(ec.SECP256R1())
-    cli_key = ec.generate_private_key(ec.SECP256R1())
-    ip = [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-    out: dict[str, Path] = {}
-    for name, obj in {
-        "ca": cert("cpp-test-ca", ca_key, ca=True),
-        "server": cert("server", srv_key, ca=False, san=ip),
-        "client": cert("client", cli_key, ca=False),
-    }.items():
-        out[name] = tmp / f"{name}.pem"
-        out[name].write_bytes(obj.public_bytes(serialization.Encoding.PEM))
-    for name, key in {"server_key": srv_key, "client_key": cli_key}.items():
-        out[name] = tmp / f"{name}.pem"
-        out[name].write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            )
-        )
-    return out
-
-
 @pytest.fixture(scope="module")
 def secure(tmp_path_factory):
     """A server of the test's own with tokens and mutual TLS, and the
     arguments that reach it: (server, Python TLS kwargs, C++ TLS flags)."""
     tmp = tmp_path_factory.mktemp("cpp")
-    certs = _certs(tmp)
+    certs = make_certs(tmp)
     tokens = tmp / "tokens"
     tokens.write_text(f"generate:{GENERATE}\nadmin:{ADMIN}\n")
     proc = ServerProcess(
-        "--tokens-file", str(tokens),
-        "--tls-cert", str(certs["server"]),
-        "--tls-key", str(certs["server_key"]),
-        "--tls-client-ca", str(certs["ca"]),
+        "--tokens-file", str(tokens), *server_tls_args(certs)
     )  # fmt: skip
-    tls = dict(
-        root_certificates=certs["ca"].read_bytes(),
-        certificate_chain=certs["client"].read_bytes(),
-        private_key=certs["client_key"].read_bytes(),
-    )
+    tls = python_tls(certs)
     flags = ["--tls-ca", certs["ca"], "--tls-cert", certs["client"]]
     flags += ["--tls-key", certs["client_key"]]
     try:

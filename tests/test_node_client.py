@@ -33,8 +33,8 @@ import pytest
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
 from rollout_client import RolloutClient
+from tests.certs import make_certs, python_tls, server_tls_args
 from tests.serverproc import ServerProcess
-from tests.test_hardening import _certs
 
 REPO = Path(__file__).resolve().parents[1]
 NODE_DIR = REPO / "client" / "node"
@@ -121,7 +121,7 @@ def packed(tmp_path_factory) -> Packed:
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory) -> dict[str, Path]:
-    return _certs(tmp_path_factory.mktemp("node-certs"))
+    return make_certs(tmp_path_factory.mktemp("node-certs"))
 
 
 @pytest.fixture(scope="module")
@@ -131,16 +131,9 @@ def secure_server(tmp_path_factory, certs):
     tokens = tmp_path_factory.mktemp("node-tokens") / "tokens"
     tokens.write_text(f"generate:{GENERATE}\nadmin:{ADMIN}\n")
     proc = ServerProcess(
-        "--tokens-file", str(tokens),
-        "--tls-cert", str(certs["server"]),
-        "--tls-key", str(certs["server_key"]),
-        "--tls-client-ca", str(certs["ca"]),
+        "--tokens-file", str(tokens), *server_tls_args(certs)
     )  # fmt: skip
-    tls = dict(
-        root_certificates=certs["ca"].read_bytes(),
-        certificate_chain=certs["client"].read_bytes(),
-        private_key=certs["client_key"].read_bytes(),
-    )
+    tls = python_tls(certs)
     try:
         with RolloutClient(proc.target, token=ADMIN, **tls) as admin:
             deadline = time.monotonic() + 300
