@@ -10,13 +10,12 @@ at registration instead of appearing twice.
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import grpc
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, Info
 
-from rollout_service.rpc_handlers import like
+from rollout_service.rpc_handlers import around
 
 _LABELS = ("grpc_type", "grpc_service", "grpc_method")
 STARTED = Counter("grpc_server_started", "RPCs started on the server.", _LABELS, registry=REGISTRY)
@@ -101,36 +100,11 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
             return None
         _, service, method = details.method.split("/")
         labels = (_TYPES[(handler.request_streaming, handler.response_streaming)], service, method)
-        if handler.response_streaming:
-            inner = handler.unary_stream or handler.stream_stream
-
-            async def stream_wrapper(request, context):
-                t0 = _start(labels)
-                cancelled = False
-                try:
-                    async for item in inner(request, context):
-                        yield item
-                except asyncio.CancelledError:
-                    cancelled = True
-                    raise
-                finally:
-                    _finish(labels, context, t0, cancelled)
-
-            return like(handler, stream_wrapper)
-        inner = handler.unary_unary or handler.stream_unary
-
-        async def unary_wrapper(request, context):
-            t0 = _start(labels)
-            cancelled = False
-            try:
-                return await inner(request, context)
-            except asyncio.CancelledError:
-                cancelled = True
-                raise
-            finally:
-                _finish(labels, context, t0, cancelled)
-
-        return like(handler, unary_wrapper)
+        return around(
+            handler,
+            lambda: _start(labels),
+            lambda t0, context, cancelled: _finish(labels, context, t0, cancelled),
+        )
 
 
 def _start(labels) -> float:

@@ -4,6 +4,7 @@ request parsing and the error policy applied around each RPC."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 
 import grpc
@@ -38,6 +39,42 @@ def like(handler: grpc.RpcMethodHandler, behavior) -> grpc.RpcMethodHandler:
         handler.request_deserializer,
         handler.response_serializer,
     )
+
+
+def around(handler: grpc.RpcMethodHandler, start, end) -> grpc.RpcMethodHandler:
+    """`handler` with every call run between `state = start()` and
+    `end(state, context, cancelled)` (the interceptors' shared shape; a
+    streaming call ends when its last item is sent, or it is cancelled)."""
+    if handler.response_streaming:
+        inner = handler.unary_stream or handler.stream_stream
+
+        async def stream_wrapper(request, context):
+            state = start()
+            cancelled = False
+            try:
+                async for item in inner(request, context):
+                    yield item
+            except asyncio.CancelledError:
+                cancelled = True
+                raise
+            finally:
+                end(state, context, cancelled)
+
+        return like(handler, stream_wrapper)
+    inner = handler.unary_unary or handler.stream_unary
+
+    async def unary_wrapper(request, context):
+        state = start()
+        cancelled = False
+        try:
+            return await inner(request, context)
+        except asyncio.CancelledError:
+            cancelled = True
+            raise
+        finally:
+            end(state, context, cancelled)
+
+    return like(handler, unary_wrapper)
 
 
 class Malformed:

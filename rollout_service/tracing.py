@@ -17,7 +17,6 @@ e.g. `grpc.health.v1.Health` for the probes of an orchestrator).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 
@@ -28,7 +27,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from rollout_service.metrics import call_code
-from rollout_service.rpc_handlers import like
+from rollout_service.rpc_handlers import around
 
 log = logging.getLogger(__name__)
 
@@ -108,38 +107,11 @@ class TracingInterceptor(grpc.aio.ServerInterceptor):
             return handler
         attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
         metadata = dict(details.invocation_metadata or ())
-        start = self._start
-
-        if handler.response_streaming:
-            inner = handler.unary_stream or handler.stream_stream
-
-            async def stream_wrapper(request, context):
-                span, token = start(name, attributes, metadata)
-                cancelled = False
-                try:
-                    async for item in inner(request, context):
-                        yield item
-                except asyncio.CancelledError:
-                    cancelled = True
-                    raise
-                finally:
-                    _end(span, token, context, cancelled)
-
-            return like(handler, stream_wrapper)
-        inner = handler.unary_unary or handler.stream_unary
-
-        async def unary_wrapper(request, context):
-            span, token = start(name, attributes, metadata)
-            cancelled = False
-            try:
-                return await inner(request, context)
-            except asyncio.CancelledError:
-                cancelled = True
-                raise
-            finally:
-                _end(span, token, context, cancelled)
-
-        return like(handler, unary_wrapper)
+        return around(
+            handler,
+            lambda: self._start(name, attributes, metadata),
+            lambda started, context, cancelled: _end(*started, context, cancelled),
+        )
 
     def _start(self, name: str, attributes: dict, metadata: dict):
         parent = _PROPAGATOR.extract(metadata)
