@@ -215,6 +215,11 @@ def test_reflection_lists_and_describes_the_service(server):
             "AbortUpdate",
             "ResetCaches",
             "GetServerInfo",
+            "Abort",
+            "Tokenize",
+            "Detokenize",
+            "Sleep",
+            "WakeUp",
         }
 
 
