@@ -14,11 +14,17 @@ in turn:
   (c) the same AsyncLLM in-process, FINAL_ONLY  tok/s, and DELTA for TTFT
   (d) `vllm serve`, /v1/completions over HTTP   tok/s
 
-and prints the ratios against their targets. Every configuration gets the
+and prints the ratios against their targets, and for (a), (b) and (d) the CPU
+seconds per 1,000 output tokens of the server's front-end process (this
+service; `vllm serve`'s API server), of its engine processes, and of the load
+client: machine-independent figures of what each layer costs. Every load runs
+in a fresh process (benchmarks.drive). Every configuration gets the
 same CPU placement: by default (`--placement pinned`) its processes other
 than vLLM's worker run on the cores the worker is not bound to, as
 `rollout-service serve` places itself; `--placement floating` leaves them
-where the OS puts them (`serve --no-cpu-placement`). The load client is not
+where the OS puts them (`serve --no-cpu-placement`). `vllm serve` is the
+exception: it runs as its users run it, since pinned its API server starves
+beside its spinning engine core (`--pin-serve` pins it anyway). The load client is not
 placed. Run-to-run spread on this machine is wide, so `--rounds N` measures
 every configuration N times, interleaved, and the ratios are medians. Every
 engine gets the same environment (ENGINE_ENV) and the same engine arguments (ENGINE_ARGS, explicit
@@ -31,7 +37,6 @@ configurations compute them too (`--serve-logprobs none` drops them for
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import signal
@@ -42,15 +47,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.load import GrpcDriver
 from benchmarks.loadgen import (
     LoadSpec,
     Range,
     Record,
     Workload,
     format_summary,
-    run_load,
-    summarize,
 )
 from rollout_service import placement
 from tests.serverproc import TEST_ENGINE_ENV, ServerProcess, free_port
@@ -123,13 +125,48 @@ def report(name: str, summary: dict) -> dict:
     return summary
 
 
-async def drive_grpc(args, target: str, stream: bool, vocab_size: int) -> dict:
-    driver = GrpcDriver(target, stream, temperature=args.temperature)
-    try:
-        result = await run_load(driver, workload(args, vocab_size), spec(args))
-    finally:
-        await driver.close()
-    return summarize(result, stream)
+def tree_cpu_seconds(root_pid: int) -> tuple[float, float]:
+    """User plus system CPU seconds so far of a server's front-end process
+    (this service's, or `vllm serve`'s API server: the gRPC or HTTP layer and
+    vLLM's output processing) and of its descendants (engine core, workers)."""
+    import psutil
+
+    def cpu(p) -> float:
+        try:
+            t = p.cpu_times()
+            return t.user + t.system
+        except psutil.NoSuchProcess:
+            return 0.0
+
+    root = psutil.Process(root_pid)
+    return cpu(root), sum(cpu(p) for p in root.children(recursive=True))
+
+
+def drive(args, driver: str, target: str, vocab_size: int, server_pid: int, **extra) -> dict:
+    """One load through benchmarks.drive, in a fresh process (see its
+    docstring for why), with the server's CPU seconds per 1,000 output tokens
+    and the load client's, measured around it."""
+    out = Path(tempfile.mkstemp(prefix="drive-", suffix=".json")[1])
+    cmd = [
+        sys.executable, "-m", "benchmarks.drive", driver, target, "--json", str(out),
+        "--vocab-size", str(vocab_size), "--concurrency", str(args.concurrency),
+        "--duration", str(args.duration), "--warmup", str(args.warmup),
+        "--prompt-len", str(args.prompt_len), "--output-len", str(args.output_len),
+        "--temperature", str(args.temperature), "--seed", str(args.seed),
+    ]  # fmt: skip
+    if extra.get("logprobs") is not None:
+        cmd += ["--logprobs", str(extra["logprobs"])]
+    if args.no_progress:
+        cmd.append("--no-progress")
+    front0, engine0 = tree_cpu_seconds(server_pid)
+    subprocess.run(cmd, check=True)
+    front1, engine1 = tree_cpu_seconds(server_pid)
+    summary = json.loads(out.read_text())
+    per_k = 1000 / max(summary["total_output_tokens"], 1)
+    summary["front_cpu_s_per_1k_tokens"] = (front1 - front0) * per_k
+    summary["engine_cpu_s_per_1k_tokens"] = (engine1 - engine0) * per_k
+    summary["client_cpu_s_per_1k_tokens"] = summary["client_cpu_seconds"] * per_k
+    return summary
 
 
 def run_ours(args, floating: bool = False) -> dict:
@@ -151,7 +188,8 @@ def run_ours(args, floating: bool = False) -> dict:
             vocab = c.server_info().vocab_size
         out = {}
         for kind, stream in (("unary", False), ("stream", True)):
-            summary = asyncio.run(drive_grpc(args, server.target, stream, vocab))
+            driver = "grpc-stream" if stream else "grpc"
+            summary = drive(args, driver, server.target, vocab, server.proc.pid)
             call = "GenerateStream" if stream else "Generate"
             out[f"{prefix}_{kind}"] = report(f"{name} {call}, {spec(args).describe()}", summary)
         return out
@@ -274,25 +312,22 @@ class VllmServe:
         self._log_file.close()
 
 
-async def drive_http(args, url: str, vocab_size: int) -> dict:
-    logprobs = None if args.serve_logprobs == "none" else int(args.serve_logprobs)
-    driver = HttpDriver(url, args.temperature, logprobs)
-    try:
-        result = await run_load(driver, workload(args, vocab_size), spec(args))
-    finally:
-        await driver.close()
-    return summarize(result, stream=False)
-
-
 def run_serve(args, model_dir: Path) -> dict:
     """(d): vllm serve, unary /v1/completions."""
     server = VllmServe(model_dir)
     print(f"\n== vllm serve on {server.base} (log {server.log})", flush=True)
     try:
         server.wait_ready()
-        place(args, server.proc.pid)
+        # As its users run it, unless asked: pinned next to its spinning
+        # engine core on one core, vLLM's API server starves under a closed
+        # loop (measured: 835 tok/s and 20 ServerDisconnectedErrors in 5 s,
+        # against 5,720 tok/s and none floating, same machine, same load).
+        if args.pin_serve:
+            place(args, server.proc.pid)
         vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
-        summary = asyncio.run(drive_http(args, server.base + "/v1/completions", vocab))
+        logprobs = None if args.serve_logprobs == "none" else int(args.serve_logprobs)
+        url = server.base + "/v1/completions"
+        summary = drive(args, "http", url, vocab, server.proc.pid, logprobs=logprobs)
         return {
             "vllm_serve": report(f"vllm serve /v1/completions, {spec(args).describe()}", summary)
         }
@@ -329,16 +364,19 @@ def table(results: dict, rows: list[dict]) -> str:
     lines = [
         "",
         f"{'configuration':<22} {'tok/s':>9} {'req/s':>7} {'p50 ms':>8} {'p99 ms':>8} "
-        f"{'TTFT p50':>9} {'errors':>6}",
+        f"{'TTFT p50':>9} {'errors':>6}   CPU s per 1k output tokens: front engine client",
     ]
     for key, s in results.items():
         nan = float("nan")
         lat, ttft = s["latency"] or {}, s.get("ttft") or {}
         p50, p99 = lat.get("p50", nan) * 1000, lat.get("p99", nan) * 1000
         ttft_ms = f"{ttft['p50'] * 1000:9.1f}" if ttft else f"{'-':>9}"
+        keys = ("front", "engine", "client")
+        per_k = [s.get(f"{k}_cpu_s_per_1k_tokens") for k in keys]
+        cpu = " ".join(f"{v:.3f}" for v in per_k) if per_k[0] is not None else "-"
         lines.append(
             f"{key:<22} {s['output_tokens_per_s']:9,.0f} {s['requests_per_s']:7.1f} "
-            f"{p50:8.1f} {p99:8.1f} {ttft_ms} {sum(s['errors'].values()):>6}"
+            f"{p50:8.1f} {p99:8.1f} {ttft_ms} {sum(s['errors'].values()):>6}   {cpu}"
         )
     return "\n".join([*lines, "", *ratio_lines(rows)])
 
@@ -375,6 +413,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("pinned", "floating"),
         default="pinned",
         help="everything but the vLLM worker off the worker's cores, or left to the OS",
+    )
+    ap.add_argument(
+        "--pin-serve",
+        action="store_true",
+        help="apply --placement pinned to `vllm serve` too (by default it runs as its users "
+        "run it: its API server starves pinned beside its engine core)",
     )
     ap.add_argument("--rounds", type=int, default=3, help="times each configuration runs")
     ap.add_argument(

@@ -1,0 +1,87 @@
+"""One closed-loop load against one target, in a process of its own.
+
+benchmarks.compare runs every load through this, so that no configuration's
+load client inherits state from the one before it in the same process (an
+earlier grpc.aio client, event-loop policy, threads): in one process, `vllm
+serve` measured after this service's configurations saw its 64 concurrent
+requests arrive one at a time ("Running: 1 reqs" in vLLM's log).
+
+    python -m benchmarks.drive grpc|grpc-stream|http TARGET_OR_URL --json out.json [load flags]
+
+The JSON is the load's summary plus `total_output_tokens` (every request's,
+warm-up included) and `client_cpu_seconds`, so that a caller that reads the
+server's CPU time around this process can divide one by the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import sys
+from pathlib import Path
+
+from benchmarks.loadgen import LoadSpec, Range, Workload, run_load, summarize
+
+DRIVERS = ("grpc", "grpc-stream", "http")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.drive", description=__doc__)
+    ap.add_argument("driver", choices=DRIVERS)
+    ap.add_argument("target", help="host:port (grpc) or the /v1/completions URL (http)")
+    ap.add_argument("--json", type=Path, required=True)
+    ap.add_argument("--vocab-size", type=int, required=True)
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--duration", type=float, default=20.0)
+    ap.add_argument("--warmup", type=float, default=5.0)
+    ap.add_argument("--prompt-len", type=Range.parse, default=Range(16, 16))
+    ap.add_argument("--output-len", type=Range.parse, default=Range(64, 64))
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--logprobs", type=int, help="http: vllm serve's `logprobs`")
+    ap.add_argument("--no-progress", action="store_true")
+    return ap
+
+
+def make_driver(args):
+    if args.driver == "http":
+        from benchmarks.compare import HttpDriver
+
+        return HttpDriver(args.target, args.temperature, args.logprobs)
+    from benchmarks.load import GrpcDriver
+
+    return GrpcDriver(args.target, args.driver == "grpc-stream", temperature=args.temperature)
+
+
+async def drive(args) -> dict:
+    driver = make_driver(args)
+    spec = LoadSpec(
+        concurrency=args.concurrency,
+        duration=args.duration,
+        warmup=args.warmup,
+        progress=not args.no_progress,
+        seed=args.seed,
+    )
+    workload = Workload(args.prompt_len, args.output_len, args.vocab_size, args.seed)
+    try:
+        result = await run_load(driver, workload, spec)
+    finally:
+        await driver.close()
+    summary = summarize(result, stream=args.driver == "grpc-stream")
+    summary["total_output_tokens"] = sum(r.tokens for r in result.records if r.error is None)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    summary = asyncio.run(drive(args))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    summary["client_cpu_seconds"] = usage.ru_utime + usage.ru_stime
+    args.json.write_text(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
