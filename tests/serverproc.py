@@ -49,8 +49,10 @@ class ServerProcess:
             cmd, stdout=self._log_file, stderr=subprocess.STDOUT, env=full_env
         )
 
-    def wait_ready(self, timeout: float = 300) -> None:
-        with RolloutClient(self.target) as client:
+    def wait_ready(self, timeout: float = 300, **client_options) -> None:
+        """Until health is SERVING (`client_options`: a token, TLS files for
+        RolloutClient); fails with the log's tail if the server exits."""
+        with RolloutClient(self.target, **client_options) as client:
             deadline = time.monotonic() + timeout
             while True:
                 if self.proc.poll() is not None:

@@ -13,7 +13,6 @@ import math
 import os
 import shutil
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -83,15 +82,7 @@ def secure(tmp_path_factory):
     flags = ["--tls-ca", certs["ca"], "--tls-cert", certs["client"]]
     flags += ["--tls-key", certs["client_key"]]
     try:
-        with RolloutClient(proc.target, token=ADMIN, **tls) as c:
-            deadline = time.monotonic() + 300
-            while True:
-                assert proc.proc.poll() is None, f"server exited:\n{proc.tail()}"
-                try:
-                    c.wait_until_ready(timeout=2)
-                    break
-                except TimeoutError:
-                    assert time.monotonic() < deadline, f"server not ready:\n{proc.tail()}"
+        proc.wait_ready(token=ADMIN, **tls)
         yield proc, tls, flags
     finally:
         proc.stop()

@@ -135,15 +135,7 @@ def secure_server(tmp_path_factory, certs):
     )  # fmt: skip
     tls = python_tls(certs)
     try:
-        with RolloutClient(proc.target, token=ADMIN, **tls) as admin:
-            deadline = time.monotonic() + 300
-            while True:
-                assert proc.proc.poll() is None, f"server exited:\n{proc.tail()}"
-                try:
-                    admin.wait_until_ready(timeout=2)
-                    break
-                except TimeoutError:
-                    assert time.monotonic() < deadline, f"server not ready:\n{proc.tail()}"
+        proc.wait_ready(token=ADMIN, **tls)
         yield proc, tls
     finally:
         proc.stop()
