@@ -51,6 +51,15 @@ def _finite(field: str, value: float) -> float:
     return value
 
 
+def check_vocabulary(ids: Sequence[int], vocab_size: int, field: str) -> None:
+    """Refuses the first id outside [0, vocab_size), naming `field[i]`."""
+    for i, token in enumerate(ids):
+        if token >= vocab_size:
+            raise InvalidArgument(
+                f"{field}[{i}]", f"token id {token} is outside the vocabulary [0, {vocab_size})"
+            )
+
+
 def sampling_params_from_proto(
     sp: pb.SamplingParams,
     limits: ModelLimits,
@@ -93,12 +102,7 @@ def sampling_params_from_proto(
             f + "logprobs",
             f"{top_logprobs} is over the engine's limit of {limits.max_logprobs}",
         )
-    for i, token in enumerate(sp.stop_token_ids):
-        if token >= limits.vocab_size:
-            raise InvalidArgument(
-                f"{f}stop_token_ids[{i}]",
-                f"token id {token} is outside the vocabulary [0, {limits.vocab_size})",
-            )
+    check_vocabulary(sp.stop_token_ids, limits.vocab_size, f + "stop_token_ids")
     for i, stop in enumerate(sp.stop):
         if not stop:
             raise InvalidArgument(f"{f}stop[{i}]", "must not be empty")
@@ -219,12 +223,7 @@ def prompt_from_request(request: pb.GenerateRequest, limits: ModelLimits, tok) -
         ids = tok.chat_ids(rendered)
     else:
         ids = tok.encode(text, field)
-    for i, token in enumerate(ids):
-        if token >= limits.vocab_size:
-            raise InvalidArgument(
-                f"prompt_token_ids[{i}]",
-                f"token id {token} is outside the vocabulary [0, {limits.vocab_size})",
-            )
+    check_vocabulary(ids, limits.vocab_size, "prompt_token_ids")
     if limits.max_prompt_tokens is not None and len(ids) > limits.max_prompt_tokens:
         raise ResourceExhausted(
             f"{field}: prompt is {len(ids)} tokens, over the limit of "

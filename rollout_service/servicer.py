@@ -268,12 +268,7 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
     @unary
     async def Detokenize(self, request, context):
         self._check_ready()
-        vocab = self.info.limits.vocab_size
-        for i, token in enumerate(request.token_ids):
-            if token >= vocab:
-                raise InvalidArgument(
-                    f"token_ids[{i}]", f"token id {token} is outside the vocabulary [0, {vocab})"
-                )
+        convert.check_vocabulary(request.token_ids, self.info.limits.vocab_size, "token_ids")
         return pb.DetokenizeResponse(
             text=self.tok.decode(request.token_ids, request.skip_special_tokens)
         )

@@ -42,8 +42,12 @@ class Sleeper:
         self.engine = engine
         self.updater = updater
         self.refusal = sleep_unavailable_reason(engine)
-        self.sleeping = False
         self._level = 0
+
+    @property
+    def sleeping(self) -> bool:
+        """The updater holds the state: it refuses updates while asleep."""
+        return self.updater.asleep
 
     @property
     def available(self) -> bool:
@@ -66,7 +70,7 @@ class Sleeper:
             except BaseException:
                 gate.open()
                 raise
-            self.sleeping, self._level = True, level
+            self._level = level
             self.updater.asleep = True
         log.info("the engine sleeps (level %d); Generate waits until WakeUp", level)
         return pb.SleepResponse()
@@ -81,7 +85,7 @@ class Sleeper:
             needs_weights = self._level >= 2
             if needs_weights:
                 await self.updater.lose_weights("the weights were dropped by a level-2 Sleep")
-            self.sleeping, self._level = False, 0
+            self._level = 0
             self.updater.asleep = False
             self.updater.gate.open()
         log.info("the engine is awake%s", "; push a full update" if needs_weights else "")
