@@ -48,10 +48,10 @@ import time
 from pathlib import Path
 
 from benchmarks.loadgen import (
-    LoadSpec,
     Range,
     Record,
-    Workload,
+    add_closed_loop_args,
+    closed_loop_spec,
     format_summary,
 )
 from rollout_service import placement
@@ -87,20 +87,6 @@ EXTRA_CONFIGS = ("floating",)
 def engine_env() -> dict[str, str]:
     """The full environment every engine process gets (as ServerProcess builds it)."""
     return {**os.environ, **ENGINE_ENV}
-
-
-def spec(args) -> LoadSpec:
-    return LoadSpec(
-        concurrency=args.concurrency,
-        duration=args.duration,
-        warmup=args.warmup,
-        progress=not args.no_progress,
-        seed=args.seed,
-    )
-
-
-def workload(args, vocab_size: int) -> Workload:
-    return Workload(args.prompt_len, args.output_len, vocab_size, args.seed)
 
 
 def place(args, root_pid: int) -> None:
@@ -191,7 +177,8 @@ def run_ours(args, floating: bool = False) -> dict:
             driver = "grpc-stream" if stream else "grpc"
             summary = drive(args, driver, server.target, vocab, server.proc.pid)
             call = "GenerateStream" if stream else "Generate"
-            out[f"{prefix}_{kind}"] = report(f"{name} {call}, {spec(args).describe()}", summary)
+            load = closed_loop_spec(args).describe()
+            out[f"{prefix}_{kind}"] = report(f"{name} {call}, {load}", summary)
         return out
     finally:
         server.stop()
@@ -218,7 +205,7 @@ def run_inprocess(args) -> dict:
     kinds = {"unary": "FINAL_ONLY", "stream": "DELTA"}
     return {
         f"inprocess_{mode}": report(
-            f"in-process AsyncLLM {kinds[mode]}, {spec(args).describe()}", s
+            f"in-process AsyncLLM {kinds[mode]}, {closed_loop_spec(args).describe()}", s
         )
         for mode, s in results.items()
     }
@@ -328,9 +315,8 @@ def run_serve(args, model_dir: Path) -> dict:
         logprobs = None if args.serve_logprobs == "none" else int(args.serve_logprobs)
         url = server.base + "/v1/completions"
         summary = drive(args, "http", url, vocab, server.proc.pid, logprobs=logprobs)
-        return {
-            "vllm_serve": report(f"vllm serve /v1/completions, {spec(args).describe()}", summary)
-        }
+        load = closed_loop_spec(args).describe()
+        return {"vllm_serve": report(f"vllm serve /v1/completions, {load}", summary)}
     finally:
         server.stop()
 
@@ -400,13 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    ap.add_argument("--duration", type=float, default=20.0, help="measured s per configuration")
-    ap.add_argument("--warmup", type=float, default=5.0, help="unmeasured s before each")
-    ap.add_argument("--concurrency", type=int, default=64)
-    ap.add_argument("--prompt-len", type=Range.parse, default=Range(16, 16))
-    ap.add_argument("--output-len", type=Range.parse, default=Range(64, 64))
-    ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--seed", type=int, default=0)
+    add_closed_loop_args(ap)  # per configuration
     ap.add_argument("--serve-logprobs", default="0", help="vllm serve `logprobs`, or none")
     ap.add_argument(
         "--placement",
@@ -426,7 +406,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
-    ap.add_argument("--no-progress", action="store_true")
     return ap
 
 

@@ -22,7 +22,13 @@ import resource
 import sys
 from pathlib import Path
 
-from benchmarks.loadgen import LoadSpec, Range, Workload, run_load, summarize
+from benchmarks.loadgen import (
+    add_closed_loop_args,
+    closed_loop_spec,
+    closed_loop_workload,
+    run_load,
+    summarize,
+)
 
 DRIVERS = ("grpc", "grpc-stream", "http")
 
@@ -33,15 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("target", help="host:port (grpc) or the /v1/completions URL (http)")
     ap.add_argument("--json", type=Path, required=True)
     ap.add_argument("--vocab-size", type=int, required=True)
-    ap.add_argument("--concurrency", type=int, default=64)
-    ap.add_argument("--duration", type=float, default=20.0)
-    ap.add_argument("--warmup", type=float, default=5.0)
-    ap.add_argument("--prompt-len", type=Range.parse, default=Range(16, 16))
-    ap.add_argument("--output-len", type=Range.parse, default=Range(64, 64))
-    ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--logprobs", type=int, help="http: vllm serve's `logprobs`")
-    ap.add_argument("--no-progress", action="store_true")
+    add_closed_loop_args(ap)
     return ap
 
 
@@ -57,16 +56,9 @@ def make_driver(args):
 
 async def drive(args) -> dict:
     driver = make_driver(args)
-    spec = LoadSpec(
-        concurrency=args.concurrency,
-        duration=args.duration,
-        warmup=args.warmup,
-        progress=not args.no_progress,
-        seed=args.seed,
-    )
-    workload = Workload(args.prompt_len, args.output_len, args.vocab_size, args.seed)
+    workload = closed_loop_workload(args, args.vocab_size)
     try:
-        result = await run_load(driver, workload, spec)
+        result = await run_load(driver, workload, closed_loop_spec(args))
     finally:
         await driver.close()
     summary = summarize(result, stream=args.driver == "grpc-stream")

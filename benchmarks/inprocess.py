@@ -25,10 +25,10 @@ import uuid
 from pathlib import Path
 
 from benchmarks.loadgen import (
-    LoadSpec,
-    Range,
     Record,
-    Workload,
+    add_closed_loop_args,
+    closed_loop_spec,
+    closed_loop_workload,
     format_summary,
     run_load,
     summarize,
@@ -90,13 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Closed-loop load on an in-process AsyncLLM; arguments after -- go to "
         "`rollout-service serve`'s parser.",
     )
-    ap.add_argument("--concurrency", type=int, default=64)
-    ap.add_argument("--duration", type=float, default=20.0)
-    ap.add_argument("--warmup", type=float, default=5.0)
-    ap.add_argument("--prompt-len", type=Range.parse, default=Range(16, 16))
-    ap.add_argument("--output-len", type=Range.parse, default=Range(64, 64))
-    ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--seed", type=int, default=0)
+    add_closed_loop_args(ap)
     ap.add_argument(
         "--no-logprobs",
         dest="logprobs",
@@ -105,7 +99,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--modes", default="unary,stream", help="which runs, in order")
     ap.add_argument("--json", type=Path, help="write {mode: summary} here")
-    ap.add_argument("--no-progress", action="store_true")
     return ap
 
 
@@ -120,14 +113,8 @@ async def run_modes(args, serve_args: list[str]) -> dict:
         for mode in args.modes.split(","):
             stream = mode == "stream"
             driver = EngineDriver(engine, limits, stream, args.temperature, args.logprobs)
-            workload = Workload(args.prompt_len, args.output_len, limits.vocab_size, args.seed)
-            spec = LoadSpec(
-                concurrency=args.concurrency,
-                duration=args.duration,
-                warmup=args.warmup,
-                progress=not args.no_progress,
-                seed=args.seed,
-            )
+            workload = closed_loop_workload(args, limits.vocab_size)
+            spec = closed_loop_spec(args)
             summary = summarize(await run_load(driver, workload, spec), stream)
             kind = "DELTA" if stream else "FINAL_ONLY"
             print(format_summary(f"in-process AsyncLLM {kind}, {spec.describe()}", summary))

@@ -320,3 +320,32 @@ def format_summary(title: str, s: dict[str, Any]) -> str:
     if s["errors"]:
         lines.append("  errors      " + ", ".join(f"{k}: {v}" for k, v in s["errors"].items()))
     return "\n".join(lines)
+
+
+def add_closed_loop_args(ap) -> None:
+    """The closed-loop load flags benchmarks.compare, .drive and .inprocess
+    share, with the same defaults (64 concurrent, 16 in / 64 out, 20 s)."""
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--duration", type=float, default=20.0, help="measured seconds")
+    ap.add_argument("--warmup", type=float, default=5.0, help="unmeasured seconds before")
+    ap.add_argument("--prompt-len", type=Range.parse, default=Range(16, 16))
+    ap.add_argument("--output-len", type=Range.parse, default=Range(64, 64))
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-progress", action="store_true")
+
+
+def closed_loop_spec(args) -> LoadSpec:
+    """The LoadSpec of add_closed_loop_args' flags."""
+    return LoadSpec(
+        concurrency=args.concurrency,
+        duration=args.duration,
+        warmup=args.warmup,
+        progress=not args.no_progress,
+        seed=args.seed,
+    )
+
+
+def closed_loop_workload(args, vocab_size: int) -> Workload:
+    """The Workload of add_closed_loop_args' flags."""
+    return Workload(args.prompt_len, args.output_len, vocab_size, args.seed)
