@@ -65,8 +65,11 @@ def sampling_params_from_proto(
     limits: ModelLimits,
     prompt_tokens: int | None,
     output_kind: RequestOutputKind,
+    stream: pb.StreamOptions | None = None,
 ) -> SamplingParams:
-    """Validates `sp` and builds the vLLM SamplingParams for it."""
+    """Validates `sp` and builds the vLLM SamplingParams for it; `stream`:
+    a GenerateStream's delivery options."""
+    stream = stream or pb.StreamOptions()
     f = "sampling_params."
     room = limits.max_model_len - (prompt_tokens or 0)
     if sp.HasField("max_tokens"):
@@ -152,7 +155,11 @@ def sampling_params_from_proto(
         # loop at 64 concurrent unary calls). A unary response needs the text
         # only once, at the end (see completion_to_proto); stop strings and
         # streamed text deltas still need vLLM's incremental detokenizer.
-        detokenize=bool(sp.stop) or output_kind != RequestOutputKind.FINAL_ONLY,
+        detokenize=bool(sp.stop)
+        or (output_kind != RequestOutputKind.FINAL_ONLY and not stream.omit_text),
+        # Deltas of several tokens: fewer outputs for vLLM to build and
+        # fewer messages to send (the first and the last come at once).
+        stream_interval=stream.delta_tokens if stream.delta_tokens > 1 else None,
         **penalties,
     )
 
@@ -361,10 +368,12 @@ def stream_delta_to_proto(
     top_k: int,
     weight_version: str,
     spans: list[pb.VersionSpan] | None = None,
+    omit_text: bool = False,
+    lora_adapter_version: str = "",
 ) -> pb.GenerateStreamResponse:
     """Converts one delta (RequestOutputKind.DELTA) of one completion;
     `spans` label its tokens (version_spans), the first one's version is the
-    delta's weight_version."""
+    delta's weight_version; `omit_text` leaves the text out."""
     logprobs, top = logprobs_to_proto(out.token_ids, out.logprobs, top_k)
     if spans:
         weight_version = spans[0].weight_version
@@ -374,9 +383,10 @@ def stream_delta_to_proto(
         token_ids=list(out.token_ids),
         logprobs=logprobs,
         top_logprobs=top,
-        text=out.text or "",
+        text="" if omit_text else out.text or "",
         finish_reason=finish_reason_to_proto(out.finish_reason),
         weight_version=weight_version,
         stop_reason=stop_reason_to_str(out.stop_reason),
         version_spans=spans,
+        lora_adapter_version=lora_adapter_version,
     )

@@ -74,7 +74,7 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
             return None
         return lambda ids: self.tok.decode(ids, skip_special_tokens=params.skip_special_tokens)
 
-    def _prepare(self, request: pb.GenerateRequest, kind: RequestOutputKind):
+    def _prepare(self, request: pb.GenerateRequest, kind: RequestOutputKind, stream=None):
         request_id = request.request_id or uuid.uuid4().hex
         logs.request_id.set(request_id)
         self._check_ready()
@@ -83,7 +83,7 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
             self.adapters.check_known(request.lora_adapter)
         prompt = convert.prompt_from_request(request, self.info.limits, self.tok)
         params = convert.sampling_params_from_proto(
-            request.sampling_params, self.info.limits, prompt.num_tokens, kind
+            request.sampling_params, self.info.limits, prompt.num_tokens, kind, stream
         )
         return request_id, prompt, params
 
@@ -146,8 +146,8 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
         top_k = params.logprobs or 0
         decode = self._decoder(params)
         usage = convert.usage_to_proto(final)
-        metrics.TOKENS.labels("prompt").inc(usage.prompt_tokens)
-        metrics.TOKENS.labels("completion").inc(usage.completion_tokens)
+        metrics.PROMPT_TOKENS.inc(usage.prompt_tokens)
+        metrics.COMPLETION_TOKENS.inc(usage.completion_tokens)
         response = pb.GenerateResponse(
             request_id=request_id,
             completions=[
@@ -166,13 +166,15 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
     @streaming
     async def GenerateStream(self, request, context):
         as_unary = pb.GenerateRequest.FromString(request.SerializeToString())
-        request_id, prompt, params = self._prepare(as_unary, RequestOutputKind.DELTA)
+        options = request.stream_options
+        request_id, prompt, params = self._prepare(as_unary, RequestOutputKind.DELTA, options)
         with self.calls.running(request_id) as call:
-            async for message in self._stream(request_id, as_unary, call, prompt, params):
+            async for message in self._stream(request_id, as_unary, call, prompt, params, options):
                 yield message
 
-    async def _stream(self, request_id, request, call, prompt, params):
+    async def _stream(self, request_id, request, call, prompt, params, options):
         top_k = params.logprobs or 0
+        omit_text = options.omit_text
         usage = pb.Usage()
         delivered: dict[int, int] = {}  # tokens sent so far, by completion index
         first = True
@@ -197,8 +199,9 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
                         spans = convert.version_spans(None, start, count, version)
                     else:
                         spans = self._live_spans(ticket.engine_id, c.index, start, count, version)
-                    d = convert.stream_delta_to_proto(request_id, c, top_k, version, spans)
-                    d.lora_adapter_version = ticket.adapter_version
+                    d = convert.stream_delta_to_proto(
+                        request_id, c, top_k, version, spans, omit_text, ticket.adapter_version
+                    )
                     usage.completion_tokens += count
                     deltas.append(d)
                 if first and (deltas or out.finished):
@@ -213,8 +216,8 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
                     if not deltas:
                         deltas.append(self._empty_delta(request_id, ticket))
                     deltas[-1].usage.CopyFrom(usage)
-                    metrics.TOKENS.labels("prompt").inc(usage.prompt_tokens)
-                    metrics.TOKENS.labels("completion").inc(usage.completion_tokens)
+                    metrics.PROMPT_TOKENS.inc(usage.prompt_tokens)
+                    metrics.COMPLETION_TOKENS.inc(usage.completion_tokens)
                 for d in deltas:
                     yield d
             if ticket.engine_id is None:  # aborted before it reached the engine

@@ -129,3 +129,19 @@ def test_images_that_are_not_images():
     with pytest.raises(InvalidArgument) as e:
         prompt_from_request(req, limits, tok)
     assert e.value.field == "images[0].data"
+
+
+def stream_params(options: pb.StreamOptions, **kw):
+    return sampling_params_from_proto(
+        pb.SamplingParams(**kw), LIMITS, 10, RequestOutputKind.DELTA, options
+    )
+
+
+def test_stream_options_reach_vllm():
+    default = stream_params(pb.StreamOptions())
+    assert default.stream_interval is None and default.detokenize
+    tuned = stream_params(pb.StreamOptions(delta_tokens=8, omit_text=True))
+    assert tuned.stream_interval == 8 and not tuned.detokenize
+    # stop strings are matched on text: vLLM must still detokenize
+    assert stream_params(pb.StreamOptions(omit_text=True), stop=["x"]).detokenize
+    assert stream_params(pb.StreamOptions(delta_tokens=1)).stream_interval is None

@@ -37,6 +37,9 @@ def options_server():
         "processed_logprobs",
         "--structured-outputs-config",
         json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
+        # vLLM's engine-wide floor for StreamOptions.delta_tokens
+        "--stream-interval",
+        "3",
     ) as proc:
         yield proc
 
@@ -224,3 +227,17 @@ def test_json_schema_output_parses_and_fits_the_schema(oc, seed):
 def test_an_unknown_adapter_action_is_refused(oc):
     stream = adapter_stream("x", "v", {}, action=99, config="")
     assert refused(lambda: oc.stub.UpdateWeights(stream)).startswith("begin.adapter.action")
+
+
+def test_stream_interval_is_the_floor_of_delta_tokens(oc):
+    def counts(**kw):
+        deltas = oc.generate_stream(
+            prompt_token_ids=PROMPT, max_tokens=12, temperature=0, ignore_eos=True, **kw
+        )
+        return [len(d.token_ids) for d in deltas]
+
+    default, below, above = counts(), counts(delta_tokens=2), counts(delta_tokens=5)
+    assert default[0] == below[0] == above[0] == 1  # the first token at once
+    assert sum(default) == sum(below) == sum(above) == 12
+    assert all(c >= 3 for c in default[1:-1] + below[1:-1]), (default, below)
+    assert all(c >= 5 for c in above[1:-1]) and len(above) < len(default), (above, default)

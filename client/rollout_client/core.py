@@ -127,9 +127,19 @@ def adapter_removal(name: str, version: str) -> list[pb.UpdateWeightsRequest]:
     ]
 
 
-def build_generate_stream_request(**kwargs: Any) -> pb.GenerateStreamRequest:
-    """The same request for GenerateStream (the two messages share their fields)."""
-    return pb.GenerateStreamRequest.FromString(build_generate_request(**kwargs).SerializeToString())
+def build_generate_stream_request(
+    delta_tokens: int = 0, omit_text: bool = False, **kwargs: Any
+) -> pb.GenerateStreamRequest:
+    """The same request for GenerateStream (the two messages share their
+    fields), with its StreamOptions: `delta_tokens` tokens per delta (the
+    first and the last come at once), `omit_text` for token ids only."""
+    request = pb.GenerateStreamRequest.FromString(
+        build_generate_request(**kwargs).SerializeToString()
+    )
+    if delta_tokens or omit_text:
+        request.stream_options.delta_tokens = delta_tokens
+        request.stream_options.omit_text = omit_text
+    return request
 
 
 @contextmanager

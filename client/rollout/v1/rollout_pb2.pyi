@@ -305,7 +305,7 @@ class GenerateResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., weight_version: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_logprobs: _Optional[_Iterable[float]] = ..., prompt_top_logprobs: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ..., lora_adapter_version: _Optional[str] = ...) -> None: ...
 
 class GenerateStreamRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "prompt_text", "sampling_params", "images", "messages", "chat_options", "lora_adapter")
+    __slots__ = ("request_id", "prompt_token_ids", "prompt_text", "sampling_params", "images", "messages", "chat_options", "lora_adapter", "stream_options")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -314,6 +314,7 @@ class GenerateStreamRequest(_message.Message):
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     CHAT_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     LORA_ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    STREAM_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     prompt_text: str
@@ -322,7 +323,16 @@ class GenerateStreamRequest(_message.Message):
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     chat_options: ChatOptions
     lora_adapter: str
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_text: _Optional[str] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., chat_options: _Optional[_Union[ChatOptions, _Mapping]] = ..., lora_adapter: _Optional[str] = ...) -> None: ...
+    stream_options: StreamOptions
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_text: _Optional[str] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., chat_options: _Optional[_Union[ChatOptions, _Mapping]] = ..., lora_adapter: _Optional[str] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ...) -> None: ...
+
+class StreamOptions(_message.Message):
+    __slots__ = ("delta_tokens", "omit_text")
+    DELTA_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OMIT_TEXT_FIELD_NUMBER: _ClassVar[int]
+    delta_tokens: int
+    omit_text: bool
+    def __init__(self, delta_tokens: _Optional[int] = ..., omit_text: bool = ...) -> None: ...
 
 class GenerateStreamResponse(_message.Message):
     __slots__ = ("request_id", "index", "token_ids", "logprobs", "top_logprobs", "text", "finish_reason", "weight_version", "usage", "stop_reason", "version_spans", "prompt_token_ids", "prompt_logprobs", "prompt_top_logprobs", "lora_adapter_version")
