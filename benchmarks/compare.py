@@ -53,7 +53,9 @@ from benchmarks.loadgen import (
     add_closed_loop_args,
     closed_loop_spec,
     format_summary,
+    tree_cpu_seconds,
 )
+from benchmarks.profile_split import format_split
 from rollout_service import placement
 from tests.serverproc import TEST_ENGINE_ENV, ServerProcess, free_port
 
@@ -74,7 +76,25 @@ ENGINE_ARGS = [
 TARGETS = [
     ("ours unary / in-process tok/s", "ours_unary", "inprocess_unary", "tok/s", ">=", 0.95),
     ("ours unary / vllm serve tok/s", "ours_unary", "vllm_serve", "tok/s", ">=", 1.1),
-    ("ours stream / in-process TTFT p50", "ours_stream", "inprocess_stream", "ttft", "<=", 1.5),
+    ("ours stream / in-process tok/s", "ours_stream", "inprocess_stream", "tok/s", ">=", 0.9),
+    ("ours stream / in-process TTFT p50", "ours_stream", "inprocess_stream", "ttft", "<=", 1.3),
+    # Both sides with the same StreamOptions (--tuned-delta-tokens, omit_text).
+    (
+        "tuned stream / in-process tok/s",
+        "ours_stream_tuned",
+        "inprocess_stream_tuned",
+        "tok/s",
+        ">=",
+        0.9,
+    ),
+    (
+        "tuned stream / in-process TTFT p50",
+        "ours_stream_tuned",
+        "inprocess_stream_tuned",
+        "ttft",
+        "<=",
+        1.3,
+    ),
     # No target: what CPU placement is worth (only with --only ...,floating).
     ("ours unary / floating tok/s", "ours_unary", "ours_floating_unary", "tok/s", None, None),
     ("ours stream / floating TTFT p50", "ours_stream", "ours_floating_stream", "ttft", None, None),
@@ -111,27 +131,20 @@ def report(name: str, summary: dict) -> dict:
     return summary
 
 
-def tree_cpu_seconds(root_pid: int) -> tuple[float, float]:
-    """User plus system CPU seconds so far of a server's front-end process
-    (this service's, or `vllm serve`'s API server: the gRPC or HTTP layer and
-    vLLM's output processing) and of its descendants (engine core, workers)."""
-    import psutil
-
-    def cpu(p) -> float:
-        try:
-            t = p.cpu_times()
-            return t.user + t.system
-        except psutil.NoSuchProcess:
-            return 0.0
-
-    root = psutil.Process(root_pid)
-    return cpu(root), sum(cpu(p) for p in root.children(recursive=True))
+def stream_flags(args, tuned: bool) -> list[str]:
+    """A stream's StreamOptions flags: the shared ones, or the tuned run's."""
+    if tuned:
+        return ["--delta-tokens", str(args.tuned_delta_tokens), "--omit-text"]
+    return ["--delta-tokens", str(args.delta_tokens)] + ["--omit-text"] * args.omit_text
 
 
-def drive(args, driver: str, target: str, vocab_size: int, server_pid: int, **extra) -> dict:
+def drive(
+    args, driver: str, target: str, vocab_size: int, server_pid: int, profile=False, **extra
+) -> dict:
     """One load through benchmarks.drive, in a fresh process (see its
     docstring for why), with the server's CPU seconds per 1,000 output tokens
-    and the load client's, measured around it."""
+    and the load client's, measured around it; `profile`: py-spy samples the
+    server's front end during the measured window (benchmarks.profile_split)."""
     out = Path(tempfile.mkstemp(prefix="drive-", suffix=".json")[1])
     cmd = [
         sys.executable, "-m", "benchmarks.drive", driver, target, "--json", str(out),
@@ -142,16 +155,27 @@ def drive(args, driver: str, target: str, vocab_size: int, server_pid: int, **ex
     ]  # fmt: skip
     if extra.get("logprobs") is not None:
         cmd += ["--logprobs", str(extra["logprobs"])]
+    cmd += extra.get("flags", [])
     if args.no_progress:
         cmd.append("--no-progress")
     front0, engine0 = tree_cpu_seconds(server_pid)
-    subprocess.run(cmd, check=True)
+    load = subprocess.Popen(cmd)
+    spy = None
+    if profile:
+        from benchmarks.profile_split import Profile
+
+        time.sleep(args.warmup + 2)  # the drive's start-up, then its warm-up
+        spy = Profile(server_pid, args.duration - 2)
+    if load.wait() != 0:
+        raise RuntimeError(f"benchmarks.drive failed ({load.returncode})")
     front1, engine1 = tree_cpu_seconds(server_pid)
     summary = json.loads(out.read_text())
     per_k = 1000 / max(summary["total_output_tokens"], 1)
     summary["front_cpu_s_per_1k_tokens"] = (front1 - front0) * per_k
     summary["engine_cpu_s_per_1k_tokens"] = (engine1 - engine0) * per_k
     summary["client_cpu_s_per_1k_tokens"] = summary["client_cpu_seconds"] * per_k
+    if spy is not None:
+        summary["front_components"] = spy.shares()
     return summary
 
 
@@ -173,12 +197,26 @@ def run_ours(args, floating: bool = False) -> dict:
         with RolloutClient(server.target) as c:
             vocab = c.server_info().vocab_size
         out = {}
-        for kind, stream in (("unary", False), ("stream", True)):
+        for kind in ("unary", "stream", "stream_tuned"):
+            if kind == "stream_tuned" and (floating or not args.tuned_delta_tokens):
+                continue
+            stream = kind != "unary"
             driver = "grpc-stream" if stream else "grpc"
-            summary = drive(args, driver, server.target, vocab, server.proc.pid)
-            call = "GenerateStream" if stream else "Generate"
+            flags = stream_flags(args, kind == "stream_tuned") if stream else []
+            summary = drive(
+                args, driver, server.target, vocab, server.proc.pid, args.profile, flags=flags
+            )
+            call = "GenerateStream " + " ".join(flags) if stream else "Generate"
             load = closed_loop_spec(args).describe()
             out[f"{prefix}_{kind}"] = report(f"{name} {call}, {load}", summary)
+            if "front_components" in summary:
+                print(
+                    "front-end CPU s per 1k output tokens by component (py-spy):\n"
+                    + format_split(
+                        summary["front_cpu_s_per_1k_tokens"], summary["front_components"]
+                    ),
+                    flush=True,
+                )
         return out
     finally:
         server.stop()
@@ -194,6 +232,8 @@ def run_inprocess(args) -> dict:
         "--warmup", str(args.warmup), "--prompt-len", str(args.prompt_len),
         "--output-len", str(args.output_len), "--temperature", str(args.temperature),
         "--seed", str(args.seed), "--json", str(out_json), "--no-progress",
+        "--modes", "unary,stream" + (",stream_tuned" if args.tuned_delta_tokens else ""),
+        *stream_flags(args, True),
         "--", "--model", MODEL, *ENGINE_ARGS, *placement_args(args),
     ]  # fmt: skip
     print(f"\n== in-process AsyncLLM (log {log})", flush=True)
@@ -202,7 +242,7 @@ def run_inprocess(args) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"in-process run failed ({proc.returncode}), see {log}")
     results = json.loads(out_json.read_text())
-    kinds = {"unary": "FINAL_ONLY", "stream": "DELTA"}
+    kinds = {"unary": "FINAL_ONLY", "stream": "DELTA", "stream_tuned": "DELTA, tuned"}
     return {
         f"inprocess_{mode}": report(
             f"in-process AsyncLLM {kinds[mode]}, {closed_loop_spec(args).describe()}", s
@@ -399,6 +439,19 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="apply --placement pinned to `vllm serve` too (by default it runs as its users "
         "run it: its API server starves pinned beside its engine core)",
+    )
+    ap.add_argument(
+        "--tuned-delta-tokens",
+        type=int,
+        default=8,
+        help="the tuned stream runs (ours and in-process, the same StreamOptions): tokens per "
+        "delta, with omit_text; 0 skips them",
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="py-spy samples this service's front end during its loads and prints its CPU by "
+        "component (py-spy costs CPU: that run's throughput is not comparable)",
     )
     ap.add_argument("--rounds", type=int, default=3, help="times each configuration runs")
     ap.add_argument(

@@ -50,8 +50,14 @@ def make_driver(args):
 
         return HttpDriver(args.target, args.temperature, args.logprobs)
     from benchmarks.load import GrpcDriver
+    from benchmarks.loadgen import stream_options
 
-    return GrpcDriver(args.target, args.driver == "grpc-stream", temperature=args.temperature)
+    return GrpcDriver(
+        args.target,
+        args.driver == "grpc-stream",
+        temperature=args.temperature,
+        stream_options=stream_options(args),
+    )
 
 
 async def drive(args) -> dict:

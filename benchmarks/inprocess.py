@@ -31,7 +31,9 @@ from benchmarks.loadgen import (
     closed_loop_workload,
     format_summary,
     run_load,
+    stream_options,
     summarize,
+    tree_cpu_seconds,
 )
 from rollout.v1 import rollout_pb2 as pb
 
@@ -40,18 +42,21 @@ class EngineDriver:
     """One `AsyncLLM.generate` per call, timed like the gRPC driver times
     its calls (first token-bearing output, gaps between outputs)."""
 
-    def __init__(self, engine, limits, stream: bool, temperature: float, logprobs: bool = True):
+    def __init__(
+        self, engine, limits, stream: bool, temperature: float, logprobs: bool = True, options=None
+    ):
         from vllm.sampling_params import RequestOutputKind
 
         self.engine, self.limits, self.stream = engine, limits, stream
         self.temperature, self.logprobs = temperature, logprobs
         self.kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
+        self.options = options if stream else None  # a stream's StreamOptions
 
     def _params(self, prompt_len: int, max_tokens: int):
         from rollout_service.convert import sampling_params_from_proto
 
         sp = pb.SamplingParams(max_tokens=max_tokens, temperature=self.temperature, ignore_eos=True)
-        params = sampling_params_from_proto(sp, self.limits, prompt_len, self.kind)
+        params = sampling_params_from_proto(sp, self.limits, prompt_len, self.kind, self.options)
         if not self.logprobs:  # what the service's always-on logprobs cost
             params.logprobs = None
         return params
@@ -97,7 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="ask for no logprobs (the service always computes the sampled ones)",
     )
-    ap.add_argument("--modes", default="unary,stream", help="which runs, in order")
+    ap.add_argument(
+        "--modes",
+        default="unary,stream",
+        help="which runs, in order: unary, stream (default StreamOptions), stream_tuned "
+        "(--delta-tokens and --omit-text)",
+    )
     ap.add_argument("--json", type=Path, help="write {mode: summary} here")
     return ap
 
@@ -111,13 +121,22 @@ async def run_modes(args, serve_args: list[str]) -> dict:
         await warm_up(engine)
         results = {}
         for mode in args.modes.split(","):
-            stream = mode == "stream"
-            driver = EngineDriver(engine, limits, stream, args.temperature, args.logprobs)
+            stream = mode.startswith("stream")
+            options = stream_options(args) if mode == "stream_tuned" else None
+            driver = EngineDriver(engine, limits, stream, args.temperature, args.logprobs, options)
             workload = closed_loop_workload(args, limits.vocab_size)
             spec = closed_loop_spec(args)
-            summary = summarize(await run_load(driver, workload, spec), stream)
+            cpu0 = tree_cpu_seconds(os.getpid())
+            result = await run_load(driver, workload, spec)
+            front, engine_cpu = (b - a for a, b in zip(cpu0, tree_cpu_seconds(os.getpid())))
+            summary = summarize(result, stream)
+            # The same figures benchmarks.compare reads around a server: this
+            # process is front end and load client in one.
+            per_k = 1000 / max(sum(r.tokens for r in result.records if r.error is None), 1)
+            summary["front_cpu_s_per_1k_tokens"] = front * per_k
+            summary["engine_cpu_s_per_1k_tokens"] = engine_cpu * per_k
             kind = "DELTA" if stream else "FINAL_ONLY"
-            print(format_summary(f"in-process AsyncLLM {kind}, {spec.describe()}", summary))
+            print(format_summary(f"in-process AsyncLLM {kind} {mode}, {spec.describe()}", summary))
             results[mode] = summary
         return results
     finally:

@@ -52,8 +52,10 @@ class GrpcDriver:
         temperature: float = 1.0,
         timeout: float = 600.0,
         connection: ConnectionOptions | None = None,
+        stream_options: pb.StreamOptions | None = None,
     ):
         self.stream, self.temperature, self.timeout = stream, temperature, timeout
+        self.stream_options = stream_options
         connection = connection or ConnectionOptions()
         self.metadata = connection.metadata()
         self.channels = [
@@ -90,7 +92,9 @@ class GrpcDriver:
 
     async def _streamed(self, prompt: list[int], max_tokens: int) -> Record:
         request = pb.GenerateStreamRequest(
-            prompt_token_ids=prompt, sampling_params=self._params(max_tokens)
+            prompt_token_ids=prompt,
+            sampling_params=self._params(max_tokens),
+            stream_options=self.stream_options,
         )
         rec = Record(start=time.perf_counter())
         try:
@@ -148,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--output-len", type=Range.parse, default=Range(64, 64), help="N or LO-HI (default: 64)"
     )
     ap.add_argument("--stream", action="store_true", help="GenerateStream instead of Generate")
+    ap.add_argument("--delta-tokens", type=int, default=0, help="with --stream: tokens per delta")
+    ap.add_argument("--omit-text", action="store_true", help="with --stream: token ids only")
     ap.add_argument("--temperature", type=float, default=1.0, help="(default: %(default)s)")
     ap.add_argument(
         "--channels",
@@ -295,6 +301,7 @@ async def main_async(args) -> dict:
         args.temperature,
         args.timeout,
         connection_options(args),
+        pb.StreamOptions(delta_tokens=args.delta_tokens, omit_text=args.omit_text),
     )
     runs = []
     try:

@@ -333,6 +333,10 @@ def add_closed_loop_args(ap) -> None:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument(
+        "--delta-tokens", type=int, default=0, help="streams: StreamOptions.delta_tokens"
+    )
+    ap.add_argument("--omit-text", action="store_true", help="streams: StreamOptions.omit_text")
 
 
 def closed_loop_spec(args) -> LoadSpec:
@@ -349,3 +353,27 @@ def closed_loop_spec(args) -> LoadSpec:
 def closed_loop_workload(args, vocab_size: int) -> Workload:
     """The Workload of add_closed_loop_args' flags."""
     return Workload(args.prompt_len, args.output_len, vocab_size, args.seed)
+
+
+def stream_options(args):
+    """The StreamOptions of add_closed_loop_args' flags (what a stream asks for)."""
+    from rollout.v1 import rollout_pb2 as pb
+
+    return pb.StreamOptions(delta_tokens=args.delta_tokens, omit_text=args.omit_text)
+
+
+def tree_cpu_seconds(root_pid: int) -> tuple[float, float]:
+    """User plus system CPU seconds so far of a server's front-end process
+    (this service's, or `vllm serve`'s API server: the gRPC or HTTP layer and
+    vLLM's output processing) and of its descendants (engine core, workers)."""
+    import psutil
+
+    def cpu(p) -> float:
+        try:
+            t = p.cpu_times()
+            return t.user + t.system
+        except psutil.NoSuchProcess:
+            return 0.0
+
+    root = psutil.Process(root_pid)
+    return cpu(root), sum(cpu(p) for p in root.children(recursive=True))
