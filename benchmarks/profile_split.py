@@ -39,6 +39,7 @@ COMPONENTS = [
             "vllm/logprobs.py",
             "tokenizers/",
             "transformers/",
+            "output_handler (vllm/",
         ),
     ),  # fmt: skip
     (
@@ -46,7 +47,7 @@ COMPONENTS = [
         ("vllm/v1/serial_utils", "vllm/v1/engine/core_client", "zmq/"),
     ),
     (
-        "vLLM input processing",
+        "vLLM requests in (AsyncLLM.generate, add_request)",
         (
             "vllm/v1/engine/input_processor",
             "vllm/renderers",

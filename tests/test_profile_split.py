@@ -19,7 +19,7 @@ def test_innermost_claimed_frame_wins_and_roots_are_skipped():
     vllm = (
         LOOP + ";output_handler (vllm/v1/engine/async_llm.py:862);Event.set (asyncio/locks.py:190)"
     )
-    assert component_of(vllm.split(";")) == "vLLM input processing"
+    assert component_of(vllm.split(";")) == "vLLM output processing (detokenizer, logprobs)"
     # no claimed frame: gRPC's Cython under the loop's callback runner
     assert component_of(LOOP.split(";")) == NATIVE
 
