@@ -399,7 +399,7 @@ def table(results: dict, rows: list[dict]) -> str:
         ttft_ms = f"{ttft['p50'] * 1000:9.1f}" if ttft else f"{'-':>9}"
         keys = ("front", "engine", "client")
         per_k = [s.get(f"{k}_cpu_s_per_1k_tokens") for k in keys]
-        cpu = " ".join(f"{v:.3f}" for v in per_k) if per_k[0] is not None else "-"
+        cpu = " ".join("-" if v is None else f"{v:.3f}" for v in per_k)
         lines.append(
             f"{key:<22} {s['output_tokens_per_s']:9,.0f} {s['requests_per_s']:7.1f} "
             f"{p50:8.1f} {p99:8.1f} {ttft_ms} {sum(s['errors'].values()):>6}   {cpu}"
