@@ -10,14 +10,20 @@ prompt tokens and 64 output tokens (ignore_eos, temperature 0), it measures
 in turn:
 
   (a) this service, Generate (unary)            output tok/s
-  (b) this service, GenerateStream              TTFT p50
-  (c) the same AsyncLLM in-process, FINAL_ONLY  tok/s, and DELTA for TTFT
+  (b) this service, GenerateStream              tok/s, TTFT p50; by default
+      (a delta per engine step, with text) and tuned (StreamOptions:
+      --tuned-delta-tokens tokens per delta, omit_text)
+  (c) the same AsyncLLM in-process, FINAL_ONLY  tok/s; DELTA, default and
+      tuned, for the streams
   (d) `vllm serve`, /v1/completions over HTTP   tok/s
 
-and prints the ratios against their targets, and for (a), (b) and (d) the CPU
-seconds per 1,000 output tokens of the server's front-end process (this
-service; `vllm serve`'s API server), of its engine processes, and of the load
-client: machine-independent figures of what each layer costs. Every load runs
+and prints the ratios against their targets, and the CPU seconds per 1,000
+output tokens of the server's front-end process (this service; `vllm
+serve`'s API server; the in-process run's one process), of its engine
+processes, and of the load client: machine-independent figures of what each
+layer costs, and the front end's ceiling (the tok/s one core of it carries).
+`--profile` splits this service's front-end CPU by component (py-spy; see
+benchmarks.profile_split). Every load runs
 in a fresh process (benchmarks.drive). Every configuration gets the
 same CPU placement: by default (`--placement pinned`) its processes other
 than vLLM's worker run on the cores the worker is not bound to, as
@@ -73,32 +79,28 @@ ENGINE_ARGS = [
 ]
 
 # (name, numerator, denominator, metric, comparison, target)
+# fmt: off
 TARGETS = [
     ("ours unary / in-process tok/s", "ours_unary", "inprocess_unary", "tok/s", ">=", 0.95),
     ("ours unary / vllm serve tok/s", "ours_unary", "vllm_serve", "tok/s", ">=", 1.1),
     ("ours stream / in-process tok/s", "ours_stream", "inprocess_stream", "tok/s", ">=", 0.9),
     ("ours stream / in-process TTFT p50", "ours_stream", "inprocess_stream", "ttft", "<=", 1.3),
     # Both sides with the same StreamOptions (--tuned-delta-tokens, omit_text).
-    (
-        "tuned stream / in-process tok/s",
-        "ours_stream_tuned",
-        "inprocess_stream_tuned",
-        "tok/s",
-        ">=",
-        0.9,
-    ),
-    (
-        "tuned stream / in-process TTFT p50",
-        "ours_stream_tuned",
-        "inprocess_stream_tuned",
-        "ttft",
-        "<=",
-        1.3,
-    ),
+    ("tuned stream / in-process tok/s", "ours_stream_tuned", "inprocess_stream_tuned", "tok/s",
+     ">=", 0.9),
+    ("tuned stream / in-process TTFT p50", "ours_stream_tuned", "inprocess_stream_tuned", "ttft",
+     "<=", 1.3),
+    # No target: front-end CPU per token against in-process's (front end and
+    # load client in one process there): what a host with cores to spare gets.
+    ("ours unary / in-process front CPU", "ours_unary", "inprocess_unary", "front", None, None),
+    ("ours stream / in-process front CPU", "ours_stream", "inprocess_stream", "front", None, None),
+    ("tuned stream / in-process front CPU", "ours_stream_tuned", "inprocess_stream_tuned", "front",
+     None, None),
     # No target: what CPU placement is worth (only with --only ...,floating).
     ("ours unary / floating tok/s", "ours_unary", "ours_floating_unary", "tok/s", None, None),
     ("ours stream / floating TTFT p50", "ours_stream", "ours_floating_stream", "ttft", None, None),
 ]
+# fmt: on
 CONFIGS = ("ours", "inprocess", "serve")
 # Not run unless asked for (--only ours,floating,...): ours without CPU placement.
 EXTRA_CONFIGS = ("floating",)
@@ -364,6 +366,8 @@ def run_serve(args, model_dir: Path) -> dict:
 def metric(summary: dict, name: str) -> float | None:
     if name == "tok/s":
         return summary["output_tokens_per_s"]
+    if name == "front":
+        return summary.get("front_cpu_s_per_1k_tokens")
     return (summary.get(name) or {}).get("p50")
 
 
@@ -390,7 +394,8 @@ def table(results: dict, rows: list[dict]) -> str:
     lines = [
         "",
         f"{'configuration':<22} {'tok/s':>9} {'req/s':>7} {'p50 ms':>8} {'p99 ms':>8} "
-        f"{'TTFT p50':>9} {'errors':>6}   CPU s per 1k output tokens: front engine client",
+        f"{'TTFT p50':>9} {'errors':>6}   CPU s per 1k output tokens: front engine client"
+        "   front-end ceiling tok/s",
     ]
     for key, s in results.items():
         nan = float("nan")
@@ -400,9 +405,13 @@ def table(results: dict, rows: list[dict]) -> str:
         keys = ("front", "engine", "client")
         per_k = [s.get(f"{k}_cpu_s_per_1k_tokens") for k in keys]
         cpu = " ".join("-" if v is None else f"{v:.3f}" for v in per_k)
+        # What one core of front end can carry at this cost per token (the
+        # throughput of a host whose engine and client are elsewhere).
+        ceiling = f"{1000 / per_k[0]:,.0f}" if per_k[0] else "-"
         lines.append(
             f"{key:<22} {s['output_tokens_per_s']:9,.0f} {s['requests_per_s']:7.1f} "
-            f"{p50:8.1f} {p99:8.1f} {ttft_ms} {sum(s['errors'].values()):>6}   {cpu}"
+            f"{p50:8.1f} {p99:8.1f} {ttft_ms} {sum(s['errors'].values()):>6}   {cpu:<20} "
+            f"{ceiling:>9}"
         )
     return "\n".join([*lines, "", *ratio_lines(rows)])
 
