@@ -248,9 +248,9 @@ async def serve(config: ServerConfig, engine_args) -> int:
         metrics.bind(gate, updater)
         # As `vllm serve` does: the start-up heap (vLLM, torch, the tokenizer)
         # is static; frozen, the collector stops rescanning it. Measured under
-        # 64 concurrent calls: full collections of 0.1 to 0.25 s each (the
+        # 64 concurrent calls: full collections of 0.45 to 0.56 s each (the
         # event loop stalls meanwhile), 0.011 to 0.032 CPU s per 1,000 tokens
-        # of collection; 0.003 to 0.006 frozen (BENCHMARKS.md).
+        # of collection; frozen, 0.01 s and 0.003 to 0.006 (BENCHMARKS.md).
         from vllm.utils.gc_utils import freeze_gc_heap
 
         freeze_gc_heap()
