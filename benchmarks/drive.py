@@ -8,9 +8,10 @@ requests arrive one at a time ("Running: 1 reqs" in vLLM's log).
 
     python -m benchmarks.drive grpc|grpc-stream|http TARGET_OR_URL --json out.json [load flags]
 
-The JSON is the load's summary plus `total_output_tokens` (every request's,
-warm-up included) and `client_cpu_seconds`, so that a caller that reads the
-server's CPU time around this process can divide one by the other.
+The JSON is the load's summary (its `total_output_tokens` counts every
+request's, warm-up included) plus `client_cpu_seconds`, so that a caller
+that reads the server's CPU time around this process can divide one by the
+other.
 """
 
 from __future__ import annotations
@@ -67,9 +68,7 @@ async def drive(args) -> dict:
         result = await run_load(driver, workload, closed_loop_spec(args))
     finally:
         await driver.close()
-    summary = summarize(result, stream=args.driver == "grpc-stream")
-    summary["total_output_tokens"] = sum(r.tokens for r in result.records if r.error is None)
-    return summary
+    return summarize(result, stream=args.driver == "grpc-stream")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -132,7 +132,7 @@ async def run_modes(args, serve_args: list[str]) -> dict:
             summary = summarize(result, stream)
             # The same figures benchmarks.compare reads around a server: this
             # process is front end and load client in one.
-            per_k = 1000 / max(sum(r.tokens for r in result.records if r.error is None), 1)
+            per_k = 1000 / max(summary["total_output_tokens"], 1)
             summary["front_cpu_s_per_1k_tokens"] = front * per_k
             summary["engine_cpu_s_per_1k_tokens"] = engine_cpu * per_k
             kind = "DELTA" if stream else "FINAL_ONLY"

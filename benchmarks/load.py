@@ -31,6 +31,7 @@ from benchmarks.loadgen import (
     Workload,
     format_summary,
     run_load,
+    stream_options,
     summarize,
 )
 from benchmarks.mixed import UpdatePusher, analyse, format_updates
@@ -301,7 +302,7 @@ async def main_async(args) -> dict:
         args.temperature,
         args.timeout,
         connection_options(args),
-        pb.StreamOptions(delta_tokens=args.delta_tokens, omit_text=args.omit_text),
+        stream_options(args),
     )
     runs = []
     try:

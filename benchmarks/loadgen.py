@@ -286,6 +286,9 @@ def summarize(result: RunResult, stream: bool) -> dict[str, Any]:
         "incomplete": sum(r.tokens < r.expected for r in ok),
         "window_seconds": window,
         "output_tokens_per_s": sum(r.tokens * f for r, f in shares) / window,
+        # Every successful request's, warm-up included: what CPU time read
+        # around the whole load is divided by.
+        "total_output_tokens": sum(r.tokens for r, _ in shares),
         "requests_per_s": sum(f for _, f in shares) / window,
         "latency": percentiles([r.end - r.start for r in ok]),
         "client_cpu_cores": result.client_cpu_cores,

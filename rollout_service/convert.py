@@ -60,6 +60,10 @@ def check_vocabulary(ids: Sequence[int], vocab_size: int, field: str) -> None:
             )
 
 
+# Generate's (and a stream's without them): read only, made once.
+_NO_STREAM_OPTIONS = pb.StreamOptions()
+
+
 def sampling_params_from_proto(
     sp: pb.SamplingParams,
     limits: ModelLimits,
@@ -69,7 +73,7 @@ def sampling_params_from_proto(
 ) -> SamplingParams:
     """Validates `sp` and builds the vLLM SamplingParams for it; `stream`:
     a GenerateStream's delivery options."""
-    stream = stream or pb.StreamOptions()
+    stream = stream or _NO_STREAM_OPTIONS
     f = "sampling_params."
     room = limits.max_model_len - (prompt_tokens or 0)
     if sp.HasField("max_tokens"):

@@ -42,6 +42,26 @@ def test_generate_text_and_stream_agree(server):
     assert streamed.rstrip("\n") == unary["completions"][0]["text"]
 
 
+def json_messages(text: str) -> list[dict]:
+    decoder, out, i = json.JSONDecoder(), [], 0
+    while text[i:].strip():
+        i += len(text[i:]) - len(text[i:].lstrip())
+        message, i = decoder.raw_decode(text, i)
+        out.append(message)
+    return out
+
+
+def test_stream_delta_tokens_groups_the_deltas(server):
+    args = ("--json", "generate", "Hello there", "--max-tokens", "10", "--temperature", "0")
+    plain = json_messages(run(server, *args, "--stream").stdout)
+    grouped = json_messages(run(server, *args, "--stream", "--delta-tokens", "5").stdout)
+    tokens = [[t for m in ms for t in m.get("token_ids", [])] for ms in (plain, grouped)]
+    assert tokens[0] == tokens[1] and len(tokens[0]) == 10
+    counts = [len(m.get("token_ids", [])) for m in grouped]
+    assert counts[0] == 1 and all(c >= 5 for c in counts[1:-1]), counts
+    assert len(grouped) < len(plain), (counts, len(plain))
+
+
 def test_generate_error_is_reported(server):
     p = run(server, "generate", "Hello", "--top-p", "2", check=False)
     assert p.returncode == 1 and "INVALID_ARGUMENT" in p.stderr and "top_p" in p.stderr

@@ -82,7 +82,7 @@ def _generate(client: RolloutClient, args) -> None:
     else:
         kw["prompt_text"] = args.prompt
     if args.stream:
-        for delta in client.generate_stream(delta_tokens=args.delta_tokens or 0, **kw):
+        for delta in client.generate_stream(delta_tokens=args.delta_tokens, **kw):
             if args.json:
                 print(json_format.MessageToJson(delta, preserving_proto_field_name=True))
             else:
@@ -277,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--logprobs", type=int, help="top alternatives per token")
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.add_argument("--stream", action="store_true", help="print tokens as they come")
-    g.add_argument("--delta-tokens", type=int, help="with --stream: tokens per delta")
+    g.add_argument("--delta-tokens", type=int, default=0, help="with --stream: tokens per delta")
     g.add_argument("--chat", action="store_true", help="the prompt is a user chat message")
     g.add_argument("--system", help="with --chat or tokenize --chat: a system message first")
     g.add_argument("--lora", help="generate with this loaded LoRA adapter")
