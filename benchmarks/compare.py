@@ -13,9 +13,12 @@ in turn:
   (b) this service, GenerateStream              tok/s, TTFT p50; by default
       (a delta per engine step, with text) and tuned (StreamOptions:
       --tuned-delta-tokens tokens per delta, omit_text)
-  (c) the same AsyncLLM in-process, FINAL_ONLY  tok/s; DELTA, default and
+  (c) the thinnest gRPC front end on the same engine (benchmarks.thin_front:
+      raw bytes, none of this service's code), unary, streamed and tuned:
+      the ceiling for this service's own layer that is not our code
+  (d) the same AsyncLLM in-process, FINAL_ONLY  tok/s; DELTA, default and
       tuned, for the streams
-  (d) `vllm serve`, /v1/completions over HTTP   tok/s
+  (e) `vllm serve`, /v1/completions over HTTP   tok/s
 
 and prints the ratios against their targets, and the CPU seconds per 1,000
 output tokens of the server's front-end process (this service; `vllm
@@ -90,18 +93,37 @@ TARGETS = [
      ">=", 0.9),
     ("tuned stream / in-process TTFT p50", "ours_stream_tuned", "inprocess_stream_tuned", "ttft",
      "<=", 1.3),
+    # No target: the service's own layer, against the thinnest gRPC front end
+    # on the same engine (what any Python gRPC server costs is in both).
+    ("ours unary / thin gRPC tok/s", "ours_unary", "thin_unary", "tok/s", None, None),
+    ("ours stream / thin gRPC tok/s", "ours_stream", "thin_stream", "tok/s", None, None),
+    ("ours stream / thin gRPC TTFT p50", "ours_stream", "thin_stream", "ttft", None, None),
+    ("tuned stream / thin gRPC tok/s", "ours_stream_tuned", "thin_stream_tuned", "tok/s", None,
+     None),
+    ("tuned stream / thin gRPC TTFT p50", "ours_stream_tuned", "thin_stream_tuned", "ttft", None,
+     None),
+    # No target: what a gRPC front end in another process costs on this machine.
+    ("thin unary / in-process tok/s", "thin_unary", "inprocess_unary", "tok/s", None, None),
+    ("thin stream / in-process tok/s", "thin_stream", "inprocess_stream", "tok/s", None, None),
+    ("thin stream / in-process TTFT p50", "thin_stream", "inprocess_stream", "ttft", None, None),
+    ("thin tuned / in-process tok/s", "thin_stream_tuned", "inprocess_stream_tuned", "tok/s", None,
+     None),
     # No target: front-end CPU per token against in-process's (front end and
     # load client in one process there): what a host with cores to spare gets.
     ("ours unary / in-process front CPU", "ours_unary", "inprocess_unary", "front", None, None),
     ("ours stream / in-process front CPU", "ours_stream", "inprocess_stream", "front", None, None),
     ("tuned stream / in-process front CPU", "ours_stream_tuned", "inprocess_stream_tuned", "front",
      None, None),
+    ("ours unary / thin gRPC front CPU", "ours_unary", "thin_unary", "front", None, None),
+    ("ours stream / thin gRPC front CPU", "ours_stream", "thin_stream", "front", None, None),
+    ("tuned stream / thin gRPC front CPU", "ours_stream_tuned", "thin_stream_tuned", "front", None,
+     None),
     # No target: what CPU placement is worth (only with --only ...,floating).
     ("ours unary / floating tok/s", "ours_unary", "ours_floating_unary", "tok/s", None, None),
     ("ours stream / floating TTFT p50", "ours_stream", "ours_floating_stream", "ttft", None, None),
 ]
 # fmt: on
-CONFIGS = ("ours", "inprocess", "serve")
+CONFIGS = ("ours", "thin", "inprocess", "serve")
 # Not run unless asked for (--only ours,floating,...): ours without CPU placement.
 EXTRA_CONFIGS = ("floating",)
 
@@ -224,8 +246,71 @@ def run_ours(args, floating: bool = False) -> dict:
         server.stop()
 
 
+class ThinServer:
+    """benchmarks.thin_front in its own process group, with the engine
+    arguments and placement every configuration gets."""
+
+    def __init__(self, args):
+        self.log = Path(tempfile.mkstemp(prefix="thin-front-", suffix=".log")[1])
+        self.port = free_port()
+        self.target = f"127.0.0.1:{self.port}"
+        cmd = [
+            sys.executable, "-m", "benchmarks.thin_front", "--port", str(self.port),
+            "--", "--model", MODEL, *ENGINE_ARGS, *placement_args(args),
+        ]  # fmt: skip
+        self._log_file = open(self.log, "wb")
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._log_file, stderr=subprocess.STDOUT, env=engine_env(),
+            start_new_session=True,
+        )  # fmt: skip
+
+    def wait_ready(self, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"thin front exited ({self.proc.returncode}), see {self.log}")
+            if b"thin front ready" in self.log.read_bytes():
+                return
+            time.sleep(1)
+        raise RuntimeError(f"thin front not ready after {timeout}s, see {self.log}")
+
+    def stop(self, timeout: float = 60) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log_file.close()
+
+
+def run_thin(args, model_dir: Path) -> dict:
+    """(c): the thinnest gRPC front end, unary, streamed and tuned."""
+    server = ThinServer(args)
+    print(f"\n== thin gRPC front end on {server.target} (log {server.log})", flush=True)
+    try:
+        server.wait_ready()
+        place(args, server.proc.pid)
+        vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+        out = {}
+        for kind in ("unary", "stream", "stream_tuned"):
+            if kind == "stream_tuned" and not args.tuned_delta_tokens:
+                continue
+            stream = kind != "unary"
+            flags = stream_flags(args, kind == "stream_tuned") if stream else []
+            driver = "thin-stream" if stream else "thin"
+            summary = drive(args, driver, server.target, vocab, server.proc.pid, flags=flags)
+            call = "stream " + " ".join(flags) if stream else "unary"
+            load = closed_loop_spec(args).describe()
+            out[f"thin_{kind}"] = report(f"thin gRPC front end {call}, {load}", summary)
+        return out
+    finally:
+        server.stop()
+
+
 def run_inprocess(args) -> dict:
-    """(c): benchmarks.inprocess in its own process with the same environment."""
+    """(d): benchmarks.inprocess in its own process with the same environment."""
     out_json = Path(tempfile.mkstemp(prefix="inprocess-", suffix=".json")[1])
     log = Path(tempfile.mkstemp(prefix="inprocess-", suffix=".log")[1])
     cmd = [
@@ -342,7 +427,7 @@ class VllmServe:
 
 
 def run_serve(args, model_dir: Path) -> dict:
-    """(d): vllm serve, unary /v1/completions."""
+    """(e): vllm serve, unary /v1/completions."""
     server = VllmServe(model_dir)
     print(f"\n== vllm serve on {server.base} (log {server.log})", flush=True)
     try:
@@ -478,6 +563,8 @@ def run_round(args, model_dir: Path, only: list[str]) -> dict:
         results.update(run_ours(args))
     if "floating" in only:
         results.update(run_ours(args, floating=True))
+    if "thin" in only:
+        results.update(run_thin(args, model_dir))
     if "inprocess" in only:
         results.update(run_inprocess(args))
     if "serve" in only:

@@ -6,7 +6,10 @@ earlier grpc.aio client, event-loop policy, threads): in one process, `vllm
 serve` measured after this service's configurations saw its 64 concurrent
 requests arrive one at a time ("Running: 1 reqs" in vLLM's log).
 
-    python -m benchmarks.drive grpc|grpc-stream|http TARGET_OR_URL --json out.json [load flags]
+    python -m benchmarks.drive grpc|grpc-stream|http|thin|thin-stream TARGET_OR_URL \\
+        --json out.json [load flags]
+
+(thin: benchmarks.thin_front's raw-bytes methods.)
 
 The JSON is the load's summary (its `total_output_tokens` counts every
 request's, warm-up included) plus `client_cpu_seconds`, so that a caller
@@ -31,13 +34,13 @@ from benchmarks.loadgen import (
     summarize,
 )
 
-DRIVERS = ("grpc", "grpc-stream", "http")
+DRIVERS = ("grpc", "grpc-stream", "http", "thin", "thin-stream")
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.drive", description=__doc__)
     ap.add_argument("driver", choices=DRIVERS)
-    ap.add_argument("target", help="host:port (grpc) or the /v1/completions URL (http)")
+    ap.add_argument("target", help="host:port (grpc, thin) or the /v1/completions URL (http)")
     ap.add_argument("--json", type=Path, required=True)
     ap.add_argument("--vocab-size", type=int, required=True)
     ap.add_argument("--logprobs", type=int, help="http: vllm serve's `logprobs`")
@@ -50,12 +53,19 @@ def make_driver(args):
         from benchmarks.compare import HttpDriver
 
         return HttpDriver(args.target, args.temperature, args.logprobs)
-    from benchmarks.load import GrpcDriver
     from benchmarks.loadgen import stream_options
+
+    stream = args.driver.endswith("-stream")
+    if args.driver.startswith("thin"):
+        from benchmarks.thin_front import ThinDriver
+
+        options = stream_options(args) if stream else None
+        return ThinDriver(args.target, stream, args.temperature, options)
+    from benchmarks.load import GrpcDriver
 
     return GrpcDriver(
         args.target,
-        args.driver == "grpc-stream",
+        stream,
         temperature=args.temperature,
         stream_options=stream_options(args),
     )
@@ -68,7 +78,7 @@ async def drive(args) -> dict:
         result = await run_load(driver, workload, closed_loop_spec(args))
     finally:
         await driver.close()
-    return summarize(result, stream=args.driver == "grpc-stream")
+    return summarize(result, stream=args.driver.endswith("-stream"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,6 +38,15 @@ from benchmarks.loadgen import (
 from rollout.v1 import rollout_pb2 as pb
 
 
+def service_params(limits, prompt_len, max_tokens, temperature, kind, options=None):
+    """The SamplingParams the servicer builds for the load's request (16 in,
+    ignore_eos, the sampled tokens' logprobs; a stream's StreamOptions)."""
+    from rollout_service.convert import sampling_params_from_proto
+
+    sp = pb.SamplingParams(max_tokens=max_tokens, temperature=temperature, ignore_eos=True)
+    return sampling_params_from_proto(sp, limits, prompt_len, kind, options)
+
+
 class EngineDriver:
     """One `AsyncLLM.generate` per call, timed like the gRPC driver times
     its calls (first token-bearing output, gaps between outputs)."""
@@ -53,10 +62,9 @@ class EngineDriver:
         self.options = options if stream else None  # a stream's StreamOptions
 
     def _params(self, prompt_len: int, max_tokens: int):
-        from rollout_service.convert import sampling_params_from_proto
-
-        sp = pb.SamplingParams(max_tokens=max_tokens, temperature=self.temperature, ignore_eos=True)
-        params = sampling_params_from_proto(sp, self.limits, prompt_len, self.kind, self.options)
+        params = service_params(
+            self.limits, prompt_len, max_tokens, self.temperature, self.kind, self.options
+        )
         if not self.logprobs:  # what the service's always-on logprobs cost
             params.logprobs = None
         return params
