@@ -62,6 +62,8 @@ from benchmarks.loadgen import (
     add_closed_loop_args,
     closed_loop_spec,
     format_summary,
+    machine_ticks,
+    steal_percent,
     tree_cpu_seconds,
 )
 from benchmarks.profile_split import format_split
@@ -183,6 +185,7 @@ def drive(
     if args.no_progress:
         cmd.append("--no-progress")
     front0, engine0 = tree_cpu_seconds(server_pid)
+    ticks0 = machine_ticks()
     load = subprocess.Popen(cmd)
     spy = None
     if profile:
@@ -194,6 +197,7 @@ def drive(
         raise RuntimeError(f"benchmarks.drive failed ({load.returncode})")
     front1, engine1 = tree_cpu_seconds(server_pid)
     summary = json.loads(out.read_text())
+    summary["steal_percent"] = steal_percent(ticks0, machine_ticks())
     per_k = 1000 / max(summary["total_output_tokens"], 1)
     summary["front_cpu_s_per_1k_tokens"] = (front1 - front0) * per_k
     summary["engine_cpu_s_per_1k_tokens"] = (engine1 - engine0) * per_k
@@ -480,7 +484,7 @@ def table(results: dict, rows: list[dict]) -> str:
         "",
         f"{'configuration':<22} {'tok/s':>9} {'req/s':>7} {'p50 ms':>8} {'p99 ms':>8} "
         f"{'TTFT p50':>9} {'errors':>6}   CPU s per 1k output tokens: front engine client"
-        "   front-end ceiling tok/s",
+        "   front-end ceiling tok/s   steal %",
     ]
     for key, s in results.items():
         nan = float("nan")
@@ -493,10 +497,12 @@ def table(results: dict, rows: list[dict]) -> str:
         # What one core of front end can carry at this cost per token (the
         # throughput of a host whose engine and client are elsewhere).
         ceiling = f"{1000 / per_k[0]:,.0f}" if per_k[0] else "-"
+        steal = s.get("steal_percent")
+        steal = "-" if steal is None else f"{steal:.1f}"
         lines.append(
             f"{key:<22} {s['output_tokens_per_s']:9,.0f} {s['requests_per_s']:7.1f} "
             f"{p50:8.1f} {p99:8.1f} {ttft_ms} {sum(s['errors'].values()):>6}   {cpu:<20} "
-            f"{ceiling:>9}"
+            f"{ceiling:>9} {steal:>9}"
         )
     return "\n".join([*lines, "", *ratio_lines(rows)])
 

@@ -30,7 +30,9 @@ from benchmarks.loadgen import (
     closed_loop_spec,
     closed_loop_workload,
     format_summary,
+    machine_ticks,
     run_load,
+    steal_percent,
     stream_options,
     summarize,
     tree_cpu_seconds,
@@ -134,8 +136,9 @@ async def run_modes(args, serve_args: list[str]) -> dict:
             driver = EngineDriver(engine, limits, stream, args.temperature, args.logprobs, options)
             workload = closed_loop_workload(args, limits.vocab_size)
             spec = closed_loop_spec(args)
-            cpu0 = tree_cpu_seconds(os.getpid())
+            cpu0, ticks0 = tree_cpu_seconds(os.getpid()), machine_ticks()
             result = await run_load(driver, workload, spec)
+            steal = steal_percent(ticks0, machine_ticks())
             front, engine_cpu = (b - a for a, b in zip(cpu0, tree_cpu_seconds(os.getpid())))
             summary = summarize(result, stream)
             # The same figures benchmarks.compare reads around a server: this
@@ -143,6 +146,7 @@ async def run_modes(args, serve_args: list[str]) -> dict:
             per_k = 1000 / max(summary["total_output_tokens"], 1)
             summary["front_cpu_s_per_1k_tokens"] = front * per_k
             summary["engine_cpu_s_per_1k_tokens"] = engine_cpu * per_k
+            summary["steal_percent"] = steal
             kind = "DELTA" if stream else "FINAL_ONLY"
             print(format_summary(f"in-process AsyncLLM {kind} {mode}, {spec.describe()}", summary))
             results[mode] = summary

@@ -365,6 +365,19 @@ def stream_options(args):
     return pb.StreamOptions(delta_tokens=args.delta_tokens, omit_text=args.omit_text)
 
 
+def machine_ticks() -> tuple[int, int]:
+    """(steal, all) clock ticks of this machine's CPUs so far (/proc/stat):
+    steal is time a virtual machine's host ran something else on its cores."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:9]]
+    return ticks[7], sum(ticks)
+
+
+def steal_percent(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """The share of the CPUs' time stolen between two machine_ticks()."""
+    return 100 * (after[0] - before[0]) / max(after[1] - before[1], 1)
+
+
 def tree_cpu_seconds(root_pid: int) -> tuple[float, float]:
     """User plus system CPU seconds so far of a server's front-end process
     (this service's, or `vllm serve`'s API server: the gRPC or HTTP layer and

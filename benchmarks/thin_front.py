@@ -4,7 +4,8 @@ service's own layer that is not our code.
 A grpc.aio server with two raw-bytes methods (no protobuf, no admission gate,
 no metrics, no interceptor, nothing of rollout_service on the request path)
 in front of AsyncLLM, built, placed and warmed up exactly as benchmarks.inprocess
-builds it, and asked for the same SamplingParams the servicer would build.
+builds it, asked for the same SamplingParams the servicer would build, and
+its start-up heap frozen for the garbage collector as the service does.
 Whatever separates it from the in-process loop is what any Python gRPC front
 end costs on this machine (gRPC's per-call and per-message work, and a load
 client in another process); whatever separates this service from it is the
@@ -189,6 +190,12 @@ async def serve(port: int, serve_args: list[str]) -> None:
         server.add_generic_rpc_handlers((ThinFront(engine, limits).handlers(),))
         port = server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()
+        # As the service and `vllm serve` do: the start-up heap frozen for the
+        # garbage collector (unfrozen, a full collection stalls the loop for
+        # about half a second under this load).
+        from vllm.utils.gc_utils import freeze_gc_heap
+
+        freeze_gc_heap()
         print(f"thin front ready on 127.0.0.1:{port}", flush=True)
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
