@@ -135,6 +135,31 @@ def engine_env() -> dict[str, str]:
     return {**os.environ, **ENGINE_ENV}
 
 
+def kill_tree(pid: int) -> None:
+    """SIGKILL to a configuration's process and everything under it.
+
+    Servers are not started in a session of their own (which would allow
+    os.killpg): with the kernel's autogroup scheduling (on by default,
+    /proc/sys/kernel/sched_autogroup_enabled) a new session is a new
+    scheduling group that shares the CPUs with the load client's group as a
+    whole. Measured on the thin front end, same harness, same loads: per-step
+    streams ran at 881 tok/s in a session of its own and 3,113 in the
+    harness's (BENCHMARKS.md, stop 20)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [*root.children(recursive=True), root]
+    except psutil.NoSuchProcess:
+        return
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+
+
 def place(args, root_pid: int) -> None:
     """Applies --placement to a running configuration's processes under
     ``root_pid`` (rollout-service places itself; this only checks it). The
@@ -251,7 +276,7 @@ def run_ours(args, floating: bool = False) -> dict:
 
 
 class ThinServer:
-    """benchmarks.thin_front in its own process group, with the engine
+    """benchmarks.thin_front in a process of its own, with the engine
     arguments and placement every configuration gets."""
 
     def __init__(self, args):
@@ -263,10 +288,10 @@ class ThinServer:
             "--", "--model", MODEL, *ENGINE_ARGS, *placement_args(args),
         ]  # fmt: skip
         self._log_file = open(self.log, "wb")
+        # Not in a session of its own (see kill_tree).
         self.proc = subprocess.Popen(
-            cmd, stdout=self._log_file, stderr=subprocess.STDOUT, env=engine_env(),
-            start_new_session=True,
-        )  # fmt: skip
+            cmd, stdout=self._log_file, stderr=subprocess.STDOUT, env=engine_env()
+        )
 
     def wait_ready(self, timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout
@@ -284,7 +309,7 @@ class ThinServer:
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                kill_tree(self.proc.pid)
                 self.proc.wait()
         self._log_file.close()
 
@@ -384,7 +409,7 @@ class HttpDriver:
 
 
 class VllmServe:
-    """`vllm serve` (through benchmarks.vllm_serve) in its own process group."""
+    """`vllm serve` (through benchmarks.vllm_serve) in a process of its own."""
 
     def __init__(self, model_dir: Path):
         self.port = free_port()
@@ -397,10 +422,10 @@ class VllmServe:
             "--disable-uvicorn-access-log", *ENGINE_ARGS,
         ]  # fmt: skip
         self._log_file = open(self.log, "wb")
+        # Not in a session of its own (see kill_tree).
         self.proc = subprocess.Popen(
-            cmd, stdout=self._log_file, stderr=subprocess.STDOUT, env=engine_env(),
-            start_new_session=True,
-        )  # fmt: skip
+            cmd, stdout=self._log_file, stderr=subprocess.STDOUT, env=engine_env()
+        )
 
     def wait_ready(self, timeout: float = 300) -> None:
         import urllib.error
@@ -425,7 +450,7 @@ class VllmServe:
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)  # its own group: only what we started
+                kill_tree(self.proc.pid)
                 self.proc.wait()
         self._log_file.close()
 
