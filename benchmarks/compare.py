@@ -275,33 +275,32 @@ def run_ours(args, floating: bool = False) -> dict:
         server.stop()
 
 
-class ThinServer:
-    """benchmarks.thin_front in a process of its own, with the engine
-    arguments and placement every configuration gets."""
+class EngineServer:
+    """A configuration's server process, its output in a log file; it is
+    started in the harness's session (see kill_tree). Subclasses give the
+    command and `ready()`."""
 
-    def __init__(self, args):
-        self.log = Path(tempfile.mkstemp(prefix="thin-front-", suffix=".log")[1])
-        self.port = free_port()
-        self.target = f"127.0.0.1:{self.port}"
-        cmd = [
-            sys.executable, "-m", "benchmarks.thin_front", "--port", str(self.port),
-            "--", "--model", MODEL, *ENGINE_ARGS, *placement_args(args),
-        ]  # fmt: skip
+    name = "server"
+
+    def __init__(self, cmd: list[str], log_prefix: str):
+        self.log = Path(tempfile.mkstemp(prefix=log_prefix, suffix=".log")[1])
         self._log_file = open(self.log, "wb")
-        # Not in a session of its own (see kill_tree).
         self.proc = subprocess.Popen(
             cmd, stdout=self._log_file, stderr=subprocess.STDOUT, env=engine_env()
         )
+
+    def ready(self) -> bool:
+        raise NotImplementedError
 
     def wait_ready(self, timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"thin front exited ({self.proc.returncode}), see {self.log}")
-            if b"thin front ready" in self.log.read_bytes():
+                raise RuntimeError(f"{self.name} exited ({self.proc.returncode}), see {self.log}")
+            if self.ready():
                 return
             time.sleep(1)
-        raise RuntimeError(f"thin front not ready after {timeout}s, see {self.log}")
+        raise RuntimeError(f"{self.name} not ready after {timeout}s, see {self.log}")
 
     def stop(self, timeout: float = 60) -> None:
         if self.proc.poll() is None:
@@ -314,6 +313,29 @@ class ThinServer:
         self._log_file.close()
 
 
+def model_vocab(model_dir: Path) -> int:
+    return json.loads((model_dir / "config.json").read_text())["vocab_size"]
+
+
+class ThinServer(EngineServer):
+    """benchmarks.thin_front, with the engine arguments and placement every
+    configuration gets."""
+
+    name = "thin front"
+
+    def __init__(self, args):
+        self.port = free_port()
+        self.target = f"127.0.0.1:{self.port}"
+        cmd = [
+            sys.executable, "-m", "benchmarks.thin_front", "--port", str(self.port),
+            "--", "--model", MODEL, *ENGINE_ARGS, *placement_args(args),
+        ]  # fmt: skip
+        super().__init__(cmd, "thin-front-")
+
+    def ready(self) -> bool:
+        return b"thin front ready" in self.log.read_bytes()
+
+
 def run_thin(args, model_dir: Path) -> dict:
     """(c): the thinnest gRPC front end, unary, streamed and tuned."""
     server = ThinServer(args)
@@ -321,7 +343,7 @@ def run_thin(args, model_dir: Path) -> dict:
     try:
         server.wait_ready()
         place(args, server.proc.pid)
-        vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+        vocab = model_vocab(model_dir)
         out = {}
         for kind in ("unary", "stream", "stream_tuned"):
             if kind == "stream_tuned" and not args.tuned_delta_tokens:
@@ -408,51 +430,31 @@ class HttpDriver:
         await self.session.close()
 
 
-class VllmServe:
-    """`vllm serve` (through benchmarks.vllm_serve) in a process of its own."""
+class VllmServe(EngineServer):
+    """`vllm serve` (through benchmarks.vllm_serve)."""
+
+    name = "vllm serve"
 
     def __init__(self, model_dir: Path):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self.log = Path(tempfile.mkstemp(prefix="vllm-serve-", suffix=".log")[1])
         cmd = [
             sys.executable, "-m", "benchmarks.vllm_serve", "serve", str(model_dir),
             "--served-model-name", MODEL, "--tokenizer", str(model_dir),
             "--host", "127.0.0.1", "--port", str(self.port),
             "--disable-uvicorn-access-log", *ENGINE_ARGS,
         ]  # fmt: skip
-        self._log_file = open(self.log, "wb")
-        # Not in a session of its own (see kill_tree).
-        self.proc = subprocess.Popen(
-            cmd, stdout=self._log_file, stderr=subprocess.STDOUT, env=engine_env()
-        )
+        super().__init__(cmd, "vllm-serve-")
 
-    def wait_ready(self, timeout: float = 300) -> None:
+    def ready(self) -> bool:
         import urllib.error
         import urllib.request
 
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vllm serve exited ({self.proc.returncode}), see {self.log}")
-            try:
-                with urllib.request.urlopen(self.base + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(1)
-        raise RuntimeError(f"vllm serve not ready after {timeout}s, see {self.log}")
-
-    def stop(self, timeout: float = 60) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                kill_tree(self.proc.pid)
-                self.proc.wait()
-        self._log_file.close()
+        try:
+            with urllib.request.urlopen(self.base + "/health", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
 
 
 def run_serve(args, model_dir: Path) -> dict:
@@ -467,7 +469,7 @@ def run_serve(args, model_dir: Path) -> dict:
         # against 5,720 tok/s and none floating, same machine, same load).
         if args.pin_serve:
             place(args, server.proc.pid)
-        vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+        vocab = model_vocab(model_dir)
         logprobs = None if args.serve_logprobs == "none" else int(args.serve_logprobs)
         url = server.base + "/v1/completions"
         summary = drive(args, "http", url, vocab, server.proc.pid, logprobs=logprobs)
