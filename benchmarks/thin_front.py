@@ -180,7 +180,7 @@ class ThinDriver:
 
 async def serve(port: int, serve_args: list[str]) -> None:
     from benchmarks.inprocess import start_engine
-    from rollout_service.engine import warm_up
+    from rollout_service.engine import settle, warm_up
 
     engine, limits = start_engine(serve_args)
     server = None
@@ -190,12 +190,9 @@ async def serve(port: int, serve_args: list[str]) -> None:
         server.add_generic_rpc_handlers((ThinFront(engine, limits).handlers(),))
         port = server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()
-        # As the service and `vllm serve` do: the start-up heap frozen for the
-        # garbage collector (unfrozen, a full collection stalls the loop for
-        # about half a second under this load).
-        from vllm.utils.gc_utils import freeze_gc_heap
-
-        freeze_gc_heap()
+        # As the service does (rollout_service.engine.settle): the start-up
+        # heap frozen for the collector, vLLM's settings read once.
+        settle()
         print(f"thin front ready on 127.0.0.1:{port}", flush=True)
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)

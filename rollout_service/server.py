@@ -20,7 +20,7 @@ from grpc_reflection.v1alpha import reflection
 from rollout.v1 import rollout_pb2
 from rollout_service import metrics, parent_watch, placement, tracing
 from rollout_service.auth import AuthInterceptor, Tokens
-from rollout_service.engine import build_engine, engine_info, warm_up
+from rollout_service.engine import build_engine, engine_info, settle, warm_up
 from rollout_service.gate import AdmissionGate
 from rollout_service.lora import Adapters
 from rollout_service.metrics import MetricsInterceptor
@@ -246,14 +246,7 @@ async def serve(config: ServerConfig, engine_args) -> int:
             Sleeper(engine, updater),
         )
         metrics.bind(gate, updater)
-        # As `vllm serve` does: the start-up heap (vLLM, torch, the tokenizer)
-        # is static; frozen, the collector stops rescanning it. Measured under
-        # 64 concurrent calls: full collections of 0.45 to 0.56 s each (the
-        # event loop stalls meanwhile), 0.011 to 0.032 CPU s per 1,000 tokens
-        # of collection; frozen, 0.01 s and 0.003 to 0.006 (BENCHMARKS.md).
-        from vllm.utils.gc_utils import freeze_gc_heap
-
-        freeze_gc_heap()
+        settle()
         await _set_health(health_servicer, serving=True)
         log.info("SERVING %s on %s:%d", info.model, config.host, port)
         watchdog = asyncio.ensure_future(_watch_engine(engine, config.watchdog_seconds))
