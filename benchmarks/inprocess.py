@@ -1,7 +1,8 @@
 """The same engine with no service in front: the ceiling for `compare.py`.
 
 Builds AsyncLLM exactly as `rollout-service serve` does (its own argument
-parser, `_engine_args` and `build_engine`, then the same warm-up) and drives
+parser, `_engine_args` and `build_engine`, then the same warm-up and
+`settle`: the GC heap frozen, vLLM's settings read once) and drives
 it with the same closed loop as the gRPC load test, with the SamplingParams
 the servicer would build for the same request (so logprobs are computed
 here too). Unary-style runs use RequestOutputKind.FINAL_ONLY, streamed runs
@@ -124,11 +125,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def run_modes(args, serve_args: list[str]) -> dict:
     """Starts the engine once and runs each mode in turn on it."""
-    from rollout_service.engine import warm_up
+    from rollout_service.engine import settle, warm_up
 
     engine, limits = start_engine(serve_args)
     try:
         await warm_up(engine)
+        # As the server does: the ceiling is the same engine, configured the
+        # same way, with no service in front.
+        settle()
         results = {}
         for mode in args.modes.split(","):
             stream = mode.startswith("stream")
