@@ -120,6 +120,15 @@ TARGETS = [
     ("ours stream / thin gRPC front CPU", "ours_stream", "thin_stream", "front", None, None),
     ("tuned stream / thin gRPC front CPU", "ours_stream_tuned", "thin_stream_tuned", "front", None,
      None),
+    # No target: front-end CPU per engine CPU, against the thin front's. The
+    # host's speed moved throughput by half between rounds of one run, and
+    # CPU per token with it; this share stayed within a few percent.
+    ("ours unary / thin front/engine CPU", "ours_unary", "thin_unary", "front/engine", None,
+     None),
+    ("ours stream / thin front/engine CPU", "ours_stream", "thin_stream", "front/engine", None,
+     None),
+    ("tuned stream / thin front/engine CPU", "ours_stream_tuned", "thin_stream_tuned",
+     "front/engine", None, None),
     # No target: what CPU placement is worth (only with --only ...,floating).
     ("ours unary / floating tok/s", "ours_unary", "ours_floating_unary", "tok/s", None, None),
     ("ours stream / floating TTFT p50", "ours_stream", "ours_floating_stream", "ttft", None, None),
@@ -484,7 +493,17 @@ def metric(summary: dict, name: str) -> float | None:
         return summary["output_tokens_per_s"]
     if name == "front":
         return summary.get("front_cpu_s_per_1k_tokens")
+    if name == "front/engine":
+        return front_per_engine(summary)
     return (summary.get(name) or {}).get("p50")
+
+
+def front_per_engine(summary: dict) -> float | None:
+    """Front-end CPU per engine CPU (both per token): what the front end
+    costs in units of the engine's own work, which a faster or slower host
+    moves alike."""
+    front, engine = (summary.get(f"{k}_cpu_s_per_1k_tokens") for k in ("front", "engine"))
+    return front / engine if front and engine else None
 
 
 def judge(value: float | None, op: str | None, target: float | None) -> dict:
@@ -511,7 +530,7 @@ def table(results: dict, rows: list[dict]) -> str:
         "",
         f"{'configuration':<22} {'tok/s':>9} {'req/s':>7} {'p50 ms':>8} {'p99 ms':>8} "
         f"{'TTFT p50':>9} {'errors':>6}   CPU s per 1k output tokens: front engine client"
-        "   front-end ceiling tok/s   steal %",
+        "   front-end ceiling tok/s   front/engine   steal %",
     ]
     for key, s in results.items():
         nan = float("nan")
@@ -524,12 +543,14 @@ def table(results: dict, rows: list[dict]) -> str:
         # What one core of front end can carry at this cost per token (the
         # throughput of a host whose engine and client are elsewhere).
         ceiling = f"{1000 / per_k[0]:,.0f}" if per_k[0] else "-"
+        share = front_per_engine(s)
+        share = "-" if share is None else f"{share:.3f}"
         steal = s.get("steal_percent")
         steal = "-" if steal is None else f"{steal:.1f}"
         lines.append(
             f"{key:<22} {s['output_tokens_per_s']:9,.0f} {s['requests_per_s']:7.1f} "
             f"{p50:8.1f} {p99:8.1f} {ttft_ms} {sum(s['errors'].values()):>6}   {cpu:<20} "
-            f"{ceiling:>9} {steal:>9}"
+            f"{ceiling:>9} {share:>14} {steal:>9}"
         )
     return "\n".join([*lines, "", *ratio_lines(rows)])
 
