@@ -198,6 +198,11 @@ def stream_flags(args, tuned: bool) -> list[str]:
     return ["--delta-tokens", str(args.delta_tokens)] + ["--omit-text"] * args.omit_text
 
 
+def rate_flags(args) -> list[str]:
+    """--rate for a load in another process, when the run is open-loop."""
+    return ["--rate", str(args.rate)] if args.rate else []
+
+
 def drive(
     args, driver: str, target: str, vocab_size: int, server_pid: int, profile=False, **extra
 ) -> dict:
@@ -213,6 +218,7 @@ def drive(
         "--prompt-len", str(args.prompt_len), "--output-len", str(args.output_len),
         "--temperature", str(args.temperature), "--seed", str(args.seed),
     ]  # fmt: skip
+    cmd += rate_flags(args)
     if extra.get("logprobs") is not None:
         cmd += ["--logprobs", str(extra["logprobs"])]
     cmd += extra.get("flags", [])
@@ -378,7 +384,7 @@ def run_inprocess(args) -> dict:
         "--concurrency", str(args.concurrency), "--duration", str(args.duration),
         "--warmup", str(args.warmup), "--prompt-len", str(args.prompt_len),
         "--output-len", str(args.output_len), "--temperature", str(args.temperature),
-        "--seed", str(args.seed), "--json", str(out_json), "--no-progress",
+        "--seed", str(args.seed), "--json", str(out_json), "--no-progress", *rate_flags(args),
         "--modes", "unary,stream" + (",stream_tuned" if args.tuned_delta_tokens else ""),
         *stream_flags(args, True),
         "--", "--model", MODEL, *ENGINE_ARGS, *placement_args(args),

@@ -326,9 +326,16 @@ def format_summary(title: str, s: dict[str, Any]) -> str:
 
 
 def add_closed_loop_args(ap) -> None:
-    """The closed-loop load flags benchmarks.compare, .drive and .inprocess
-    share, with the same defaults (64 concurrent, 16 in / 64 out, 20 s)."""
+    """The load flags benchmarks.compare, .drive and .inprocess share, with
+    the same defaults (closed loop, 64 concurrent, 16 in / 64 out, 20 s);
+    `--rate` makes it an open loop."""
     ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument(
+        "--rate",
+        type=float,
+        help="open loop instead: Poisson arrivals at this many requests/s (latency at a load "
+        "the server can carry, not the queue of a saturated one)",
+    )
     ap.add_argument("--duration", type=float, default=20.0, help="measured seconds")
     ap.add_argument("--warmup", type=float, default=5.0, help="unmeasured seconds before")
     ap.add_argument("--prompt-len", type=Range.parse, default=Range(16, 16))
@@ -345,7 +352,8 @@ def add_closed_loop_args(ap) -> None:
 def closed_loop_spec(args) -> LoadSpec:
     """The LoadSpec of add_closed_loop_args' flags."""
     return LoadSpec(
-        concurrency=args.concurrency,
+        concurrency=None if args.rate else args.concurrency,
+        rate=args.rate or None,
         duration=args.duration,
         warmup=args.warmup,
         progress=not args.no_progress,
