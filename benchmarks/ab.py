@@ -1,58 +1,76 @@
-"""A against B, both servers up at once, their loads interleaved.
+"""Configurations measured side by side, servers up at once, loads interleaved.
 
 `benchmarks.compare` measures one engine at a time, and the host's speed
 moved throughput by half between its rounds (BENCHMARKS.md, stop 21): a
 ratio of two configurations measured ten minutes apart carries that swing.
-Here both servers start first and stay up; each round drives A then B (B
-then A in every other round, so a drift within a round favours neither),
-and every ratio is B over A in the same round, then the median:
+Here every server starts first and stays up; each round drives every side
+in turn (in reverse order in every other round, so a drift within a round
+favours none), and every ratio is a side over the first side, A, in the same
+round, then the median over rounds:
 
-    .venv/bin/python -m benchmarks.ab --a thin --b ours --loads stream --rounds 4
-    .venv/bin/python -m benchmarks.ab --a ours --b ours --b-env NAME=VALUE ...
+    .venv/bin/python -m benchmarks.ab --sides thin,ours --loads stream --rounds 4
+    .venv/bin/python -m benchmarks.ab --sides inprocess,thin,ours --rate 20 --loads stream
+    .venv/bin/python -m benchmarks.ab --sides ours,ours --env B:NAME=VALUE ...
 
-A side is `ours` (`rollout-service serve`) or `thin` (benchmarks.thin_front),
-with the engine arguments, environment and placement `compare` gives every
-configuration; `--a-env/--b-env NAME=VALUE` adds to one side's environment
-(to compare a setting against itself). Loads: `unary`, `stream` (a delta per
-engine step, with text), `tuned` (`--tuned-delta-tokens`, omit_text). An idle
-engine waits on its socket and costs next to nothing beside the measured one.
+A side is `ours` (`rollout-service serve`), `thin` (benchmarks.thin_front) or
+`inprocess` (benchmarks.inprocess: no server to keep up, so each of its
+windows starts its engine anew), with the engine arguments, environment and
+placement `compare` gives every configuration; `--env LABEL:NAME=VALUE` adds
+to one server's environment (to compare a setting against itself). Loads:
+`unary`, `stream` (a delta per engine step, with text), `tuned`
+(`--tuned-delta-tokens`, omit_text); every load flag of compare applies,
+`--rate` included. An idle engine waits on its socket and costs next to
+nothing beside the measured one.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import string
 import sys
 
 from benchmarks import compare
 
-LOADS = {"unary": ("", False), "stream": ("-stream", False), "tuned": ("-stream", True)}
+KINDS = ("ours", "thin", "inprocess")
+# load: (drive's driver suffix, tuned StreamOptions, benchmarks.inprocess mode)
+LOADS = {
+    "unary": ("", False, "unary"),
+    "stream": ("-stream", False, "stream"),
+    "tuned": ("-stream", True, "stream_tuned"),
+}
 # (label, summary -> value): what each window prints and each ratio compares
 FIGURES = (
     ("tok/s", lambda s: s["output_tokens_per_s"]),
     ("TTFT p50 ms", lambda s: (s.get("ttft") or {}).get("p50", 0) * 1000 or None),
     ("TTFT p90 ms", lambda s: (s.get("ttft") or {}).get("p90", 0) * 1000 or None),
-    ("front CPU/1k", lambda s: s["front_cpu_s_per_1k_tokens"]),
-    ("client CPU/1k", lambda s: s["client_cpu_s_per_1k_tokens"]),
+    ("ITL p50 ms", lambda s: (s.get("itl") or {}).get("p50", 0) * 1000 or None),
+    ("latency p50 ms", lambda s: (s.get("latency") or {}).get("p50", 0) * 1000 or None),
+    ("front CPU/1k", lambda s: s.get("front_cpu_s_per_1k_tokens")),
+    ("client CPU/1k", lambda s: s.get("client_cpu_s_per_1k_tokens")),
     ("front/engine", compare.front_per_engine),
 )
 
 
-def env_pairs(pairs: list[str]) -> dict[str, str]:
-    out = {}
+def side_envs(pairs: list[str], labels: list[str]) -> dict[str, dict[str, str]]:
+    """--env LABEL:NAME=VALUE flags, by side label."""
+    out: dict[str, dict[str, str]] = {label: {} for label in labels}
     for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise SystemExit(f"--a-env/--b-env want NAME=VALUE, got {pair!r}")
-        out[name] = value
+        label, _, assignment = pair.partition(":")
+        name, sep, value = assignment.partition("=")
+        if label not in out or not sep or not name:
+            raise SystemExit(f"--env wants LABEL:NAME=VALUE with LABEL of {labels}, got {pair!r}")
+        out[label][name] = value
     return out
 
 
 class Side:
-    """One server of the comparison, started and placed as compare does."""
+    """One configuration of the comparison, started and placed as compare does."""
 
     def __init__(self, label: str, kind: str, env: dict[str, str], args):
-        self.label, self.kind = label, kind
+        self.label, self.kind, self.server = label, kind, None
+        if env and kind != "ours":
+            raise SystemExit("--env applies to `ours` sides only")
         if kind == "ours":
             self.server = compare.ServerProcess(
                 "--model",
@@ -61,21 +79,49 @@ class Side:
                 *compare.placement_args(args),
                 env={**compare.ENGINE_ENV, **env},
             )
-        else:
-            if env:
-                raise SystemExit("--a-env/--b-env apply to `ours` only")
+        elif kind == "thin":
             self.server = compare.ThinServer(args)
-        self.pid, self.target = self.server.proc.pid, self.server.target
+
+    def describe(self) -> str:
+        where = f" on {self.server.target}" if self.server else " (an engine per window)"
+        return f"{self.label}: {self.kind}{where}"
 
     def wait(self, args) -> None:
-        self.server.wait_ready()
-        compare.place(args, self.pid)
+        if self.server is not None:
+            self.server.wait_ready()
+            compare.place(args, self.server.proc.pid)
 
     def drive(self, args, load: str, vocab: int) -> dict:
-        suffix, tuned = LOADS[load]
+        suffix, tuned, mode = LOADS[load]
+        if self.server is None:
+            return compare.run_inprocess(args, [mode])[f"inprocess_{mode}"]
         driver = ("grpc" if self.kind == "ours" else "thin") + suffix
         flags = compare.stream_flags(args, tuned) if suffix else []
-        return compare.drive(args, driver, self.target, vocab, self.pid, flags=flags)
+        s = self.server
+        return compare.drive(args, driver, s.target, vocab, s.proc.pid, flags=flags)
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+
+def round_order(sides: list, n: int) -> list:
+    """In order in odd rounds, reversed in even ones: a drift within a round
+    (the host's speed moves for minutes at a time) favours no side."""
+    return list(sides) if n % 2 else list(sides)[::-1]
+
+
+def add_ratios(ratios: dict, load: str, got: dict[str, dict]) -> None:
+    """Appends X / A of every figure both windows have, for every side X
+    after A, to ratios[(load, "X/A", figure)]."""
+    base = got["A"]
+    for label, summary in got.items():
+        if label == "A":
+            continue
+        for figure, get in FIGURES:
+            a, x = get(base), get(summary)
+            if a and x:
+                ratios.setdefault((load, f"{label}/A", figure), []).append(x / a)
 
 
 def window_line(round_no: int, side: Side, load: str, s: dict) -> str:
@@ -85,33 +131,17 @@ def window_line(round_no: int, side: Side, load: str, s: dict) -> str:
         cells.append(f"{label} {'-' if v is None else f'{v:,.3f}' if v < 10 else f'{v:,.0f}'}")
     errors = sum(s["errors"].values())
     return (
-        f"round {round_no} {side.label}={side.kind:<4} {load:<6} "
+        f"round {round_no} {side.label}={side.kind:<9} {load:<6} "
         + "  ".join(cells)
-        + f"  steal {s['steal_percent']:.1f}%  errors {errors}"
+        + f"  steal {s.get('steal_percent', 0):.1f}%  errors {errors}"
     )
-
-
-def round_order(sides: list, n: int) -> list:
-    """A then B in odd rounds, B then A in even ones: a drift within a round
-    (the host's speed moves for minutes at a time) favours neither side."""
-    return list(sides) if n % 2 else list(sides)[::-1]
-
-
-def add_ratios(ratios: dict, load: str, a: dict, b: dict) -> None:
-    """Appends B / A of every figure both windows have to ratios[(load, figure)]."""
-    for label, get in FIGURES:
-        va, vb = get(a), get(b)
-        if va and vb:
-            ratios.setdefault((load, label), []).append(vb / va)
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = compare.build_parser()
     ap.prog, ap.description = "python -m benchmarks.ab", __doc__.split("\n\n")[0]
-    ap.add_argument("--a", choices=("ours", "thin"), default="thin")
-    ap.add_argument("--b", choices=("ours", "thin"), default="ours")
-    ap.add_argument("--a-env", action="append", default=[], metavar="NAME=VALUE")
-    ap.add_argument("--b-env", action="append", default=[], metavar="NAME=VALUE")
+    ap.add_argument("--sides", default="thin,ours", help="two or more of " + ",".join(KINDS))
+    ap.add_argument("--env", action="append", default=[], metavar="LABEL:NAME=VALUE")
     ap.add_argument("--loads", default="stream", help="of " + ",".join(LOADS))
     ap.set_defaults(rounds=4)
     return ap
@@ -119,36 +149,40 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    loads = args.loads.split(",")
+    loads, kinds = args.loads.split(","), args.sides.split(",")
     if unknown := set(loads) - set(LOADS):
         raise SystemExit(f"unknown loads {sorted(unknown)}; of {', '.join(LOADS)}")
+    if len(kinds) < 2 or set(kinds) - set(KINDS):
+        raise SystemExit(f"--sides wants two or more of {', '.join(KINDS)}")
+    labels = list(string.ascii_uppercase[: len(kinds)])
+    envs = side_envs(args.env, labels)
     from rollout_service.tiny_models import ensure_model
 
     vocab = compare.model_vocab(ensure_model(compare.MODEL))
-    sides = []
+    sides: list[Side] = []
     try:
         # Started one after the other: two engines warming up at once on
         # two cores would only slow both.
-        for label, kind, env in (("A", args.a, args.a_env), ("B", args.b, args.b_env)):
-            side = Side(label, kind, env_pairs(env), args)
+        for label, kind in zip(labels, kinds):
+            side = Side(label, kind, envs[label], args)
             sides.append(side)
             side.wait(args)
-            print(f"{label}: {kind} on {side.target} env {env_pairs(env)}", flush=True)
-        ratios: dict[tuple[str, str], list[float]] = {}
+            print(side.describe(), envs[label] or "", flush=True)
+        ratios: dict[tuple[str, str, str], list[float]] = {}
         for n in range(1, args.rounds + 1):
             for load in loads:
                 got = {}
                 for side in round_order(sides, n):
                     got[side.label] = side.drive(args, load, vocab)
                     print(window_line(n, side, load, got[side.label]), flush=True)
-                add_ratios(ratios, load, got["A"], got["B"])
-        print(f"\nB / A, medians over {args.rounds} rounds (every round's value after)")
-        for (load, label), values in ratios.items():
+                add_ratios(ratios, load, got)
+        print(f"\nmedians over {args.rounds} rounds (every round's value after)")
+        for (load, pair, label), values in ratios.items():
             each = ", ".join(f"{v:.2f}" for v in values)
-            print(f"  {load:<6} {label:<14} {statistics.median(values):7.3f}   {each}")
+            print(f"  {load:<6} {pair} {label:<15} {statistics.median(values):7.3f}   {each}")
     finally:
         for side in sides:
-            side.server.stop()
+            side.stop()
     return 0
 
 

@@ -375,8 +375,11 @@ def run_thin(args, model_dir: Path) -> dict:
         server.stop()
 
 
-def run_inprocess(args) -> dict:
-    """(d): benchmarks.inprocess in its own process with the same environment."""
+def run_inprocess(args, modes: list[str] | None = None) -> dict:
+    """(d): benchmarks.inprocess in its own process with the same environment;
+    `modes` of unary, stream, stream_tuned (default: all that apply)."""
+    if modes is None:
+        modes = ["unary", "stream"] + ["stream_tuned"] * bool(args.tuned_delta_tokens)
     out_json = Path(tempfile.mkstemp(prefix="inprocess-", suffix=".json")[1])
     log = Path(tempfile.mkstemp(prefix="inprocess-", suffix=".log")[1])
     cmd = [
@@ -385,7 +388,7 @@ def run_inprocess(args) -> dict:
         "--warmup", str(args.warmup), "--prompt-len", str(args.prompt_len),
         "--output-len", str(args.output_len), "--temperature", str(args.temperature),
         "--seed", str(args.seed), "--json", str(out_json), "--no-progress", *rate_flags(args),
-        "--modes", "unary,stream" + (",stream_tuned" if args.tuned_delta_tokens else ""),
+        "--modes", ",".join(modes),
         *stream_flags(args, True),
         "--", "--model", MODEL, *ENGINE_ARGS, *placement_args(args),
     ]  # fmt: skip

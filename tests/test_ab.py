@@ -1,9 +1,9 @@
-"""benchmarks.ab: both sides measured in every round, in alternating order,
-and every ratio is B over A of the same round."""
+"""benchmarks.ab: every side measured in every round, in alternating order,
+and every ratio is a side over A in the same round."""
 
 import pytest
 
-from benchmarks.ab import add_ratios, env_pairs, round_order
+from benchmarks.ab import add_ratios, round_order, side_envs
 
 
 def window(tok_s, ttft_p50, front, engine, client=0.1):
@@ -17,30 +17,41 @@ def window(tok_s, ttft_p50, front, engine, client=0.1):
 
 
 def test_rounds_alternate_which_side_goes_first():
-    assert [round_order(["A", "B"], n) for n in (1, 2, 3, 4)] == [
-        ["A", "B"],
-        ["B", "A"],
-        ["A", "B"],
-        ["B", "A"],
+    assert [round_order(["A", "B", "C"], n) for n in (1, 2, 3)] == [
+        ["A", "B", "C"],
+        ["C", "B", "A"],
+        ["A", "B", "C"],
     ]
 
 
-def test_ratios_are_b_over_a_per_round_and_skip_missing_figures():
+def test_ratios_are_each_side_over_a_in_the_same_round():
     ratios = {}
-    add_ratios(ratios, "stream", window(2000, 0.1, 0.2, 0.4), window(1000, 0.3, 0.3, 0.4))
+    got = {
+        "A": window(2000, 0.1, 0.2, 0.4),
+        "B": window(1000, 0.3, 0.3, 0.4),
+        "C": window(3000, 0.05, 0.2, 0.2),
+    }
+    add_ratios(ratios, "stream", got)
+    assert ratios[("stream", "B/A", "tok/s")] == [0.5]
+    assert ratios[("stream", "B/A", "TTFT p50 ms")] == pytest.approx([3.0])
+    assert ratios[("stream", "B/A", "front/engine")] == pytest.approx([1.5])
+    assert ratios[("stream", "C/A", "tok/s")] == [1.5]
+    assert ratios[("stream", "C/A", "front/engine")] == pytest.approx([2.0])
+    assert not [k for k in ratios if k[1] == "A/A"]
+
+
+def test_a_figure_one_side_lacks_gives_no_ratio():
+    ratios = {}
     unary = window(4000, 0, 0.1, 0.4)
     unary.pop("ttft")  # unary loads have no TTFT
-    add_ratios(ratios, "unary", unary, unary)
-    assert ratios[("stream", "tok/s")] == [0.5]
-    assert ratios[("stream", "TTFT p50 ms")] == pytest.approx([3.0])
-    assert ratios[("stream", "front/engine")] == pytest.approx([1.5])
-    assert ("unary", "TTFT p50 ms") not in ratios
-    assert ratios[("unary", "tok/s")] == [1.0]
+    add_ratios(ratios, "unary", {"A": unary, "B": dict(unary)})
+    assert ("unary", "B/A", "TTFT p50 ms") not in ratios
+    assert ratios[("unary", "B/A", "tok/s")] == [1.0]
 
 
-def test_env_pairs_parse_and_refuse_a_pair_without_a_name():
-    assert env_pairs(["A=1", "PYTHONPATH=/x=y"]) == {"A": "1", "PYTHONPATH": "/x=y"}
-    with pytest.raises(SystemExit, match="NAME=VALUE"):
-        env_pairs(["=1"])
-    with pytest.raises(SystemExit, match="NAME=VALUE"):
-        env_pairs(["A"])
+def test_env_flags_go_to_their_side_and_bad_ones_are_refused():
+    envs = side_envs(["B:X=1", "B:PYTHONPATH=/x=y"], ["A", "B"])
+    assert envs == {"A": {}, "B": {"X": "1", "PYTHONPATH": "/x=y"}}
+    for bad in ("C:X=1", "B:=1", "B:X", "X=1"):
+        with pytest.raises(SystemExit, match="LABEL:NAME=VALUE"):
+            side_envs([bad], ["A", "B"])
