@@ -6,10 +6,11 @@ earlier grpc.aio client, event-loop policy, threads): in one process, `vllm
 serve` measured after this service's configurations saw its 64 concurrent
 requests arrive one at a time ("Running: 1 reqs" in vLLM's log).
 
-    python -m benchmarks.drive grpc|grpc-stream|http|thin|thin-stream TARGET_OR_URL \\
+    python -m benchmarks.drive grpc|grpc-stream|http|thin|thin-stream|thin-many TARGET_OR_URL \\
         --json out.json [load flags]
 
-(thin: benchmarks.thin_front's raw-bytes methods.)
+(thin: benchmarks.thin_front's raw-bytes methods; thin-many its GenerateMany,
+every concurrent request of the load on one bidi stream.)
 
 The JSON is the load's summary (its `total_output_tokens` counts every
 request's, warm-up included) plus `client_cpu_seconds`, so that a caller
@@ -34,7 +35,7 @@ from benchmarks.loadgen import (
     summarize,
 )
 
-DRIVERS = ("grpc", "grpc-stream", "http", "thin", "thin-stream")
+DRIVERS = ("grpc", "grpc-stream", "http", "thin", "thin-stream", "thin-many")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,6 +56,10 @@ def make_driver(args):
         return HttpDriver(args.target, args.temperature, args.logprobs)
     from benchmarks.loadgen import stream_options
 
+    if args.driver == "thin-many":
+        from benchmarks.thin_front import ManyDriver
+
+        return ManyDriver(args.target, args.temperature, stream_options(args))
     stream = args.driver.endswith("-stream")
     if args.driver.startswith("thin"):
         from benchmarks.thin_front import ThinDriver
@@ -78,7 +83,7 @@ async def drive(args) -> dict:
         result = await run_load(driver, workload, closed_loop_spec(args))
     finally:
         await driver.close()
-    return summarize(result, stream=args.driver.endswith("-stream"))
+    return summarize(result, stream=args.driver.endswith(("-stream", "-many")))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,11 +16,18 @@ service's own layer.
 Arguments after -- go to `rollout-service serve`'s parser. It prints
 `thin front ready on 127.0.0.1:PORT` when it answers.
 
+A third method, GenerateMany, measures a contract this service does not
+have: one bidi stream carries many requests, and every delta ready when the
+server sends goes out in one message (a message per send instead of a
+message per completion per engine step).
+
 The wire (little-endian): a request is int32 max_tokens, delta_tokens,
 omit_text, float32 temperature, then the prompt's token ids. A reply (the unary one, or each
 stream message: one per vLLM output) is int32 n, n token ids, n float32
 logprobs of the sampled tokens, then the new text in UTF-8 (none with
-omit_text).
+omit_text). GenerateMany: a request is int32 tag, then a request as above;
+a message is one or more records: int32 tag, n, finished, n token ids, n
+float32 logprobs, int32 text bytes, the text.
 """
 
 from __future__ import annotations
@@ -41,8 +48,10 @@ import numpy as np
 from benchmarks.loadgen import Record
 
 SERVICE = "thin.Thin"
-UNARY, STREAM = "Generate", "GenerateStream"
+UNARY, STREAM, MANY = "Generate", "GenerateStream", "GenerateMany"
 _HEADER = struct.Struct("<3if")
+_TAG = struct.Struct("<i")
+_RECORD = struct.Struct("<3i")  # tag, n, finished
 
 
 def encode_request(
@@ -81,6 +90,44 @@ def decode_reply(data: bytes) -> tuple[list[int], list[float], str]:
     ids = np.frombuffer(data, "<i4", count=n, offset=4).tolist()
     logprobs = np.frombuffer(data, "<f4", count=n, offset=4 + 4 * n).tolist()
     return ids, logprobs, data[4 + 8 * n :].decode()
+
+
+def encode_record(tag: int, token_ids, logprobs: list[float], text: str, finished: bool) -> bytes:
+    """One completion's delta in a GenerateMany message."""
+    text_bytes = text.encode()
+    return b"".join(
+        (
+            _RECORD.pack(tag, len(token_ids), int(finished)),
+            np.asarray(token_ids, "<i4").tobytes(),
+            np.asarray(logprobs, "<f4").tobytes(),
+            _TAG.pack(len(text_bytes)),
+            text_bytes,
+        )
+    )
+
+
+def record_counts(data: bytes):
+    """(tag, tokens, finished) of every record in a GenerateMany message."""
+    offset = 0
+    while offset < len(data):
+        tag, n, finished = _RECORD.unpack_from(data, offset)
+        offset += _RECORD.size + 8 * n
+        offset += _TAG.size + _TAG.unpack_from(data, offset)[0]
+        yield tag, n, bool(finished)
+
+
+def decode_records(data: bytes) -> list[tuple[int, list[int], list[float], str, bool]]:
+    """Every record of a GenerateMany message, whole."""
+    out, offset = [], 0
+    for tag, n, finished in record_counts(data):
+        ids = np.frombuffer(data, "<i4", count=n, offset=offset + _RECORD.size).tolist()
+        lps = np.frombuffer(data, "<f4", count=n, offset=offset + _RECORD.size + 4 * n).tolist()
+        offset += _RECORD.size + 8 * n
+        size = _TAG.unpack_from(data, offset)[0]
+        text = data[offset + _TAG.size : offset + _TAG.size + size].decode()
+        offset += _TAG.size + size
+        out.append((tag, ids, lps, text, finished))
+    return out
 
 
 def _id() -> str:
@@ -133,12 +180,51 @@ class ThinFront:
             if c.token_ids:
                 yield encode_reply(c.token_ids, _sampled_logprobs(c), "" if omit_text else c.text)
 
+    async def generate_many(self, requests, context):
+        """Each request runs in a task of its own; whatever deltas are ready
+        when the previous message has gone out leave in the next one."""
+        ready: asyncio.Queue = asyncio.Queue()
+        tasks: set[asyncio.Task] = set()
+
+        async def run(tag: int, data: bytes) -> None:
+            prompt, params, omit_text = self._params(data, True)
+            async for out in self.engine.generate({"prompt_token_ids": prompt}, params, _id()):
+                c = out.outputs[0]
+                if c.token_ids or out.finished:
+                    text = "" if omit_text else c.text
+                    lps = _sampled_logprobs(c)
+                    ready.put_nowait(encode_record(tag, c.token_ids, lps, text, out.finished))
+
+        async def read() -> None:
+            async for data in requests:
+                task = asyncio.create_task(run(_TAG.unpack_from(data)[0], data[_TAG.size :]))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            while tasks:
+                await asyncio.gather(*tasks)
+            ready.put_nowait(None)  # the client is done and every request ended
+
+        reader = asyncio.create_task(read())
+        try:
+            while (record := await ready.get()) is not None:
+                batch = [record]
+                while not ready.empty() and (record := ready.get_nowait()) is not None:
+                    batch.append(record)
+                yield b"".join(batch)
+                if record is None:
+                    return
+        finally:
+            reader.cancel()
+            for task in list(tasks):
+                task.cancel()
+
     def handlers(self):
         return grpc.method_handlers_generic_handler(
             SERVICE,
             {
                 UNARY: grpc.unary_unary_rpc_method_handler(self.generate),
                 STREAM: grpc.unary_stream_rpc_method_handler(self.generate_stream),
+                MANY: grpc.stream_stream_rpc_method_handler(self.generate_many),
             },
         )
 
@@ -175,6 +261,59 @@ class ThinDriver:
         return rec
 
     async def close(self) -> None:
+        await self.channel.close()
+
+
+class ManyDriver:
+    """benchmarks.loadgen's driver for GenerateMany: every concurrent call
+    of the load shares one bidi stream (opened on the first), tagged."""
+
+    def __init__(self, target: str, temperature: float = 0.0, options=None):
+        self.temperature = temperature
+        self.delta_tokens = options.delta_tokens if options is not None else 0
+        self.omit_text = bool(options is not None and options.omit_text)
+        self.channel = grpc.aio.insecure_channel(
+            target, options=[("grpc.use_local_subchannel_pool", 1)]
+        )
+        self.call = self.reader = None
+        self.pending: dict[int, tuple[Record, asyncio.Event]] = {}
+        self.next_tag = 0
+        self.write_lock = asyncio.Lock()  # grpc.aio takes one write at a time
+
+    async def _read(self) -> None:
+        try:
+            async for data in self.call:
+                for tag, n, finished in record_counts(data):
+                    rec, done = self.pending[tag]
+                    rec.tokens_arrived(n)
+                    if finished:
+                        done.set()
+        except grpc.aio.AioRpcError as e:
+            for rec, done in self.pending.values():
+                rec.error = e.code().name
+                done.set()
+
+    async def __call__(self, prompt: list[int], max_tokens: int) -> Record:
+        if self.call is None:
+            self.call = self.channel.stream_stream(f"/{SERVICE}/{MANY}")(timeout=3600)
+            self.reader = asyncio.create_task(self._read())
+        tag, self.next_tag = self.next_tag, self.next_tag + 1
+        rec, done = Record(start=time.perf_counter()), asyncio.Event()
+        self.pending[tag] = (rec, done)
+        request = encode_request(
+            prompt, max_tokens, self.delta_tokens, self.omit_text, self.temperature
+        )
+        async with self.write_lock:
+            await self.call.write(_TAG.pack(tag) + request)
+        await done.wait()
+        del self.pending[tag]
+        rec.end = time.perf_counter()
+        return rec
+
+    async def close(self) -> None:
+        if self.call is not None:
+            await self.call.done_writing()
+            await self.reader
         await self.channel.close()
 
 
