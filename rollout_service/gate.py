@@ -153,6 +153,6 @@ class AdmissionGate:
 
     @staticmethod
     def _engine_done(ticket: Ticket, engine_running: Callable[[str], bool]) -> bool:
-        return ticket.started and ticket.engine_id is not None and not engine_running(
-            ticket.engine_id
+        return (
+            ticket.started and ticket.engine_id is not None and not engine_running(ticket.engine_id)
         )

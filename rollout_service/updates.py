@@ -378,7 +378,9 @@ class WeightUpdater:
         if self._kv_connector:
             kinds.append(pb.CACHE_KIND_KV_CONNECTOR)
         for kind in kinds:
-            metrics.CACHE_RESETS.labels(pb.CacheKind.Name(kind).removeprefix("CACHE_KIND_").lower()).inc()
+            metrics.CACHE_RESETS.labels(
+                pb.CacheKind.Name(kind).removeprefix("CACHE_KIND_").lower()
+            ).inc()
         return [pb.CacheResetResult(cache=kind, reset=True) for kind in kinds]
 
     async def reset_caches(self) -> pb.ResetCachesResponse:

@@ -189,8 +189,11 @@ def test_the_cli_authenticates_with_a_token_and_tls_files(secure, tmp_path):
 
     proc, tls, _ = secure
     files = {}
-    for name, key in (("ca", "root_certificates"), ("cert", "certificate_chain"),
-                      ("key", "private_key")):
+    for name, key in (
+        ("ca", "root_certificates"),
+        ("cert", "certificate_chain"),
+        ("key", "private_key"),
+    ):
         files[name] = tmp_path / f"{name}.pem"
         files[name].write_bytes(tls[key])
     cli = [

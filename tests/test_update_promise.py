@@ -185,9 +185,7 @@ def _wait_engine_requests(client, n, timeout=20):
         time.sleep(0.01)
 
 
-def test_calls_waiting_at_the_gate_when_an_apply_fails_are_refused(
-    client, info, fault_file, base
-):
+def test_calls_waiting_at_the_gate_when_an_apply_fails_are_refused(client, info, fault_file, base):
     results = {}
     threads = [_long_call(client, results, "in-flight", max_tokens=500)]
     _wait_engine_requests(client, 1)

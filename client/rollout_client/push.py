@@ -270,8 +270,6 @@ def _abort(stub, uid: str, u: Update) -> None:
         pass  # gone already, or the server is: nothing to abort
 
 
-
-
 DEFAULT_CHUNK_BYTES = 1 << 20
 
 
