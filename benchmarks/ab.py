@@ -18,9 +18,9 @@ windows starts its engine anew), with the engine arguments, environment and
 placement `compare` gives every configuration; `--env LABEL:NAME=VALUE` adds
 to one server's environment (to compare a setting against itself). Loads:
 `unary`, `stream` (a delta per engine step, with text), `tuned`
-(`--tuned-delta-tokens`, omit_text), `many` (the thin front's GenerateMany:
-every request of the load on one stream, the deltas ready at each send in
-one message; thin and in-process sides only); every load flag of compare applies,
+(`--tuned-delta-tokens`, omit_text), `many` (GenerateMany: every request of
+the load on one stream, the deltas ready at each send in one message;
+in-process runs its per-step streams); every load flag of compare applies,
 `--rate` included. An idle engine waits on its socket and costs next to
 nothing beside the measured one.
 """
@@ -40,7 +40,7 @@ LOADS = {
     "unary": ("", False, "unary"),
     "stream": ("-stream", False, "stream"),
     "tuned": ("-stream", True, "stream_tuned"),
-    # benchmarks.thin_front's GenerateMany (thin sides only): per-step deltas
+    # GenerateMany (the thin front's is its raw-bytes twin): per-step deltas
     # of every request of the load on one stream, batched per send; against
     # in-process per-step streams.
     "many": ("-many", False, "stream"),
@@ -160,8 +160,6 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"unknown loads {sorted(unknown)}; of {', '.join(LOADS)}")
     if len(kinds) < 2 or set(kinds) - set(KINDS):
         raise SystemExit(f"--sides wants two or more of {', '.join(KINDS)}")
-    if "many" in loads and "ours" in kinds:
-        raise SystemExit("the many load is the thin front's GenerateMany; ours has no such RPC")
     labels = list(string.ascii_uppercase[: len(kinds)])
     envs = side_envs(args.env, labels)
     from rollout_service.tiny_models import ensure_model

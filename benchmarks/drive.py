@@ -6,11 +6,11 @@ earlier grpc.aio client, event-loop policy, threads): in one process, `vllm
 serve` measured after this service's configurations saw its 64 concurrent
 requests arrive one at a time ("Running: 1 reqs" in vLLM's log).
 
-    python -m benchmarks.drive grpc|grpc-stream|http|thin|thin-stream|thin-many TARGET_OR_URL \\
-        --json out.json [load flags]
+    python -m benchmarks.drive grpc|grpc-stream|grpc-many|http|thin|thin-stream|thin-many \\
+        TARGET_OR_URL --json out.json [load flags]
 
-(thin: benchmarks.thin_front's raw-bytes methods; thin-many its GenerateMany,
-every concurrent request of the load on one bidi stream.)
+(grpc-many: every concurrent request of the load on one GenerateMany stream;
+thin: benchmarks.thin_front's raw-bytes methods, thin-many its GenerateMany.)
 
 The JSON is the load's summary (its `total_output_tokens` counts every
 request's, warm-up included) plus `client_cpu_seconds`, so that a caller
@@ -35,7 +35,7 @@ from benchmarks.loadgen import (
     summarize,
 )
 
-DRIVERS = ("grpc", "grpc-stream", "http", "thin", "thin-stream", "thin-many")
+DRIVERS = ("grpc", "grpc-stream", "grpc-many", "http", "thin", "thin-stream", "thin-many")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,6 +56,12 @@ def make_driver(args):
         return HttpDriver(args.target, args.temperature, args.logprobs)
     from benchmarks.loadgen import stream_options
 
+    if args.driver == "grpc-many":
+        from benchmarks.load import GrpcManyDriver
+
+        return GrpcManyDriver(
+            args.target, temperature=args.temperature, stream_options=stream_options(args)
+        )
     if args.driver == "thin-many":
         from benchmarks.thin_front import ManyDriver
 

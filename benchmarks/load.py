@@ -114,6 +114,75 @@ class GrpcDriver:
             await c.close()
 
 
+class GrpcManyDriver:
+    """Every concurrent call of the load on one GenerateMany stream (opened
+    on the first call), each request under its own request_id."""
+
+    def __init__(
+        self,
+        target: str,
+        temperature: float = 1.0,
+        timeout: float = 3600.0,
+        connection: ConnectionOptions | None = None,
+        stream_options: pb.StreamOptions | None = None,
+    ):
+        self.temperature, self.timeout = temperature, timeout
+        self.stream_options = stream_options
+        connection = connection or ConnectionOptions()
+        self.metadata = connection.metadata()
+        self.channel = connection.channel(target, aio=True, own_connection=True)
+        self.stub = rollout_pb2_grpc.RolloutServiceStub(self.channel)
+        self.call = self.reader = None
+        self.pending: dict[str, tuple[Record, asyncio.Event]] = {}
+        self.next_id = 0
+        self.write_lock = asyncio.Lock()  # grpc.aio takes one write at a time
+
+    async def _read(self) -> None:
+        try:
+            async for response in self.call:
+                for d in response.deltas:
+                    rec, done = self.pending[d.request_id]
+                    rec.tokens_arrived(len(d.token_ids))
+                    if d.HasField("usage"):
+                        done.set()
+                for f in response.failures:
+                    rec, done = self.pending[f.request_id]
+                    rec.error = f"code {f.code}"
+                    done.set()
+        except grpc.aio.AioRpcError as e:
+            for rec, done in self.pending.values():
+                rec.error = e.code().name
+                done.set()
+
+    async def __call__(self, prompt: list[int], max_tokens: int) -> Record:
+        if self.call is None:
+            self.call = self.stub.GenerateMany(timeout=self.timeout, metadata=self.metadata)
+            self.reader = asyncio.create_task(self._read())
+        rid, self.next_id = str(self.next_id), self.next_id + 1
+        rec, done = Record(start=time.perf_counter()), asyncio.Event()
+        self.pending[rid] = (rec, done)
+        request = pb.GenerateStreamRequest(
+            request_id=rid,
+            prompt_token_ids=prompt,
+            sampling_params=pb.SamplingParams(
+                max_tokens=max_tokens, temperature=self.temperature, ignore_eos=True
+            ),
+            stream_options=self.stream_options,
+        )
+        async with self.write_lock:
+            await self.call.write(pb.GenerateManyRequest(request=request))
+        await done.wait()
+        del self.pending[rid]
+        rec.end = time.perf_counter()
+        return rec
+
+    async def close(self) -> None:
+        if self.call is not None:
+            await self.call.done_writing()
+            await self.reader
+        await self.channel.close()
+
+
 def parse_list(kind):
     """argparse type for `1,8,32,64`."""
 

@@ -1,6 +1,6 @@
 """Bearer-token authentication with two roles, as a server interceptor.
 
-Roles: `generate` may call Generate, GenerateStream and GetServerInfo; `admin`
+Roles: `generate` may call Generate, GenerateStream, GenerateMany and GetServerInfo; `admin`
 may call everything, including UpdateWeights, the staged-update RPCs and
 ResetCaches. Health checking and reflection stay open unless
 `protect_health` is set. A call without a known token gets UNAUTHENTICATED; a

@@ -186,12 +186,9 @@ def from_exception(e: Exception) -> RpcError | None:
     return None
 
 
-async def abort(context: grpc.aio.ServicerContext, e: Exception, rpc: str) -> None:
-    """Ends the call with the status for `e` (see the module docstring):
-    known errors keep their status, the rest is logged and becomes INTERNAL.
-    Always raises: context.abort raises AbortError, which passes through."""
-    if isinstance(e, grpc.aio.AbortError):
-        raise e
+def as_rpc_error(e: Exception, rpc: str) -> RpcError:
+    """The status for `e` (see the module docstring), logged: known errors
+    keep their status, the rest becomes INTERNAL with its traceback."""
     err = e if isinstance(e, RpcError) else from_exception(e)
     if err is None:
         log.error("%s failed", rpc, exc_info=e)
@@ -200,6 +197,15 @@ async def abort(context: grpc.aio.ServicerContext, e: Exception, rpc: str) -> No
         log.error("%s failed: %s", rpc, err.message)
     else:
         log.info("%s refused: %s %s", rpc, err.code.name, err.message)
+    return err
+
+
+async def abort(context: grpc.aio.ServicerContext, e: Exception, rpc: str) -> None:
+    """Ends the call with the status for `e` (as_rpc_error). Always raises:
+    context.abort raises AbortError, which passes through."""
+    if isinstance(e, grpc.aio.AbortError):
+        raise e
+    err = as_rpc_error(e, rpc)
     violation = (err.field, err.message) if isinstance(err, InvalidArgument) else None
     await context.abort(
         err.code,

@@ -15,7 +15,7 @@ from vllm.sampling_params import RequestOutputKind
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
-from rollout_service import __version__, convert, logs, metrics, tracing
+from rollout_service import __version__, convert, logs, many, metrics, tracing
 from rollout_service.calls import Call, RunningCalls
 from rollout_service.engine import EngineInfo
 from rollout_service.errors import InvalidArgument, Unavailable
@@ -165,6 +165,17 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
 
     @streaming
     async def GenerateStream(self, request, context):
+        async for message in self._generation(request):
+            yield message
+
+    @streaming
+    async def GenerateMany(self, requests, context):
+        self._check_ready()
+        async for response in many.multiplex(requests, self._generation):
+            yield response
+
+    async def _generation(self, request: pb.GenerateStreamRequest):
+        """One GenerateStream's messages (GenerateMany runs many of these)."""
         as_unary = pb.GenerateRequest.FromString(request.SerializeToString())
         options = request.stream_options
         request_id, prompt, params = self._prepare(as_unary, RequestOutputKind.DELTA, options)

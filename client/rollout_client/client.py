@@ -109,6 +109,16 @@ class RolloutClient(_Surface):
         with core.rpc_errors():
             yield from self.stub.GenerateStream(request, **self._call_args(timeout))
 
+    def generate_many(
+        self, requests: Iterable[pb.GenerateStreamRequest], *, timeout: float | None = None
+    ) -> Iterator[pb.GenerateManyResponse]:
+        """Every request on one GenerateMany stream (each with its own
+        request_id), sent as the iterable yields them; the responses carry
+        the deltas of all of them, each labelled with its request_id."""
+        messages = (pb.GenerateManyRequest(request=r) for r in requests)
+        with core.rpc_errors():
+            yield from self.stub.GenerateMany(messages, **self._call_args(timeout))
+
     def reset_caches(self, timeout: float | None = None) -> pb.ResetCachesResponse:
         return self._unary(self.stub.ResetCaches, pb.ResetCachesRequest(), timeout)
 
@@ -247,6 +257,24 @@ class AsyncRolloutClient(_Surface):
         request = core.build_generate_stream_request(**kwargs)
         with core.rpc_errors():
             async for item in self.stub.GenerateStream(request, **self._call_args(timeout)):
+                yield item
+
+    async def generate_many(
+        self, requests, *, timeout: float | None = None
+    ) -> AsyncIterator[pb.GenerateManyResponse]:
+        """RolloutClient.generate_many; `requests` may be an async iterable
+        (a trainer that submits prompts as it makes them)."""
+
+        async def messages():
+            if hasattr(requests, "__aiter__"):
+                async for r in requests:
+                    yield pb.GenerateManyRequest(request=r)
+            else:
+                for r in requests:
+                    yield pb.GenerateManyRequest(request=r)
+
+        with core.rpc_errors():
+            async for item in self.stub.GenerateMany(messages(), **self._call_args(timeout)):
                 yield item
 
     async def reset_caches(self, timeout: float | None = None) -> pb.ResetCachesResponse:

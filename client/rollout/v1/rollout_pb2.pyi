@@ -326,6 +326,32 @@ class GenerateStreamRequest(_message.Message):
     stream_options: StreamOptions
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_text: _Optional[str] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., chat_options: _Optional[_Union[ChatOptions, _Mapping]] = ..., lora_adapter: _Optional[str] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ...) -> None: ...
 
+class GenerateManyRequest(_message.Message):
+    __slots__ = ("request",)
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    request: GenerateStreamRequest
+    def __init__(self, request: _Optional[_Union[GenerateStreamRequest, _Mapping]] = ...) -> None: ...
+
+class GenerateManyResponse(_message.Message):
+    __slots__ = ("deltas", "failures")
+    DELTAS_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    deltas: _containers.RepeatedCompositeFieldContainer[GenerateStreamResponse]
+    failures: _containers.RepeatedCompositeFieldContainer[GenerateFailure]
+    def __init__(self, deltas: _Optional[_Iterable[_Union[GenerateStreamResponse, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[GenerateFailure, _Mapping]]] = ...) -> None: ...
+
+class GenerateFailure(_message.Message):
+    __slots__ = ("request_id", "code", "message", "reason")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    code: int
+    message: str
+    reason: ErrorReason
+    def __init__(self, request_id: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., reason: _Optional[_Union[ErrorReason, str]] = ...) -> None: ...
+
 class StreamOptions(_message.Message):
     __slots__ = ("delta_tokens", "omit_text")
     DELTA_TOKENS_FIELD_NUMBER: _ClassVar[int]

@@ -1,0 +1,155 @@
+"""GenerateMany against the real engine: many generations on one stream
+carry exactly what their own GenerateStreams would, in fewer messages; a
+failing one fails alone; a broken rule ends the stream; cancelling it aborts
+what runs; an open stream holds no update back."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import grpc
+import pytest
+
+from rollout_client import RolloutError, core, pb
+from tests.weights_util import random_weights, version
+
+MAX = 12
+
+
+def request(rid: str, prompt: str, **kw) -> pb.GenerateStreamRequest:
+    kw = {"prompt_text": prompt, "max_tokens": MAX, "temperature": 0, "ignore_eos": True, **kw}
+    return core.build_generate_stream_request(request_id=rid, **kw)
+
+
+def by_request(responses) -> dict[str, list[pb.GenerateStreamResponse]]:
+    out: dict[str, list[pb.GenerateStreamResponse]] = {}
+    for r in responses:
+        for d in r.deltas:
+            out.setdefault(d.request_id, []).append(d)
+    return out
+
+
+def joined(deltas):
+    return (
+        [t for d in deltas for t in d.token_ids],
+        [lp for d in deltas for lp in d.logprobs],
+        "".join(d.text for d in deltas),
+    )
+
+
+def engine_requests_drop_to_zero(client, seconds: float = 20) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if client.server_info().engine_requests == 0:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_many_generations_carry_what_their_own_streams_would_in_fewer_messages(client):
+    prompts = {f"many-{i}": f"Prompt number {i} says" + " more" * i for i in range(8)}
+    responses = list(client.generate_many(request(rid, p) for rid, p in prompts.items()))
+    got = by_request(responses)
+    assert set(got) == set(prompts)
+    served = client.server_info().weight_version
+    deltas = 0
+    for rid, prompt in prompts.items():
+        alone = list(client.generate_stream(**{"request_id": rid, **_kwargs(prompt)}))
+        mine = got[rid]
+        deltas += len(mine)
+        assert joined(mine)[0] == joined(alone)[0] and len(joined(mine)[0]) == MAX
+        # batched with seven others against alone: the same tokens, logprobs
+        # within batch-shape rounding (1.6e-4 seen)
+        assert joined(mine)[1] == pytest.approx(joined(alone)[1], abs=2e-3)
+        assert joined(mine)[2] == joined(alone)[2]
+        assert {d.weight_version for d in mine} == {served}
+        last = mine[-1]
+        assert last.finish_reason == pb.FINISH_REASON_LENGTH
+        assert last.usage.completion_tokens == MAX and last.usage.prompt_tokens > 0
+        assert all(not d.HasField("usage") for d in mine[:-1])
+    assert not any(r.failures for r in responses)
+    # the point of it: deltas of several generations share messages
+    assert len(responses) < deltas, (len(responses), deltas)
+
+
+def _kwargs(prompt: str) -> dict:
+    return {"prompt_text": prompt, "max_tokens": MAX, "temperature": 0, "ignore_eos": True}
+
+
+def test_a_failing_generation_fails_alone(client, info):
+    bad = request("bad", "x", max_tokens=info.max_model_len + 1)
+    unknown = request("unknown-adapter", "x", lora_adapter="no-such-adapter")
+    good = [request(f"good-{i}", f"Fine prompt {i}") for i in range(2)]
+    responses = list(client.generate_many([good[0], bad, unknown, good[1]]))
+    failures = {f.request_id: f for r in responses for f in r.failures}
+    assert set(failures) == {"bad", "unknown-adapter"}
+    f = failures["bad"]
+    assert f.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert f.reason == pb.ERROR_REASON_INVALID_FIELD and "max_tokens" in f.message
+    assert failures["unknown-adapter"].code != grpc.StatusCode.OK.value[0]
+    assert "lora_adapter" in failures["unknown-adapter"].message
+    got = by_request(responses)
+    assert set(got) == {"good-0", "good-1"}
+    assert all(len(joined(d)[0]) == MAX for d in got.values())
+
+
+@pytest.mark.parametrize("case", ["missing id", "duplicate id"])
+def test_a_broken_rule_ends_the_stream_and_leaves_nothing_running(client, case):
+    long = request("long", "Keep going", max_tokens=1500)
+    msgs = [request("", "no id")] if case == "missing id" else [long, request("long", "again")]
+    with pytest.raises(RolloutError) as e:
+        list(client.generate_many(msgs))
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "request.request_id" in e.value.details
+    assert engine_requests_drop_to_zero(client)
+    # the server goes on serving
+    assert len(client.generate(prompt_text="still here", max_tokens=3).completions[0].token_ids)
+
+
+def test_cancelling_the_stream_aborts_its_generations(client):
+    msgs = (
+        pb.GenerateManyRequest(request=request(f"c-{i}", "Go on", max_tokens=1500))
+        for i in range(3)
+    )
+    call = client.stub.GenerateMany(msgs, timeout=120)
+    first = next(call)
+    assert first.deltas
+    assert client.server_info().engine_requests >= 1
+    call.cancel()
+    assert engine_requests_drop_to_zero(client)
+
+
+def test_an_open_stream_holds_no_update_back(client, info):
+    """A stream stays open across an update: the generation admitted before
+    it ran on the old version, the one sent after it on the new."""
+    old = client.server_info().weight_version
+    todo: queue.Queue = queue.Queue()
+
+    def requests():
+        while (r := todo.get()) is not None:
+            yield r
+
+    responses: list[pb.GenerateManyResponse] = []
+
+    def read():
+        for r in client.generate_many(requests()):
+            responses.append(r)
+
+    reader = threading.Thread(target=read)
+    todo.put(request("before", "Before the update"))
+    reader.start()
+    deadline = time.monotonic() + 60
+    while not by_request(responses).get("before") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    new = version()
+    ack = client.update_weights(random_weights(info.parameters, seed=31), new)
+    assert ack.weight_version == new
+    todo.put(request("after", "After the update"))
+    todo.put(None)
+    reader.join(120)
+    got = by_request(responses)
+    assert {d.weight_version for d in got["before"]} == {old}
+    assert {d.weight_version for d in got["after"]} == {new}
+    assert len(joined(got["after"])[0]) == MAX
