@@ -207,6 +207,7 @@ def test_reflection_lists_and_describes_the_service(server):
         assert {m.name for m in svc.methods} == {
             "Generate",
             "GenerateStream",
+            "GenerateMany",
             "UpdateWeights",
             "BeginUpdate",
             "UploadChunks",
