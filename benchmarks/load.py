@@ -26,6 +26,7 @@ import grpc
 
 from benchmarks.loadgen import (
     LoadSpec,
+    OneStreamDriver,
     Range,
     Record,
     Workload,
@@ -114,9 +115,9 @@ class GrpcDriver:
             await c.close()
 
 
-class GrpcManyDriver:
-    """Every concurrent call of the load on one GenerateMany stream (opened
-    on the first call), each request under its own request_id."""
+class GrpcManyDriver(OneStreamDriver):
+    """Every concurrent call of the load on one GenerateMany stream, each
+    request under its own request_id (its tag)."""
 
     def __init__(
         self,
@@ -126,61 +127,34 @@ class GrpcManyDriver:
         connection: ConnectionOptions | None = None,
         stream_options: pb.StreamOptions | None = None,
     ):
+        connection = connection or ConnectionOptions()
+        super().__init__(connection.channel(target, aio=True, own_connection=True))
         self.temperature, self.timeout = temperature, timeout
         self.stream_options = stream_options
-        connection = connection or ConnectionOptions()
         self.metadata = connection.metadata()
-        self.channel = connection.channel(target, aio=True, own_connection=True)
         self.stub = rollout_pb2_grpc.RolloutServiceStub(self.channel)
-        self.call = self.reader = None
-        self.pending: dict[str, tuple[Record, asyncio.Event]] = {}
-        self.next_id = 0
-        self.write_lock = asyncio.Lock()  # grpc.aio takes one write at a time
 
-    async def _read(self) -> None:
-        try:
-            async for response in self.call:
-                for d in response.deltas:
-                    rec, done = self.pending[d.request_id]
-                    rec.tokens_arrived(len(d.token_ids))
-                    if d.HasField("usage"):
-                        done.set()
-                for f in response.failures:
-                    rec, done = self.pending[f.request_id]
-                    rec.error = f"code {f.code}"
-                    done.set()
-        except grpc.aio.AioRpcError as e:
-            for rec, done in self.pending.values():
-                rec.error = e.code().name
-                done.set()
+    def open(self):
+        return self.stub.GenerateMany(timeout=self.timeout, metadata=self.metadata)
 
-    async def __call__(self, prompt: list[int], max_tokens: int) -> Record:
-        if self.call is None:
-            self.call = self.stub.GenerateMany(timeout=self.timeout, metadata=self.metadata)
-            self.reader = asyncio.create_task(self._read())
-        rid, self.next_id = str(self.next_id), self.next_id + 1
-        rec, done = Record(start=time.perf_counter()), asyncio.Event()
-        self.pending[rid] = (rec, done)
-        request = pb.GenerateStreamRequest(
-            request_id=rid,
-            prompt_token_ids=prompt,
-            sampling_params=pb.SamplingParams(
-                max_tokens=max_tokens, temperature=self.temperature, ignore_eos=True
-            ),
-            stream_options=self.stream_options,
+    def request(self, tag: int, prompt: list[int], max_tokens: int) -> pb.GenerateManyRequest:
+        params = pb.SamplingParams(
+            max_tokens=max_tokens, temperature=self.temperature, ignore_eos=True
         )
-        async with self.write_lock:
-            await self.call.write(pb.GenerateManyRequest(request=request))
-        await done.wait()
-        del self.pending[rid]
-        rec.end = time.perf_counter()
-        return rec
+        return pb.GenerateManyRequest(
+            request=pb.GenerateStreamRequest(
+                request_id=str(tag),
+                prompt_token_ids=prompt,
+                sampling_params=params,
+                stream_options=self.stream_options,
+            )
+        )
 
-    async def close(self) -> None:
-        if self.call is not None:
-            await self.call.done_writing()
-            await self.reader
-        await self.channel.close()
+    def events(self, response: pb.GenerateManyResponse):
+        for d in response.deltas:
+            yield int(d.request_id), len(d.token_ids), d.HasField("usage"), None
+        for f in response.failures:
+            yield int(f.request_id), 0, True, f"code {f.code}"
 
 
 def parse_list(kind):

@@ -94,6 +94,68 @@ class Record:
 Driver = Callable[[list[int], int], Awaitable[Record]]
 
 
+class OneStreamDriver:
+    """A driver whose concurrent calls all share one bidi stream (opened on
+    the first call; GenerateMany and the thin front's twin): each call writes
+    its request under a tag of its own and waits for the event that finishes
+    it. Subclasses give `open()` (the call), `request(tag, prompt,
+    max_tokens)` (the message to write) and `events(message)`: (tag, new
+    tokens, finished, error or None) per generation the message speaks of."""
+
+    def __init__(self, channel) -> None:
+        self.channel = channel
+        self.call = self.reader = None
+        self.pending: dict[int, tuple[Record, asyncio.Event]] = {}
+        self.next_tag = 0
+        self.write_lock = asyncio.Lock()  # grpc.aio takes one write at a time
+
+    def open(self):
+        raise NotImplementedError
+
+    def request(self, tag: int, prompt: list[int], max_tokens: int):
+        raise NotImplementedError
+
+    def events(self, message):
+        raise NotImplementedError
+
+    async def _read(self) -> None:
+        import grpc
+
+        try:
+            async for message in self.call:
+                for tag, tokens, finished, error in self.events(message):
+                    rec, done = self.pending[tag]
+                    rec.tokens_arrived(tokens)
+                    if error is not None:
+                        rec.error = error
+                    if finished:
+                        done.set()
+        except grpc.aio.AioRpcError as e:
+            for rec, done in self.pending.values():
+                rec.error = e.code().name
+                done.set()
+
+    async def __call__(self, prompt: list[int], max_tokens: int) -> Record:
+        if self.call is None:
+            self.call = self.open()
+            self.reader = asyncio.create_task(self._read())
+        tag, self.next_tag = self.next_tag, self.next_tag + 1
+        rec, done = Record(start=time.perf_counter()), asyncio.Event()
+        self.pending[tag] = (rec, done)
+        async with self.write_lock:
+            await self.call.write(self.request(tag, prompt, max_tokens))
+        await done.wait()
+        del self.pending[tag]
+        rec.end = time.perf_counter()
+        return rec
+
+    async def close(self) -> None:
+        if self.call is not None:
+            await self.call.done_writing()
+            await self.reader
+        await self.channel.close()
+
+
 @dataclass
 class LoadSpec:
     """How to drive: exactly one of concurrency/rate, one of duration/requests."""

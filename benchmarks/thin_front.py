@@ -45,7 +45,7 @@ import uuid
 import grpc
 import numpy as np
 
-from benchmarks.loadgen import Record
+from benchmarks.loadgen import OneStreamDriver, Record
 
 SERVICE = "thin.Thin"
 UNARY, STREAM, MANY = "Generate", "GenerateStream", "GenerateMany"
@@ -264,57 +264,30 @@ class ThinDriver:
         await self.channel.close()
 
 
-class ManyDriver:
+class ManyDriver(OneStreamDriver):
     """benchmarks.loadgen's driver for GenerateMany: every concurrent call
-    of the load shares one bidi stream (opened on the first), tagged."""
+    of the load shares one bidi stream, tagged."""
 
     def __init__(self, target: str, temperature: float = 0.0, options=None):
+        super().__init__(
+            grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+        )
         self.temperature = temperature
         self.delta_tokens = options.delta_tokens if options is not None else 0
         self.omit_text = bool(options is not None and options.omit_text)
-        self.channel = grpc.aio.insecure_channel(
-            target, options=[("grpc.use_local_subchannel_pool", 1)]
-        )
-        self.call = self.reader = None
-        self.pending: dict[int, tuple[Record, asyncio.Event]] = {}
-        self.next_tag = 0
-        self.write_lock = asyncio.Lock()  # grpc.aio takes one write at a time
 
-    async def _read(self) -> None:
-        try:
-            async for data in self.call:
-                for tag, n, finished in record_counts(data):
-                    rec, done = self.pending[tag]
-                    rec.tokens_arrived(n)
-                    if finished:
-                        done.set()
-        except grpc.aio.AioRpcError as e:
-            for rec, done in self.pending.values():
-                rec.error = e.code().name
-                done.set()
+    def open(self):
+        return self.channel.stream_stream(f"/{SERVICE}/{MANY}")(timeout=3600)
 
-    async def __call__(self, prompt: list[int], max_tokens: int) -> Record:
-        if self.call is None:
-            self.call = self.channel.stream_stream(f"/{SERVICE}/{MANY}")(timeout=3600)
-            self.reader = asyncio.create_task(self._read())
-        tag, self.next_tag = self.next_tag, self.next_tag + 1
-        rec, done = Record(start=time.perf_counter()), asyncio.Event()
-        self.pending[tag] = (rec, done)
+    def request(self, tag: int, prompt: list[int], max_tokens: int) -> bytes:
         request = encode_request(
             prompt, max_tokens, self.delta_tokens, self.omit_text, self.temperature
         )
-        async with self.write_lock:
-            await self.call.write(_TAG.pack(tag) + request)
-        await done.wait()
-        del self.pending[tag]
-        rec.end = time.perf_counter()
-        return rec
+        return _TAG.pack(tag) + request
 
-    async def close(self) -> None:
-        if self.call is not None:
-            await self.call.done_writing()
-            await self.reader
-        await self.channel.close()
+    def events(self, data: bytes):
+        for tag, n, finished in record_counts(data):
+            yield tag, n, finished, None
 
 
 async def serve(port: int, serve_args: list[str]) -> None:
