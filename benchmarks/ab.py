@@ -45,13 +45,20 @@ LOADS = {
     # in-process per-step streams.
     "many": ("-many", False, "stream"),
 }
+
+
+def _ms(kind: str, percentile: str):
+    """A summary's percentile of `kind` (ttft, itl, latency) in ms, or None."""
+    return lambda s: (s.get(kind) or {}).get(percentile, 0) * 1000 or None
+
+
 # (label, summary -> value): what each window prints and each ratio compares
 FIGURES = (
     ("tok/s", lambda s: s["output_tokens_per_s"]),
-    ("TTFT p50 ms", lambda s: (s.get("ttft") or {}).get("p50", 0) * 1000 or None),
-    ("TTFT p90 ms", lambda s: (s.get("ttft") or {}).get("p90", 0) * 1000 or None),
-    ("ITL p50 ms", lambda s: (s.get("itl") or {}).get("p50", 0) * 1000 or None),
-    ("latency p50 ms", lambda s: (s.get("latency") or {}).get("p50", 0) * 1000 or None),
+    ("TTFT p50 ms", _ms("ttft", "p50")),
+    ("TTFT p90 ms", _ms("ttft", "p90")),
+    ("ITL p50 ms", _ms("itl", "p50")),
+    ("latency p50 ms", _ms("latency", "p50")),
     ("front CPU/1k", lambda s: s.get("front_cpu_s_per_1k_tokens")),
     ("client CPU/1k", lambda s: s.get("client_cpu_s_per_1k_tokens")),
     ("front/engine", compare.front_per_engine),

@@ -16,10 +16,11 @@ service's own layer.
 Arguments after -- go to `rollout-service serve`'s parser. It prints
 `thin front ready on 127.0.0.1:PORT` when it answers.
 
-A third method, GenerateMany, measures a contract this service does not
-have: one bidi stream carries many requests, and every delta ready when the
-server sends goes out in one message (a message per send instead of a
-message per completion per engine step).
+A third method, GenerateMany, is the raw-bytes twin of this service's: one
+bidi stream carries many requests, and every delta ready when the server
+sends goes out in one message (a message per send instead of a message per
+completion per engine step). Its batching is written out here, not taken
+from rollout_service.many, so that the ceiling stays free of our code.
 
 The wire (little-endian): a request is int32 max_tokens, delta_tokens,
 omit_text, float32 temperature, then the prompt's token ids. A reply (the unary one, or each
@@ -106,27 +107,32 @@ def encode_record(tag: int, token_ids, logprobs: list[float], text: str, finishe
     )
 
 
-def record_counts(data: bytes):
-    """(tag, tokens, finished) of every record in a GenerateMany message."""
+def _walk(data: bytes):
+    """(tag, n, finished, offset of its token ids, text bytes) per record of a
+    GenerateMany message."""
     offset = 0
     while offset < len(data):
         tag, n, finished = _RECORD.unpack_from(data, offset)
-        offset += _RECORD.size + 8 * n
-        offset += _TAG.size + _TAG.unpack_from(data, offset)[0]
-        yield tag, n, bool(finished)
+        body = offset + _RECORD.size
+        size = _TAG.unpack_from(data, body + 8 * n)[0]
+        yield tag, n, bool(finished), body, size
+        offset = body + 8 * n + _TAG.size + size
+
+
+def record_counts(data: bytes):
+    """(tag, tokens, finished) of every record in a GenerateMany message."""
+    for tag, n, finished, _, _ in _walk(data):
+        yield tag, n, finished
 
 
 def decode_records(data: bytes) -> list[tuple[int, list[int], list[float], str, bool]]:
     """Every record of a GenerateMany message, whole."""
-    out, offset = [], 0
-    for tag, n, finished in record_counts(data):
-        ids = np.frombuffer(data, "<i4", count=n, offset=offset + _RECORD.size).tolist()
-        lps = np.frombuffer(data, "<f4", count=n, offset=offset + _RECORD.size + 4 * n).tolist()
-        offset += _RECORD.size + 8 * n
-        size = _TAG.unpack_from(data, offset)[0]
-        text = data[offset + _TAG.size : offset + _TAG.size + size].decode()
-        offset += _TAG.size + size
-        out.append((tag, ids, lps, text, finished))
+    out = []
+    for tag, n, finished, body, size in _walk(data):
+        ids = np.frombuffer(data, "<i4", count=n, offset=body).tolist()
+        lps = np.frombuffer(data, "<f4", count=n, offset=body + 4 * n).tolist()
+        text_at = body + 8 * n + _TAG.size
+        out.append((tag, ids, lps, data[text_at : text_at + size].decode(), finished))
     return out
 
 

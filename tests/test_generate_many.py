@@ -18,9 +18,12 @@ from tests.weights_util import random_weights, version
 MAX = 12
 
 
+def params(prompt: str, **kw) -> dict:
+    return {"prompt_text": prompt, "max_tokens": MAX, "temperature": 0, "ignore_eos": True, **kw}
+
+
 def request(rid: str, prompt: str, **kw) -> pb.GenerateStreamRequest:
-    kw = {"prompt_text": prompt, "max_tokens": MAX, "temperature": 0, "ignore_eos": True, **kw}
-    return core.build_generate_stream_request(request_id=rid, **kw)
+    return core.build_generate_stream_request(request_id=rid, **params(prompt, **kw))
 
 
 def by_request(responses) -> dict[str, list[pb.GenerateStreamResponse]]:
@@ -56,7 +59,7 @@ def test_many_generations_carry_what_their_own_streams_would_in_fewer_messages(c
     served = client.server_info().weight_version
     deltas = 0
     for rid, prompt in prompts.items():
-        alone = list(client.generate_stream(**{"request_id": rid, **_kwargs(prompt)}))
+        alone = list(client.generate_stream(request_id=rid, **params(prompt)))
         mine = got[rid]
         deltas += len(mine)
         assert joined(mine)[0] == joined(alone)[0] and len(joined(mine)[0]) == MAX
@@ -72,10 +75,6 @@ def test_many_generations_carry_what_their_own_streams_would_in_fewer_messages(c
     assert not any(r.failures for r in responses)
     # the point of it: deltas of several generations share messages
     assert len(responses) < deltas, (len(responses), deltas)
-
-
-def _kwargs(prompt: str) -> dict:
-    return {"prompt_text": prompt, "max_tokens": MAX, "temperature": 0, "ignore_eos": True}
 
 
 def test_a_failing_generation_fails_alone(client, info):
