@@ -22,7 +22,8 @@ to one server's environment (to compare a setting against itself). Loads:
 the load on one stream, the deltas ready at each send in one message;
 in-process runs its per-step streams); every load flag of compare applies,
 `--rate` included. An idle engine waits on its socket and costs next to
-nothing beside the measured one.
+nothing beside the measured one. `--profile` splits each server side's
+front-end CPU by component (py-spy; benchmarks.profile_split).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import string
 import sys
 
 from benchmarks import compare
+from benchmarks.profile_split import format_split
 
 KINDS = ("ours", "thin", "inprocess")
 # load: (drive's driver suffix, tuned StreamOptions, benchmarks.inprocess mode)
@@ -111,7 +113,17 @@ class Side:
         driver = ("grpc" if self.kind == "ours" else "thin") + suffix
         flags = compare.stream_flags(args, tuned) if suffix else []
         s = self.server
-        return compare.drive(args, driver, s.target, vocab, s.proc.pid, flags=flags)
+        summary = compare.drive(
+            args, driver, s.target, vocab, s.proc.pid, args.profile, flags=flags
+        )
+        if "front_components" in summary:
+            print(
+                f"{self.label}={self.kind} {load}: front-end CPU s per 1k output tokens by "
+                "component (py-spy):\n"
+                + format_split(summary["front_cpu_s_per_1k_tokens"], summary["front_components"]),
+                flush=True,
+            )
+        return summary
 
     def stop(self) -> None:
         if self.server is not None:

@@ -293,21 +293,29 @@ def stop_reason_to_str(reason: int | str | None) -> str:
 
 def version_spans(
     spans: Sequence[Any] | None, start: int, count: int, fallback: str
-) -> list[pb.VersionSpan]:
+) -> list[tuple[str, int, int]]:
     """The weight versions of tokens [start, start + count) of a completion,
     from vLLM's spans over the completion (WeightVersionSpan: version, start,
-    end), indexed from `start`; `fallback` labels tokens vLLM labelled none."""
+    end), indexed from `start`, as (weight_version, start, count) for
+    add_spans; `fallback` labels tokens vLLM labelled none."""
     if not count:
         return []
     if not spans:
-        return [pb.VersionSpan(weight_version=fallback, start=0, count=count)]
+        return [(fallback, 0, count)]
     end = start + count
     out = []
     for s in spans:
         lo, hi = max(s.start, start), min(s.end, end)
         if lo < hi:
-            out.append(pb.VersionSpan(weight_version=s.version, start=lo - start, count=hi - lo))
+            out.append((s.version, lo - start, hi - lo))
     return out
+
+
+def add_spans(field, spans: list[tuple[str, int, int]]) -> None:
+    """Fills a repeated VersionSpan field from version_spans (added in place:
+    cheaper than building VersionSpan messages and copying them in)."""
+    for version, start, count in spans:
+        field.add(weight_version=version, start=start, count=count)
 
 
 def prompt_logprobs_to_proto(out: RequestOutput, top_k: int, message) -> None:
@@ -333,7 +341,7 @@ def completion_to_proto(
     text = out.text or ""
     if not text and decode is not None and out.token_ids:
         text = decode(out.token_ids)
-    return pb.Completion(
+    completion = pb.Completion(
         index=out.index,
         token_ids=list(out.token_ids),
         logprobs=logprobs,
@@ -341,8 +349,12 @@ def completion_to_proto(
         text=text,
         top_logprobs=top,
         stop_reason=stop_reason_to_str(out.stop_reason),
-        version_spans=version_spans(out.weight_versions, 0, len(out.token_ids), version),
     )
+    add_spans(
+        completion.version_spans,
+        version_spans(out.weight_versions, 0, len(out.token_ids), version),
+    )
+    return completion
 
 
 def aborted_response(request_id: str, n: int, version: str) -> pb.GenerateResponse:
@@ -371,26 +383,37 @@ def stream_delta_to_proto(
     out: CompletionOutput,
     top_k: int,
     weight_version: str,
-    spans: list[pb.VersionSpan] | None = None,
+    spans: list[tuple[str, int, int]] | None = None,
     omit_text: bool = False,
     lora_adapter_version: str = "",
 ) -> pb.GenerateStreamResponse:
     """Converts one delta (RequestOutputKind.DELTA) of one completion;
     `spans` label its tokens (version_spans), the first one's version is the
-    delta's weight_version; `omit_text` leaves the text out."""
-    logprobs, top = logprobs_to_proto(out.token_ids, out.logprobs, top_k)
+    delta's weight_version; `omit_text` leaves the text out.
+
+    One of these is built per completion per engine step, so only the fields
+    that differ from their defaults are passed (each keyword costs the
+    constructor, default or not; BENCHMARKS.md, stop 23)."""
+    fields: dict[str, Any] = {}
+    if out.index:
+        fields["index"] = out.index
+    if out.logprobs:
+        fields["logprobs"], top = logprobs_to_proto(out.token_ids, out.logprobs, top_k)
+        if top:
+            fields["top_logprobs"] = top
+    if out.text and not omit_text:
+        fields["text"] = out.text
+    if out.finish_reason is not None:
+        fields["finish_reason"] = finish_reason_to_proto(out.finish_reason)
+    if out.stop_reason is not None:
+        fields["stop_reason"] = str(out.stop_reason)
+    if lora_adapter_version:
+        fields["lora_adapter_version"] = lora_adapter_version
     if spans:
-        weight_version = spans[0].weight_version
-    return pb.GenerateStreamResponse(
-        request_id=request_id,
-        index=out.index,
-        token_ids=list(out.token_ids),
-        logprobs=logprobs,
-        top_logprobs=top,
-        text="" if omit_text else out.text or "",
-        finish_reason=finish_reason_to_proto(out.finish_reason),
-        weight_version=weight_version,
-        stop_reason=stop_reason_to_str(out.stop_reason),
-        version_spans=spans,
-        lora_adapter_version=lora_adapter_version,
+        weight_version = spans[0][0]
+    delta = pb.GenerateStreamResponse(
+        request_id=request_id, token_ids=out.token_ids, weight_version=weight_version, **fields
     )
+    if spans:
+        add_spans(delta.version_spans, spans)
+    return delta

@@ -89,15 +89,19 @@ async def multiplex(requests, generation: Generation) -> AsyncIterator[pb.Genera
             items = [await stream.ready.get()]
             while not stream.ready.empty():
                 items.append(stream.ready.get_nowait())
-            response = pb.GenerateManyResponse()
+            deltas, failures = [], []
             for item in items:
-                if isinstance(item, pb.GenerateStreamResponse):
-                    response.deltas.append(item)
-                elif isinstance(item, pb.GenerateFailure):
-                    response.failures.append(item)
+                if type(item) is pb.GenerateStreamResponse:
+                    deltas.append(item)
+                elif type(item) is pb.GenerateFailure:
+                    failures.append(item)
                 elif isinstance(item, Exception):
                     raise item
-            if response.deltas or response.failures:
+            if deltas or failures:
+                # One extend copies a batch faster than an append per delta.
+                response = pb.GenerateManyResponse()
+                response.deltas.extend(deltas)
+                response.failures.extend(failures)
                 yield response
             if items[-1] is _END:
                 return

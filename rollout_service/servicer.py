@@ -164,9 +164,8 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
         return response
 
     @streaming
-    async def GenerateStream(self, request, context):
-        async for message in self._generation(request):
-            yield message
+    def GenerateStream(self, request, context):
+        return self._generation(request)
 
     @streaming
     async def GenerateMany(self, requests, context):
@@ -174,72 +173,78 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
         async for response in many.multiplex(requests, self._generation):
             yield response
 
-    async def _generation(self, request: pb.GenerateStreamRequest):
-        """One GenerateStream's messages (GenerateMany runs many of these)."""
+    def _generation(self, request: pb.GenerateStreamRequest) -> AsyncIterator:
+        """One GenerateStream's messages (GenerateMany runs many of these);
+        a request that cannot run raises here, before anything is started.
+        Every message passes through each generator layer between the engine
+        and gRPC, so there is none here."""
         as_unary = pb.GenerateRequest.FromString(request.SerializeToString())
         options = request.stream_options
         request_id, prompt, params = self._prepare(as_unary, RequestOutputKind.DELTA, options)
-        with self.calls.running(request_id) as call:
-            async for message in self._stream(request_id, as_unary, call, prompt, params, options):
-                yield message
+        return self._stream(request_id, as_unary, prompt, params, options)
 
-    async def _stream(self, request_id, request, call, prompt, params, options):
+    async def _stream(self, request_id, request, prompt, params, options):
         top_k = params.logprobs or 0
         omit_text = options.omit_text
         usage = pb.Usage()
         delivered: dict[int, int] = {}  # tokens sent so far, by completion index
         first = True
-        async with self._admitted() as ticket:
-            version = ticket.version
-            t0 = time.perf_counter()
-            async for out in self._run(ticket, call, prompt, params, request.lora_adapter):
-                if t0:
-                    metrics.TTFT.observe(time.perf_counter() - t0)
-                    t0 = 0.0
-                if out.prompt_token_ids:
-                    usage.prompt_tokens = len(out.prompt_token_ids)
-                deltas = []
-                for c in out.outputs:
-                    if not (c.token_ids or c.finish_reason):
-                        continue
-                    start, count = delivered.get(c.index, 0), len(c.token_ids)
-                    delivered[c.index] = start + count
-                    if c.finished():
-                        spans = convert.version_spans(c.weight_versions, start, count, version)
-                    elif ticket.keep_epoch == self.gate.keep_epoch:
-                        spans = convert.version_spans(None, start, count, version)
-                    else:
-                        spans = self._live_spans(ticket.engine_id, c.index, start, count, version)
-                    d = convert.stream_delta_to_proto(
-                        request_id, c, top_k, version, spans, omit_text, ticket.adapter_version
-                    )
-                    usage.completion_tokens += count
-                    deltas.append(d)
-                if first and (deltas or out.finished):
-                    first = False
-                    if not deltas:
-                        deltas.append(self._empty_delta(request_id, ticket))
-                    if prompt.echo_ids:
-                        deltas[0].prompt_token_ids.extend(out.prompt_token_ids or [])
-                    convert.prompt_logprobs_to_proto(out, params.prompt_logprobs or 0, deltas[0])
-                if out.finished:
-                    usage.cached_prompt_tokens = out.num_cached_tokens or 0
-                    if not deltas:
-                        deltas.append(self._empty_delta(request_id, ticket))
-                    deltas[-1].usage.CopyFrom(usage)
-                    metrics.PROMPT_TOKENS.inc(usage.prompt_tokens)
-                    metrics.COMPLETION_TOKENS.inc(usage.completion_tokens)
-                for d in deltas:
-                    yield d
-            if ticket.engine_id is None:  # aborted before it reached the engine
-                for i in range(params.n):
-                    yield pb.GenerateStreamResponse(
-                        request_id=request_id,
-                        index=i,
-                        finish_reason=pb.FINISH_REASON_ABORT,
-                        weight_version=version,
-                        usage=usage if i == params.n - 1 else None,
-                    )
+        with self.calls.running(request_id) as call:
+            async with self._admitted() as ticket:
+                version = ticket.version
+                t0 = time.perf_counter()
+                async for out in self._run(ticket, call, prompt, params, request.lora_adapter):
+                    if t0:
+                        metrics.TTFT.observe(time.perf_counter() - t0)
+                        t0 = 0.0
+                    if out.prompt_token_ids:
+                        usage.prompt_tokens = len(out.prompt_token_ids)
+                    deltas = []
+                    for c in out.outputs:
+                        if not (c.token_ids or c.finish_reason):
+                            continue
+                        start, count = delivered.get(c.index, 0), len(c.token_ids)
+                        delivered[c.index] = start + count
+                        if c.finished():
+                            spans = convert.version_spans(c.weight_versions, start, count, version)
+                        elif ticket.keep_epoch == self.gate.keep_epoch:
+                            spans = convert.version_spans(None, start, count, version)
+                        else:
+                            spans = self._live_spans(
+                                ticket.engine_id, c.index, start, count, version
+                            )
+                        d = convert.stream_delta_to_proto(
+                            request_id, c, top_k, version, spans, omit_text, ticket.adapter_version
+                        )
+                        usage.completion_tokens += count
+                        deltas.append(d)
+                    if first and (deltas or out.finished):
+                        first = False
+                        if not deltas:
+                            deltas.append(self._empty_delta(request_id, ticket))
+                        if prompt.echo_ids:
+                            deltas[0].prompt_token_ids.extend(out.prompt_token_ids or [])
+                        convert.prompt_logprobs_to_proto(
+                            out, params.prompt_logprobs or 0, deltas[0]
+                        )
+                    if out.finished:
+                        usage.cached_prompt_tokens = out.num_cached_tokens or 0
+                        if not deltas:
+                            deltas.append(self._empty_delta(request_id, ticket))
+                        deltas[-1].usage.CopyFrom(usage)
+                        metrics.PROMPT_TOKENS.inc(usage.prompt_tokens)
+                        metrics.COMPLETION_TOKENS.inc(usage.completion_tokens)
+                    for d in deltas:
+                        yield d
+                if ticket.engine_id is None:  # aborted before it reached the engine
+                    for i in range(params.n):
+                        yield pb.GenerateStreamResponse(
+                            request_id=request_id,
+                            index=i,
+                            finish_reason=pb.FINISH_REASON_ABORT,
+                            weight_version=version,
+                            usage=usage if i == params.n - 1 else None,
+                        )
 
     @staticmethod
     def _empty_delta(request_id: str, ticket: Ticket) -> pb.GenerateStreamResponse:

@@ -1,7 +1,8 @@
 """GenerateMany against the real engine: many generations on one stream
 carry exactly what their own GenerateStreams would, in fewer messages; a
 failing one fails alone; a broken rule ends the stream; cancelling it aborts
-what runs; an open stream holds no update back."""
+what runs; an open stream holds no update back; n > 1 and KEEP-mode updates
+behave as on GenerateStream."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import grpc
 import pytest
 
 from rollout_client import RolloutError, core, pb
+from tests.test_keep_mode import PROMPT, fresh_continuation, merged_spans
 from tests.weights_util import random_weights, version
 
 MAX = 12
@@ -152,3 +154,64 @@ def test_an_open_stream_holds_no_update_back(client, info):
     assert {d.weight_version for d in got["before"]} == {old}
     assert {d.weight_version for d in got["after"]} == {new}
     assert len(joined(got["after"])[0]) == MAX
+
+
+def test_n_completions_arrive_under_their_own_index(client):
+    """n > 1: each completion's deltas carry its index, and together they are
+    what the same request's own GenerateStream gives (seeded sampling: the
+    completions differ, so a delta filed under the wrong index shows)."""
+    kw = dict(n=3, temperature=1.0, seed=5, ignore_eos=True, max_tokens=MAX)
+    [got] = by_request(client.generate_many([request("n3", "Three ways to say", **kw)])).values()
+    alone = list(client.generate_stream(request_id="n3-alone", **params("Three ways to say", **kw)))
+    by_index = {i: [d for d in got if d.index == i] for i in range(3)}
+    for i, mine in by_index.items():
+        theirs = [d for d in alone if d.index == i]
+        assert joined(mine)[0] == joined(theirs)[0] and len(joined(mine)[0]) == MAX
+        assert joined(mine)[1] == pytest.approx(joined(theirs)[1], abs=2e-3)
+        assert mine[-1].finish_reason == pb.FINISH_REASON_LENGTH
+    assert len({tuple(joined(m)[0]) for m in by_index.values()}) > 1, "seeded completions differ"
+    [last] = [d for d in got if d.HasField("usage")]
+    assert last.usage.completion_tokens == 3 * MAX
+
+
+def test_a_kept_generation_continues_on_the_new_weights(client, info):
+    """PAUSE_MODE_KEEP while a generation runs on a GenerateMany stream: it
+    goes on, its tokens labelled old then new, and what it generates after
+    the switch is what a fresh request on the new weights generates."""
+    old = client.server_info().weight_version
+    todo: queue.Queue = queue.Queue()
+    responses: list[pb.GenerateManyResponse] = []
+
+    def requests():
+        while (r := todo.get()) is not None:
+            yield r
+
+    def read():
+        for r in client.generate_many(requests()):
+            responses.append(r)
+
+    long = core.build_generate_stream_request(
+        request_id="kept", prompt_token_ids=PROMPT, max_tokens=800, temperature=0, ignore_eos=True
+    )
+    todo.put(long)
+    reader = threading.Thread(target=read)
+    reader.start()
+    deadline = time.monotonic() + 60
+    while len(joined(by_request(responses).get("kept", []))[0]) < 40:
+        assert time.monotonic() < deadline, "the generation did not start"
+        time.sleep(0.002)
+    new = version()
+    ack = client.update_weights(
+        random_weights(info.parameters, seed=41), new, pause_mode=pb.PAUSE_MODE_KEEP
+    )
+    assert ack.requests_aborted == 0
+    todo.put(None)
+    reader.join(120)
+    mine = by_request(responses)["kept"]
+    tokens = joined(mine)[0]
+    assert len(tokens) == 800 and mine[-1].finish_reason == pb.FINISH_REASON_LENGTH
+    runs = merged_spans([(d.version_spans, len(d.token_ids)) for d in mine])
+    assert [r[0] for r in runs] == [old, new], runs
+    boundary = runs[1][1]
+    assert 40 <= boundary < 800
+    assert fresh_continuation(client, tokens, boundary) == tokens[boundary:]
