@@ -12,9 +12,10 @@ round, then the median over rounds:
     .venv/bin/python -m benchmarks.ab --sides inprocess,thin,ours --rate 20 --loads stream
     .venv/bin/python -m benchmarks.ab --sides ours,ours --env B:NAME=VALUE ...
 
-A side is `ours` (`rollout-service serve`), `thin` (benchmarks.thin_front) or
+A side is `ours` (`rollout-service serve`), `thin` (benchmarks.thin_front),
 `inprocess` (benchmarks.inprocess: no server to keep up, so each of its
-windows starts its engine anew), with the engine arguments, environment and
+windows starts its engine anew) or `serve` (`vllm serve`, unary loads only:
+POST /v1/completions, placed as compare places it), with the engine arguments, environment and
 placement `compare` gives every configuration; `--env LABEL:NAME=VALUE` adds
 to one server's environment (to compare a setting against itself). Loads:
 `unary`, `stream` (a delta per engine step, with text), `tuned`
@@ -36,7 +37,7 @@ import sys
 from benchmarks import compare
 from benchmarks.profile_split import format_split
 
-KINDS = ("ours", "thin", "inprocess")
+KINDS = ("ours", "thin", "inprocess", "serve")
 # load: (drive's driver suffix, tuned StreamOptions, benchmarks.inprocess mode)
 LOADS = {
     "unary": ("", False, "unary"),
@@ -96,6 +97,10 @@ class Side:
             )
         elif kind == "thin":
             self.server = compare.ThinServer(args)
+        elif kind == "serve":
+            from rollout_service.tiny_models import ensure_model
+
+            self.server = compare.VllmServe(ensure_model(compare.MODEL))
 
     def describe(self) -> str:
         where = f" on {self.server.target}" if self.server else " (an engine per window)"
@@ -104,15 +109,24 @@ class Side:
     def wait(self, args) -> None:
         if self.server is not None:
             self.server.wait_ready()
-            compare.place(args, self.server.proc.pid)
+            if self.kind != "serve" or args.pin_serve:  # as compare.run_serve
+                compare.place(args, self.server.proc.pid)
+
+    def runs(self, load: str) -> bool:
+        """`vllm serve` has no streaming load of this kind (gRPC only)."""
+        return self.kind != "serve" or load == "unary"
 
     def drive(self, args, load: str, vocab: int) -> dict:
         suffix, tuned, mode = LOADS[load]
         if self.server is None:
             return compare.run_inprocess(args, [mode])[f"inprocess_{mode}"]
+        s = self.server
+        if self.kind == "serve":
+            url = s.base + "/v1/completions"
+            logprobs = None if args.serve_logprobs == "none" else int(args.serve_logprobs)
+            return compare.drive(args, "http", url, vocab, s.proc.pid, logprobs=logprobs)
         driver = ("grpc" if self.kind == "ours" else "thin") + suffix
         flags = compare.stream_flags(args, tuned) if suffix else []
-        s = self.server
         summary = compare.drive(
             args, driver, s.target, vocab, s.proc.pid, args.profile, flags=flags
         )
@@ -139,7 +153,9 @@ def round_order(sides: list, n: int) -> list:
 def add_ratios(ratios: dict, load: str, got: dict[str, dict]) -> None:
     """Appends X / A of every figure both windows have, for every side X
     after A, to ratios[(load, "X/A", figure)]."""
-    base = got["A"]
+    base = got.get("A")
+    if base is None:  # side A does not run this load
+        return
     for label, summary in got.items():
         if label == "A":
             continue
@@ -198,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
             for load in loads:
                 got = {}
                 for side in round_order(sides, n):
+                    if not side.runs(load):
+                        continue
                     got[side.label] = side.drive(args, load, vocab)
                     print(window_line(n, side, load, got[side.label]), flush=True)
                 add_ratios(ratios, load, got)

@@ -55,3 +55,22 @@ def test_env_flags_go_to_their_side_and_bad_ones_are_refused():
     for bad in ("C:X=1", "B:=1", "B:X", "X=1"):
         with pytest.raises(SystemExit, match="LABEL:NAME=VALUE"):
             side_envs([bad], ["A", "B"])
+
+
+def test_a_load_side_a_does_not_run_gives_no_ratios():
+    ratios = {}
+    add_ratios(
+        ratios, "stream", {"B": window(1000, 0.1, 0.2, 0.4), "C": window(900, 0.1, 0.2, 0.4)}
+    )
+    assert ratios == {}
+
+
+def test_vllm_serve_runs_unary_loads_only():
+    from benchmarks.ab import Side
+
+    serve = Side.__new__(Side)
+    serve.kind = "serve"
+    assert serve.runs("unary") and not serve.runs("stream") and not serve.runs("many")
+    ours = Side.__new__(Side)
+    ours.kind = "ours"
+    assert all(ours.runs(load) for load in ("unary", "stream", "tuned", "many"))
