@@ -103,8 +103,10 @@ class Side:
             self.server = compare.VllmServe(ensure_model(compare.MODEL))
 
     def describe(self) -> str:
-        where = f" on {self.server.target}" if self.server else " (an engine per window)"
-        return f"{self.label}: {self.kind}{where}"
+        if self.server is None:
+            return f"{self.label}: {self.kind} (an engine per window)"
+        where = getattr(self.server, "target", None) or self.server.base  # vllm serve: a URL
+        return f"{self.label}: {self.kind} on {where}"
 
     def wait(self, args) -> None:
         if self.server is not None:

@@ -71,6 +71,8 @@ def test_vllm_serve_runs_unary_loads_only():
     serve = Side.__new__(Side)
     serve.kind = "serve"
     assert serve.runs("unary") and not serve.runs("stream") and not serve.runs("many")
+    serve.label, serve.server = "D", type("VllmServe", (), {"base": "http://127.0.0.1:8000"})()
+    assert serve.describe() == "D: serve on http://127.0.0.1:8000"
     ours = Side.__new__(Side)
     ours.kind = "ours"
     assert all(ours.runs(load) for load in ("unary", "stream", "tuned", "many"))
