@@ -138,6 +138,11 @@ async def serve(config: ServerConfig, engine_args) -> int:
     options = [
         ("grpc.max_send_message_length", config.max_message_bytes),
         ("grpc.max_receive_message_length", config.max_message_bytes),
+        # gRPC sets SO_REUSEPORT by default: a second server started on a
+        # busy port would share it, and callers would reach one or the other
+        # (an update acknowledged by one, rollouts served by the other on
+        # the old weights). A busy port refuses to start instead.
+        ("grpc.so_reuseport", 0),
     ]
     tokens = Tokens.load(config.tokens_file)
     interceptors = [MetricsInterceptor()]
@@ -159,7 +164,17 @@ async def serve(config: ServerConfig, engine_args) -> int:
     )
     servicer = RolloutServicer(config)
     add_to_server(servicer, server)
-    port = _add_port(server, config)
+    try:
+        port = _add_port(server, config)
+    except RuntimeError as e:  # gRPC's "Failed to bind to address ..."
+        log.error(
+            "cannot start: %s:%d is in use by another process, or cannot be bound here (%s)",
+            config.host,
+            config.port,
+            e,
+        )
+        staging.close()
+        return 1
     await server.start()
     log.info(
         "listening on %s:%d (%s, auth %s; NOT_SERVING until the engine is warm)",

@@ -1,4 +1,5 @@
-"""SIGTERM: NOT_SERVING, in-flight calls finish, exit 0, no child left."""
+"""SIGTERM: NOT_SERVING, in-flight calls finish, exit 0, no child left; a
+server started on a busy port exits at once."""
 
 from __future__ import annotations
 
@@ -53,3 +54,19 @@ def test_sigterm_drains_in_flight_calls_and_exits_cleanly():
         assert not alive, f"left behind: {alive}"
     finally:
         server.stop()
+
+
+def test_a_second_server_on_a_busy_port_refuses_to_start(server):
+    """gRPC would share the port (SO_REUSEPORT) and split callers between two
+    servers on different weights; the second one exits at once instead,
+    naming the address, and the first goes on serving."""
+    second = ServerProcess("--port", str(server.port))
+    try:
+        assert second.proc.wait(120) == 1
+        log = second.tail()
+        assert f"cannot start: 127.0.0.1:{server.port} is in use" in log
+        assert "listening on" not in log and "EngineCore" not in log, "it never got going"
+    finally:
+        second.stop()
+    with RolloutClient(server.target) as c:
+        assert c.server_info().weight_version
