@@ -124,9 +124,7 @@ class Side:
             return compare.run_inprocess(args, [mode])[f"inprocess_{mode}"]
         s = self.server
         if self.kind == "serve":
-            url = s.base + "/v1/completions"
-            logprobs = None if args.serve_logprobs == "none" else int(args.serve_logprobs)
-            return compare.drive(args, "http", url, vocab, s.proc.pid, logprobs=logprobs)
+            return compare.drive_serve(args, s, vocab)
         driver = ("grpc" if self.kind == "ours" else "thin") + suffix
         flags = compare.stream_flags(args, tuned) if suffix else []
         summary = compare.drive(

@@ -475,6 +475,14 @@ class VllmServe(EngineServer):
             return False
 
 
+def drive_serve(args, server: VllmServe, vocab_size: int) -> dict:
+    """The unary load against `vllm serve`: POST /v1/completions, with
+    --serve-logprobs."""
+    logprobs = None if args.serve_logprobs == "none" else int(args.serve_logprobs)
+    url = server.base + "/v1/completions"
+    return drive(args, "http", url, vocab_size, server.proc.pid, logprobs=logprobs)
+
+
 def run_serve(args, model_dir: Path) -> dict:
     """(e): vllm serve, unary /v1/completions."""
     server = VllmServe(model_dir)
@@ -487,10 +495,7 @@ def run_serve(args, model_dir: Path) -> dict:
         # against 5,720 tok/s and none floating, same machine, same load).
         if args.pin_serve:
             place(args, server.proc.pid)
-        vocab = model_vocab(model_dir)
-        logprobs = None if args.serve_logprobs == "none" else int(args.serve_logprobs)
-        url = server.base + "/v1/completions"
-        summary = drive(args, "http", url, vocab, server.proc.pid, logprobs=logprobs)
+        summary = drive_serve(args, server, model_vocab(model_dir))
         load = closed_loop_spec(args).describe()
         return {"vllm_serve": report(f"vllm serve /v1/completions, {load}", summary)}
     finally:

@@ -406,7 +406,7 @@ def stream_delta_to_proto(
     if out.finish_reason is not None:
         fields["finish_reason"] = finish_reason_to_proto(out.finish_reason)
     if out.stop_reason is not None:
-        fields["stop_reason"] = str(out.stop_reason)
+        fields["stop_reason"] = stop_reason_to_str(out.stop_reason)
     if lora_adapter_version:
         fields["lora_adapter_version"] = lora_adapter_version
     if spans:

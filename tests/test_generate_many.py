@@ -53,6 +53,34 @@ def engine_requests_drop_to_zero(client, seconds: float = 20) -> bool:
     return False
 
 
+class OpenStream:
+    """A GenerateMany call kept open in a thread: `send` a request while it
+    runs, `close` half-closes it and waits for its end; `responses` fill as
+    they arrive."""
+
+    def __init__(self, client, first: pb.GenerateStreamRequest) -> None:
+        self.todo: queue.Queue = queue.Queue()
+        self.responses: list[pb.GenerateManyResponse] = []
+        self.todo.put(first)
+        self.reader = threading.Thread(target=self._read, args=(client,))
+        self.reader.start()
+
+    def _requests(self):
+        while (r := self.todo.get()) is not None:
+            yield r
+
+    def _read(self, client) -> None:
+        for r in client.generate_many(self._requests()):
+            self.responses.append(r)
+
+    def send(self, request: pb.GenerateStreamRequest) -> None:
+        self.todo.put(request)
+
+    def close(self) -> None:
+        self.todo.put(None)
+        self.reader.join(120)
+
+
 def test_many_generations_carry_what_their_own_streams_would_in_fewer_messages(client):
     prompts = {f"many-{i}": f"Prompt number {i} says" + " more" * i for i in range(8)}
     responses = list(client.generate_many(request(rid, p) for rid, p in prompts.items()))
@@ -126,31 +154,16 @@ def test_an_open_stream_holds_no_update_back(client, info):
     """A stream stays open across an update: the generation admitted before
     it ran on the old version, the one sent after it on the new."""
     old = client.server_info().weight_version
-    todo: queue.Queue = queue.Queue()
-
-    def requests():
-        while (r := todo.get()) is not None:
-            yield r
-
-    responses: list[pb.GenerateManyResponse] = []
-
-    def read():
-        for r in client.generate_many(requests()):
-            responses.append(r)
-
-    reader = threading.Thread(target=read)
-    todo.put(request("before", "Before the update"))
-    reader.start()
+    stream = OpenStream(client, request("before", "Before the update"))
     deadline = time.monotonic() + 60
-    while not by_request(responses).get("before") and time.monotonic() < deadline:
+    while not by_request(stream.responses).get("before") and time.monotonic() < deadline:
         time.sleep(0.01)
     new = version()
     ack = client.update_weights(random_weights(info.parameters, seed=31), new)
     assert ack.weight_version == new
-    todo.put(request("after", "After the update"))
-    todo.put(None)
-    reader.join(120)
-    got = by_request(responses)
+    stream.send(request("after", "After the update"))
+    stream.close()
+    got = by_request(stream.responses)
     assert {d.weight_version for d in got["before"]} == {old}
     assert {d.weight_version for d in got["after"]} == {new}
     assert len(joined(got["after"])[0]) == MAX
@@ -179,25 +192,12 @@ def test_a_kept_generation_continues_on_the_new_weights(client, info):
     goes on, its tokens labelled old then new, and what it generates after
     the switch is what a fresh request on the new weights generates."""
     old = client.server_info().weight_version
-    todo: queue.Queue = queue.Queue()
-    responses: list[pb.GenerateManyResponse] = []
-
-    def requests():
-        while (r := todo.get()) is not None:
-            yield r
-
-    def read():
-        for r in client.generate_many(requests()):
-            responses.append(r)
-
     long = core.build_generate_stream_request(
         request_id="kept", prompt_token_ids=PROMPT, max_tokens=800, temperature=0, ignore_eos=True
     )
-    todo.put(long)
-    reader = threading.Thread(target=read)
-    reader.start()
+    stream = OpenStream(client, long)
     deadline = time.monotonic() + 60
-    while len(joined(by_request(responses).get("kept", []))[0]) < 40:
+    while len(joined(by_request(stream.responses).get("kept", []))[0]) < 40:
         assert time.monotonic() < deadline, "the generation did not start"
         time.sleep(0.002)
     new = version()
@@ -205,9 +205,8 @@ def test_a_kept_generation_continues_on_the_new_weights(client, info):
         random_weights(info.parameters, seed=41), new, pause_mode=pb.PAUSE_MODE_KEEP
     )
     assert ack.requests_aborted == 0
-    todo.put(None)
-    reader.join(120)
-    mine = by_request(responses)["kept"]
+    stream.close()
+    mine = by_request(stream.responses)["kept"]
     tokens = joined(mine)[0]
     assert len(tokens) == 800 and mine[-1].finish_reason == pb.FINISH_REASON_LENGTH
     runs = merged_spans([(d.version_spans, len(d.token_ids)) for d in mine])
