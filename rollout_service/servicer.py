@@ -18,7 +18,7 @@ from rollout.v1 import rollout_pb2_grpc
 from rollout_service import __version__, convert, logs, many, metrics, tracing
 from rollout_service.calls import Call, RunningCalls
 from rollout_service.engine import EngineInfo
-from rollout_service.errors import InvalidArgument, Unavailable
+from rollout_service.errors import FailedPrecondition, InvalidArgument, Unavailable
 from rollout_service.gate import AdmissionGate, Ticket
 from rollout_service.lora import Adapters
 from rollout_service.rpc_handlers import streaming, unary
@@ -88,12 +88,18 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
         return request_id, prompt, params
 
     @asynccontextmanager
-    async def _admitted(self) -> AsyncIterator[Ticket]:
-        """Admission through the gate, then the degraded check again: calls
-        that waited at the gate while an update failed inside the engine must
-        not run on it."""
+    async def _admitted(self, required_version: str = "") -> AsyncIterator[Ticket]:
+        """Admission through the gate, then the degraded and version checks
+        again: calls that waited at the gate while an update failed inside the
+        engine (or installed another version) must not run on it."""
         async with self.gate.admit() as ticket:
             self.updater.check_serving()
+            if required_version and ticket.version != required_version:
+                raise FailedPrecondition(
+                    f"required_weight_version: this server serves "
+                    f"{ticket.version!r:.200}, not {required_version!r:.200}",
+                    reason=pb.ERROR_REASON_WRONG_WEIGHT_VERSION,
+                )
             yield ticket
 
     async def _run(self, ticket: Ticket, call: Call, prompt, params, adapter: str) -> AsyncIterator:
@@ -137,7 +143,7 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
     async def Generate(self, request, context):
         request_id, prompt, params = self._prepare(request, RequestOutputKind.FINAL_ONLY)
         with self.calls.running(request_id) as call:
-            async with self._admitted() as ticket:
+            async with self._admitted(request.required_weight_version) as ticket:
                 final = None
                 async for out in self._run(ticket, call, prompt, params, request.lora_adapter):
                     final = out
@@ -190,7 +196,7 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
         delivered: dict[int, int] = {}  # tokens sent so far, by completion index
         first = True
         with self.calls.running(request_id) as call:
-            async with self._admitted() as ticket:
+            async with self._admitted(request.required_weight_version) as ticket:
                 version = ticket.version
                 t0 = time.perf_counter()
                 async for out in self._run(ticket, call, prompt, params, request.lora_adapter):

@@ -27,6 +27,13 @@ if _version_not_supported:
 
 class RolloutServiceStub(object):
     """The rollout service.
+
+    Each RPC names the role that may call it ("Role:"). With authentication on
+    (bearer tokens with a role: generate or admin), a call without a known
+    token gets UNAUTHENTICATED (AUTH_REQUIRED) and a token without the role
+    PERMISSION_DENIED (ROLE_DENIED), before the call does anything; admin may
+    call everything. Health checking and reflection are open unless the server
+    protects them (then: generate).
     """
 
     def __init__(self, channel):
@@ -119,10 +126,18 @@ class RolloutServiceStub(object):
 
 class RolloutServiceServicer(object):
     """The rollout service.
+
+    Each RPC names the role that may call it ("Role:"). With authentication on
+    (bearer tokens with a role: generate or admin), a call without a known
+    token gets UNAUTHENTICATED (AUTH_REQUIRED) and a token without the role
+    PERMISSION_DENIED (ROLE_DENIED), before the call does anything; admin may
+    call everything. Health checking and reflection are open unless the server
+    protects them (then: generate).
     """
 
     def Generate(self, request, context):
         """Generates completions for one prompt and returns them when all are done.
+        Role: generate (or admin).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -131,6 +146,7 @@ class RolloutServiceServicer(object):
     def GenerateStream(self, request, context):
         """Generates completions for one prompt and streams token deltas as they are
         produced. The last message carries the usage.
+        Role: generate (or admin).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -148,6 +164,7 @@ class RolloutServiceServicer(object):
         has half-closed and every generation has ended; cancelling it aborts the
         running ones. A malformed message ends the whole stream with
         INVALID_ARGUMENT.
+        Role: generate (or admin).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -170,7 +187,9 @@ class RolloutServiceServicer(object):
         weight_version, same tensors and bytes) is safe: if it applied, the retry
         returns the original acknowledgement with `replayed` set, without
         touching the engine; if it did not, the retry applies it. A retry that
-        arrives while the original is still applying gets ABORTED; retry again.
+        arrives while the original is still applying waits for it and returns
+        its acknowledgement (`replayed` set).
+        Role: admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -185,6 +204,7 @@ class RolloutServiceServicer(object):
         stage everywhere, then commit everywhere. One staged update at a time
         (ABORTED while another is open or applying); one idle for longer than
         BeginUpdateResponse.idle_timeout_seconds is aborted by the server.
+        Role: admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -195,6 +215,7 @@ class RolloutServiceServicer(object):
         UpdateWeights (inside its tensor, every byte exactly once) and written at
         once; a stream that breaks keeps what it delivered, and
         GetUpdateStatus tells which byte ranges are still missing.
+        Role: admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -202,6 +223,7 @@ class RolloutServiceServicer(object):
 
     def GetUpdateStatus(self, request, context):
         """Which bytes of an open staged update have arrived, and which are missing.
+        Role: admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -212,6 +234,7 @@ class RolloutServiceServicer(object):
         stream after `commit`: complete and checksums right, or INVALID_ARGUMENT
         and the update stays open for the missing bytes. Committing an update
         that was already applied returns its acknowledgement again (`replayed`).
+        Role: admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -219,6 +242,7 @@ class RolloutServiceServicer(object):
 
     def AbortUpdate(self, request, context):
         """Discards an open staged update; the served weights are unchanged.
+        Role: admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -227,6 +251,7 @@ class RolloutServiceServicer(object):
     def ResetCaches(self, request, context):
         """Atomically resets the prefix/KV cache, the multimodal input cache and the
         encoder cache.
+        Role: admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -235,6 +260,7 @@ class RolloutServiceServicer(object):
     def GetServerInfo(self, request, context):
         """Describes the served model, its weight version, the parameter manifest
         UpdateWeights accepts and the limits a client must respect.
+        Role: generate (or admin).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -244,6 +270,10 @@ class RolloutServiceServicer(object):
         """Ends running Generate and GenerateStream calls by request id, or all of
         them. Each ends normally with FINISH_REASON_ABORT and the tokens it had
         generated (a stream gets its last delta), not with an error status.
+        Role: generate for the caller's own calls (those started with the same
+        bearer token; `all` then means all of them, and ids of other callers'
+        calls are treated as not running); admin for any call and for `all`.
+        With authentication off every caller is admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -252,6 +282,7 @@ class RolloutServiceServicer(object):
     def Tokenize(self, request, context):
         """Turns text, or chat messages rendered with the model's chat template, into
         token ids with the served tokenizer, exactly as Generate would.
+        Role: generate (or admin).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -259,6 +290,7 @@ class RolloutServiceServicer(object):
 
     def Detokenize(self, request, context):
         """Turns token ids into text with the served tokenizer.
+        Role: generate (or admin).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -269,6 +301,7 @@ class RolloutServiceServicer(object):
         shares it (vLLM's sleep mode; needs --enable-sleep-mode and a platform that
         has it, FAILED_PRECONDITION otherwise). Running calls are drained as by an
         update in PAUSE_MODE_WAIT; Generate waits at the gate until WakeUp.
+        Role: admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -278,6 +311,7 @@ class RolloutServiceServicer(object):
         """Wakes a sleeping engine; Generate calls waiting at the gate then run.
         After a level-2 sleep the weights are gone: the server is degraded until a
         full update (every parameter) loads new ones.
+        Role: admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -376,6 +410,13 @@ def add_RolloutServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class RolloutService(object):
     """The rollout service.
+
+    Each RPC names the role that may call it ("Role:"). With authentication on
+    (bearer tokens with a role: generate or admin), a call without a known
+    token gets UNAUTHENTICATED (AUTH_REQUIRED) and a token without the role
+    PERMISSION_DENIED (ROLE_DENIED), before the call does anything; admin may
+    call everything. Health checking and reflection are open unless the server
+    protects them (then: generate).
     """
 
     @staticmethod
