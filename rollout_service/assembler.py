@@ -287,6 +287,30 @@ class UpdateAssembler:
             t.coverage = _Coverage(starts=[0], ends=[t.nbytes], received=t.nbytes)
         self.bytes_received = self.total_bytes
 
+    def _check_checksums(self) -> None:
+        """Each declared CRC-32C against the bytes received. A tensor whose
+        bytes do not match counts as not received again, so that a staged
+        update, which stays open, can take corrected bytes for it (a byte is
+        otherwise accepted only once)."""
+        assert self._buf is not None
+        bad = []
+        for i, t in enumerate(self._tensors):
+            if t.spec.HasField("crc32c"):
+                got = crc32c.crc32c(self._buf[t.offset : t.offset + t.nbytes])
+                if got != t.spec.crc32c:
+                    bad.append((i, t, got))
+        for _, t, _ in bad:
+            self.bytes_received -= t.coverage.received
+            t.coverage = _Coverage()
+        if bad:
+            i, t, got = bad[0]
+            more = f" ({len(bad) - 1} more tensors too)" if len(bad) > 1 else ""
+            raise InvalidArgument(
+                f"begin.tensors[{i}].crc32c",
+                f"{t.spec.name}: checksum mismatch (declared {t.spec.crc32c:#010x}, "
+                f"received bytes {got:#010x}){more}; its bytes are discarded",
+            )
+
     def finish(self, require_commit: bool = True) -> StagedUpdate:
         """Checks that the update is complete (and, for a stream, that it
         ended with commit); returns the staged update."""
@@ -309,14 +333,7 @@ class UpdateAssembler:
                     f"begin.tensors[{i}]",
                     f"{t.spec.name}: received {t.coverage.received} of {t.nbytes} bytes",
                 )
-            if t.spec.HasField("crc32c"):
-                got = crc32c.crc32c(self._buf[t.offset : t.offset + t.nbytes])
-                if got != t.spec.crc32c:
-                    raise InvalidArgument(
-                        f"begin.tensors[{i}].crc32c",
-                        f"{t.spec.name}: checksum mismatch "
-                        f"(declared {t.spec.crc32c:#010x}, received bytes {got:#010x})",
-                    )
+        self._check_checksums()
         return StagedUpdate(
             weight_version=self._begin.weight_version,
             pause_mode=self._begin.pause_mode,

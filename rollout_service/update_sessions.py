@@ -7,9 +7,20 @@ WeightUpdater.apply. At most one update is open or applying at a time: the
 staging region is single, and a second update waiting behind the first would
 only apply stale weights later, so it is refused at once (ABORTED).
 
+Except its twin: a client whose call was cancelled after its commit (a
+network blip) cannot tell whether it applied and sends the same update
+again, often while the first is still applying. A begin that may be the same
+update as the one applying (could_be_twins) waits for it to end, then goes
+on as if it had come after: its bytes are received and compared, and it is
+answered `replayed` if the twin applied (updates.py), or applied itself if
+the twin failed; nothing of it touches the region before then. CommitUpdate
+of the update applying waits for it and returns its outcome.
+
 An open update that nobody touches for `idle_timeout_seconds` (a stalled or
 vanished trainer) is aborted, so it cannot hold updates back for ever; the
-same bound applies between two messages of an UpdateWeights stream.
+same bound applies between two messages of an UpdateWeights stream. One whose
+commit was refused (bytes missing or corrupt) stays open for them, but no
+longer holds the slot: the next update to begin discards it.
 """
 
 from __future__ import annotations
@@ -36,15 +47,21 @@ log = logging.getLogger(__name__)
 class UpdateSession:
     """One open update."""
 
-    def __init__(self, assembler: UpdateAssembler, same_host: bool) -> None:
+    def __init__(self, begin: pb.UpdateWeightsBegin, same_host: bool) -> None:
         self.id = uuid.uuid4().hex
-        self.assembler = assembler
+        self.begin = begin
+        # Set once the region is free for it (UpdateSessions.begin).
+        self.assembler: UpdateAssembler = None  # type: ignore[assignment]
         self.same_host = same_host
         self.started = time.perf_counter()
         self.touched = time.monotonic()
         # open -> committing -> done, or open -> aborted
         self.state = "open"
         self.expiry: asyncio.Future | None = None
+        # The apply, while committing: twins wait for it.
+        self.applying: asyncio.Future | None = None
+        # A CommitUpdate of it was refused: it no longer holds the slot.
+        self.refused = False
 
     def touch(self) -> None:
         self.touched = time.monotonic()
@@ -62,11 +79,10 @@ class UpdateSessions:
 
     async def begin(self, begin: pb.UpdateWeightsBegin, same_host: bool = False) -> UpdateSession:
         """Opens an update: validates begin and takes the staging region."""
-        if self._current is not None:
-            what = "being applied" if self._current.state == "committing" else "open"
-            raise Aborted(f"another update is {what}; only one runs at a time")
+        await self._wait_for_twin(begin)
+        self._take_slot()
         # Taken before the first await, so that a concurrent begin is refused.
-        self._current = placeholder = UpdateSession(None, same_host)  # type: ignore[arg-type]
+        self._current = placeholder = UpdateSession(begin, same_host)
         try:
             assembler = await self.updater.assembler(begin)
             assembler.begin(begin)
@@ -78,13 +94,37 @@ class UpdateSessions:
         placeholder.expiry = asyncio.ensure_future(self._expire_when_idle(placeholder))
         return placeholder
 
+    async def _wait_for_twin(self, begin: pb.UpdateWeightsBegin) -> None:
+        """Until no update that may be this one is applying (whatever its
+        outcome: this one then goes on as if it had come after)."""
+        while (s := self._current) is not None and s.state == "committing":
+            if not could_be_twins(s.begin, begin):
+                return
+            log.info("update %r waits for its twin %s to be applied", begin.weight_version, s.id)
+            assert s.applying is not None
+            await asyncio.wait([s.applying])
+
+    def _take_slot(self) -> None:
+        """Refuses a new update while another is open or applying, except one
+        whose commit was refused: that one is discarded instead, so that a
+        client that never comes back for it holds nothing until its idle
+        timeout."""
+        s = self._current
+        if s is None:
+            return
+        if s.state == "open" and s.refused:
+            self.abort(s, "replaced by a new update after its commit was refused")
+            return
+        what = "being applied" if s.state == "committing" else "open"
+        raise Aborted(f"another update is {what}; only one runs at a time")
+
     def get(self, update_id: str) -> UpdateSession:
         """The open update named `update_id`."""
         s = self._current
         if s is None or s.id != update_id:
             raise FailedPrecondition(
-                f"update_id: {update_id!r} is not open (never begun, committed, aborted or "
-                "expired after the idle timeout)",
+                f"update_id: {update_id!r} is not open (never begun, committed, aborted, "
+                "replaced after a refused commit, or expired after the idle timeout)",
                 reason=pb.ERROR_REASON_UPDATE_NOT_OPEN,
             )
         if s.state != "open":
@@ -114,18 +154,25 @@ class UpdateSessions:
         )
 
     async def commit(self, update_id: str) -> pb.UpdateWeightsResponse:
-        """Applies the open update; a retry of the last commit gets its ack."""
+        """Applies the open update; a retry of the last commit gets its ack,
+        one while it applies its outcome (its ack, or its failure)."""
         if self._committed is not None and self._committed[0] == update_id:
-            ack = pb.UpdateWeightsResponse()
-            ack.CopyFrom(self._committed[1])
-            ack.replayed = True
-            return ack
+            return _replayed(self._committed[1])
+        s = self._current
+        if s is not None and s.id == update_id and s.state == "committing":
+            assert s.applying is not None
+            return _replayed(await asyncio.shield(s.applying))
         session = self.get(update_id)
         if session.same_host:
             session.assembler.mark_written()
-        # Incomplete or corrupt: refused, and the update stays open for the
-        # missing bytes (GetUpdateStatus names them).
-        staged = session.assembler.finish(require_commit=False)
+        try:
+            staged = session.assembler.finish(require_commit=False)
+        except Exception:
+            # Incomplete or corrupt: refused, and the update stays open for
+            # the missing bytes (GetUpdateStatus names them; corrupt ones
+            # count as missing), until another update begins.
+            session.refused = True
+            raise
         return await self._apply(session, staged)
 
     def abort(self, session: UpdateSession, why: str = "aborted") -> None:
@@ -138,7 +185,7 @@ class UpdateSessions:
     async def _apply(self, session: UpdateSession, staged) -> pb.UpdateWeightsResponse:
         session.state = "committing"
         receive_s = time.perf_counter() - session.started
-        apply = asyncio.ensure_future(self.updater.apply(staged, receive_s))
+        apply = session.applying = asyncio.ensure_future(self.updater.apply(staged, receive_s))
 
         def done(f: asyncio.Future) -> None:
             session.state = "done"
@@ -193,7 +240,11 @@ class UpdateSessions:
                         kind = "chunk" if isinstance(msg, RawChunk) else msg.WhichOneof("kind")
                         if kind != "begin":
                             raise InvalidArgument(kind or "kind", "the first message must be begin")
+                        # Waiting for a twin's apply is the server's time,
+                        # not the client's idleness.
+                        idle.reschedule(None)
                         session = await self.begin(msg.begin)
+                        idle.reschedule(loop.time() + self.idle_timeout_seconds)
                     else:
                         session.touch()
                         session.assembler.feed(msg)
@@ -204,3 +255,26 @@ class UpdateSessions:
         if session is None:
             raise InvalidArgument("begin", "the stream ended before begin")
         return session
+
+
+def could_be_twins(a: pb.UpdateWeightsBegin, b: pb.UpdateWeightsBegin) -> bool:
+    """Whether `b` may be the same update as `a`, from their begins: the same
+    version, target and tensors (names, dtypes, shapes, in order), and equal
+    checksums where both declare one. The bytes decide after (updates.py)."""
+    if (a.weight_version, a.HasField("adapter")) != (b.weight_version, b.HasField("adapter")):
+        return False
+    if a.adapter != b.adapter or len(a.tensors) != len(b.tensors):
+        return False
+    return all(
+        (x.name, x.dtype, list(x.shape)) == (y.name, y.dtype, list(y.shape))
+        and not (x.HasField("crc32c") and y.HasField("crc32c") and x.crc32c != y.crc32c)
+        for x, y in zip(a.tensors, b.tensors)
+    )
+
+
+def _replayed(ack: pb.UpdateWeightsResponse) -> pb.UpdateWeightsResponse:
+    """A copy of `ack` marked as returned again."""
+    out = pb.UpdateWeightsResponse()
+    out.CopyFrom(ack)
+    out.replayed = True
+    return out

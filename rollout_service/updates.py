@@ -17,7 +17,9 @@ copy of them that the engine does not keep (see param_groups.py).
 Retries: an update that was applied after its client went away (the apply
 is shielded from cancellation) is recognised when the client retries the
 same version with the same tensors and bytes, and answered with the
-original acknowledgement instead of "already the served version".
+original acknowledgement instead of "already the served version". A retry
+that arrives while the original is still applying waits for it first
+(update_sessions.py), then is recognised the same way.
 
 Receiving (one UpdateWeights stream, or a staged update's uploads) is
 update_sessions.py's; this module takes a complete update from there.

@@ -14,6 +14,7 @@ worker processes with no other wiring.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -135,21 +136,44 @@ def tensor_view(buf, t: StagedTensor) -> tuple[str, torch.Tensor]:
 # Tests set this to a path. While a file exists there, loading fails inside
 # `load_weights` after as many tensors as the file's content says (0 when
 # empty): the only way to exercise a failure half-way through a real load.
+# A file saying "stall" holds the load instead (rewritten to "stalled" once
+# it does) until the test changes or removes it: an apply that lasts exactly
+# as long as a test needs.
 FAULT_FILE_ENV = "ROLLOUT_SERVICE_FAULT_FILE"
 
 
 def _with_fault(named: Iterator[tuple[str, torch.Tensor]]) -> Iterator:
     path = os.environ.get(FAULT_FILE_ENV)
-    if not path or not os.path.exists(path):
+    text = _stall(path) if path else None
+    if text is None:
         yield from named
         return
-    with open(path) as f:
-        after = int(f.read().strip() or 0)
+    after = int(text or 0)
     for i, item in enumerate(named):
         if i == after:
             break
         yield item
     raise RuntimeError(f"fault injected for tests after {after} tensors ({FAULT_FILE_ENV}={path})")
+
+
+def _stall(path: str) -> str | None:
+    """The fault file's content once it no longer says "stall" (None: absent)."""
+    text = _read(path)
+    if text == "stall":
+        with open(path, "w") as f:
+            f.write("stalled")
+    while text in ("stall", "stalled"):
+        time.sleep(0.02)
+        text = _read(path)
+    return text
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return None
 
 
 def register() -> None:

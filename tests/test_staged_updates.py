@@ -8,6 +8,7 @@ import os
 import stat
 import threading
 
+import crc32c
 import grpc
 import pytest
 from safetensors.torch import save_file
@@ -218,3 +219,49 @@ def test_a_sharded_checkpoint_folder_streams_tensor_by_tensor(
     ack = client.update_weights(str(tmp_path), v)
     assert ack.tensors_loaded == len(names)
     assert output(client) == (v, *expected)
+
+
+def _refused_for_a_checksum(stub, name, t) -> str:
+    """A staged update of `t` whose uploaded bytes do not match its declared
+    CRC-32C; its commit refused. Returns its id."""
+    data = tensor_bytes(t)
+    opened = stub.BeginUpdate(
+        pb.BeginUpdateRequest(
+            begin=pb.UpdateWeightsBegin(
+                weight_version=version(), tensors=[spec(name, t, crc32c=crc32c.crc32c(data))]
+            )
+        )
+    )
+    uid = opened.update_id
+    corrupt = bytes([data[0] ^ 1]) + data[1:]
+    stub.UploadChunks(iter([_upload(uid, corrupt)]))
+    with pytest.raises(grpc.RpcError) as e:
+        stub.CommitUpdate(pb.CommitUpdateRequest(update_id=uid))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "checksum" in e.value.details()
+    return uid
+
+
+def _upload(uid: str, data: bytes) -> pb.UploadChunksRequest:
+    return pb.UploadChunksRequest(update_id=uid, chunk=pb.TensorChunk(offset=0, data=data))
+
+
+def test_a_checksum_mismatch_leaves_the_update_open_for_corrected_bytes(client, stub, weights):
+    name, t = next(iter(weights.items()))
+    uid = _refused_for_a_checksum(stub, name, t)
+    status = stub.GetUpdateStatus(pb.GetUpdateStatusRequest(update_id=uid))
+    missing = [(r.tensor_index, r.offset, r.length) for r in status.missing]
+    assert missing == [(0, 0, t.nbytes)], "the tensor's bytes count as missing again"
+    stub.UploadChunks(iter([_upload(uid, tensor_bytes(t))]))
+    ack = stub.CommitUpdate(pb.CommitUpdateRequest(update_id=uid)).result
+    assert client.server_info().weight_version == ack.weight_version
+
+
+def test_a_refused_commit_does_not_hold_the_update_slot(client, stub, weights):
+    name, t = next(iter(weights.items()))
+    uid = _refused_for_a_checksum(stub, name, t)
+    # The next update takes the slot at once: no AbortUpdate, no idle timeout.
+    ack = client.update_weights({name: t}, version())
+    assert client.server_info().weight_version == ack.weight_version
+    with pytest.raises(grpc.RpcError) as e:
+        stub.GetUpdateStatus(pb.GetUpdateStatusRequest(update_id=uid))
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "not open" in e.value.details()
