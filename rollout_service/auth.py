@@ -1,10 +1,17 @@
 """Bearer-token authentication with two roles, as a server interceptor.
 
-Roles: `generate` may call Generate, GenerateStream, GenerateMany and GetServerInfo; `admin`
-may call everything, including UpdateWeights, the staged-update RPCs and
-ResetCaches. Health checking and reflection stay open unless
-`protect_health` is set. A call without a known token gets UNAUTHENTICATED; a
-known token without the role gets PERMISSION_DENIED.
+`ROLE_OF` is the one table of which role may call each RPC (the proto says
+the same on every RPC; a test checks both against the service's methods):
+`generate` may generate, tokenize and read the server's info, and abort its
+own calls; `admin` may call everything. Health checking and reflection stay
+open unless `protect_health` is set. A call without a known token gets
+UNAUTHENTICATED; a known token without the role gets PERMISSION_DENIED,
+before the call runs.
+
+Abort is scoped by caller: the interceptor records who is calling
+(`CALLER`, a context variable set inside the call's task and inherited by the
+tasks it starts), the running-calls registry keeps each call's owner, and a
+generate-role Abort only sees calls started with the same token.
 
 Tokens never come from the command line (it is visible in `ps`): a file of
 `role:token` lines, or the same comma-separated in an environment variable.
@@ -12,30 +19,61 @@ Tokens never come from the command line (it is visible in `ps`): a file of
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import os
 from collections.abc import Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import grpc
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.errors import details_trailer
-from rollout_service.rpc_handlers import like
+from rollout_service.rpc_handlers import around, like
 
 ROLES = ("generate", "admin")
 TOKENS_ENV = "ROLLOUT_SERVICE_TOKENS"
 
-_ADMIN_ONLY = {
-    "UpdateWeights",
-    "ResetCaches",
-    "BeginUpdate",
-    "UploadChunks",
-    "GetUpdateStatus",
-    "CommitUpdate",
-    "AbortUpdate",
+# Every RPC of rollout.v1.RolloutService and the least role that may call it
+# (admin may call everything). A method missing here is refused to everyone
+# but admin; tests/test_roles.py checks the table against the proto.
+ROLE_OF = {
+    "Generate": "generate",
+    "GenerateStream": "generate",
+    "GenerateMany": "generate",
+    "GetServerInfo": "generate",
+    "Tokenize": "generate",
+    "Detokenize": "generate",
+    # Scoped: a generate caller ends only its own calls (RunningCalls.abort).
+    "Abort": "generate",
+    "UpdateWeights": "admin",
+    "BeginUpdate": "admin",
+    "UploadChunks": "admin",
+    "GetUpdateStatus": "admin",
+    "CommitUpdate": "admin",
+    "AbortUpdate": "admin",
+    "ResetCaches": "admin",
+    # Sleep stops serving (and level 2 drops the weights) for everyone.
+    "Sleep": "admin",
+    "WakeUp": "admin",
 }
+_SERVICE = "/rollout.v1.RolloutService/"
 _OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is calling: `owner` tells callers apart (a digest of their token,
+    "" with auth off), `admin` whether they may act on others' calls."""
+
+    owner: str = ""
+    admin: bool = True
+
+
+# The current call's caller; with auth off every call is an admin's.
+# (Caller is frozen: a shared default is safe.)
+CALLER: ContextVar[Caller] = ContextVar("rollout_caller", default=Caller())  # noqa: B039
 
 
 @dataclass(frozen=True)
@@ -85,9 +123,13 @@ class Tokens:
 
 def required_role(method: str) -> str | None:
     """The role a full method name needs, or None when it is open."""
-    if method.startswith("/rollout.v1.RolloutService/"):
-        return "admin" if method.rsplit("/", 1)[1] in _ADMIN_ONLY else "generate"
+    if method.startswith(_SERVICE):
+        return ROLE_OF.get(method[len(_SERVICE) :], "admin")
     return None
+
+
+def _owner(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()[:16]
 
 
 def _denied(handler, code: grpc.StatusCode, message: str):
@@ -144,4 +186,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"{method.rsplit('/', 1)[1]} needs the admin role; this token has '{role}'",
             )
-        return handler
+        if need is None or method.startswith(_OPEN_SERVICES):
+            return handler
+        caller = Caller(owner=_owner(token.strip()), admin=role == "admin")
+        # Set inside the call's own task (the handler runs there, not here).
+        return around(handler, lambda: CALLER.set(caller), lambda *_: None)

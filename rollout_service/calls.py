@@ -6,6 +6,10 @@ generating. Aborting sets a flag the call checks before it makes its engine
 request and ends the engine request if there is one; the engine then returns
 the tokens generated so far with FINISH_REASON_ABORT, so the caller gets a
 normal response (a stream its last delta), not an error.
+
+Each call remembers its caller (auth.CALLER when it started): an Abort from a
+caller without the admin role finds only that caller's own calls, so one
+rollout worker cannot end another's (or learn their request ids).
 """
 
 from __future__ import annotations
@@ -14,16 +18,19 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 
+from rollout_service.auth import CALLER, Caller
+
 
 class Call:
     """One running Generate call."""
 
-    __slots__ = ("request_id", "engine_id", "aborted")
+    __slots__ = ("request_id", "engine_id", "aborted", "owner")
 
-    def __init__(self, request_id: str) -> None:
+    def __init__(self, request_id: str, owner: str) -> None:
         self.request_id = request_id
         self.engine_id: str | None = None
         self.aborted = False
+        self.owner = owner
 
 
 class RunningCalls:
@@ -34,7 +41,7 @@ class RunningCalls:
 
     @contextmanager
     def running(self, request_id: str) -> Iterator[Call]:
-        call = Call(request_id)
+        call = Call(request_id, CALLER.get().owner)
         self._by_id[request_id].add(call)
         try:
             yield call
@@ -48,13 +55,17 @@ class RunningCalls:
         self,
         request_ids: Iterable[str] | None,
         abort_engine: Callable[[list[str]], Awaitable[None]],
+        caller: Caller,
     ) -> list[str]:
-        """Aborts the calls with these ids (None: all); returns the ids found."""
+        """Aborts the calls with these ids (None: all) that `caller` may end
+        (an admin: any; others: their own); returns the ids found."""
         ids = list(self._by_id) if request_ids is None else list(dict.fromkeys(request_ids))
-        found = [i for i in ids if i in self._by_id]
-        engine_ids = []
-        for i in found:
-            for call in self._by_id[i]:
+        found, engine_ids = [], []
+        for i in ids:
+            calls = [c for c in self._by_id.get(i, ()) if caller.admin or c.owner == caller.owner]
+            if calls:
+                found.append(i)
+            for call in calls:
                 call.aborted = True
                 if call.engine_id is not None:
                     engine_ids.append(call.engine_id)

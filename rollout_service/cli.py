@@ -73,6 +73,20 @@ def _add_server_args(parser) -> None:
         default=d.max_queued_generate,
         help="Generate calls running or waiting (default: %(default)s)",
     )
+    g.add_argument(
+        "--max-generations-per-stream",
+        type=int,
+        default=d.max_generations_per_stream,
+        help="GenerateMany: generations of one stream running at once; later ones wait and "
+        "the stream is not read meanwhile (default: %(default)s)",
+    )
+    g.add_argument(
+        "--max-stream-tokens",
+        type=int,
+        default=d.max_stream_tokens,
+        help="GenerateMany: a stream's running generations may hold at most this many tokens, "
+        "each counted as max_tokens x n x (1 + logprobs) (default: %(default)s)",
+    )
     g.add_argument("--max-prompt-tokens", type=int, help="longest prompt (default: the context)")
     g.add_argument(
         "--drain-timeout-seconds",

@@ -51,6 +51,30 @@ def _finite(field: str, value: float) -> float:
     return value
 
 
+def check_prompt_length(n: int, field: str, limits: ModelLimits, at_least: bool = False) -> None:
+    """Refuses a prompt of `n` tokens over the limits; `at_least`: `n` is a
+    lower bound known before tokenizing (from the text's length), so a text
+    that cannot fit is refused before any tokenizer work."""
+    size = f"at least {n}" if at_least else str(n)
+    if limits.max_prompt_tokens is not None and n > limits.max_prompt_tokens:
+        raise ResourceExhausted(
+            f"{field}: prompt is {size} tokens, over the limit of "
+            f"{limits.max_prompt_tokens} (--max-prompt-tokens)"
+        )
+    if n >= limits.max_model_len:
+        raise InvalidArgument(
+            field,
+            f"prompt is {size} tokens; it must be shorter than max_model_len "
+            f"({limits.max_model_len}) to leave room for one generated token",
+        )
+
+
+def chat_chars(messages: Sequence[pb.ChatMessage]) -> int:
+    """Characters of the messages' roles and text: the rendered prompt has at
+    least as many."""
+    return sum(len(m.role) + sum(len(p.text) for p in m.content) for m in messages)
+
+
 def check_vocabulary(ids: Sequence[int], vocab_size: int, field: str) -> None:
     """Refuses the first id outside [0, vocab_size), naming `field[i]`."""
     for i, token in enumerate(ids):
@@ -210,6 +234,7 @@ def prompt_from_request(request: pb.GenerateRequest, limits: ModelLimits, tok) -
     if field == "messages":
         if images:
             raise InvalidArgument("images", "with messages, images go inside the messages")
+        check_prompt_length(tok.min_tokens(chat_chars(request.messages)), field, limits, True)
         rendered = tok.render(request.messages, request.chat_options)
         images, text = rendered.images, rendered.text
     elif request.HasField("chat_options"):
@@ -233,19 +258,10 @@ def prompt_from_request(request: pb.GenerateRequest, limits: ModelLimits, tok) -
     elif field == "messages":
         ids = tok.chat_ids(rendered)
     else:
+        check_prompt_length(tok.min_tokens(len(text)), field, limits, at_least=True)
         ids = tok.encode(text, field)
+    check_prompt_length(len(ids), field, limits)
     check_vocabulary(ids, limits.vocab_size, "prompt_token_ids")
-    if limits.max_prompt_tokens is not None and len(ids) > limits.max_prompt_tokens:
-        raise ResourceExhausted(
-            f"{field}: prompt is {len(ids)} tokens, over the limit of "
-            f"{limits.max_prompt_tokens} (--max-prompt-tokens)"
-        )
-    if len(ids) >= limits.max_model_len:
-        raise InvalidArgument(
-            field,
-            f"prompt is {len(ids)} tokens; it must be shorter than max_model_len "
-            f"({limits.max_model_len}) to leave room for one generated token",
-        )
     if not ids:
         raise InvalidArgument(field, "tokenizes to no tokens")
     return EnginePrompt(

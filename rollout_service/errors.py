@@ -17,18 +17,63 @@ Handlers only raise; `abort` turns what they raise into the call's status:
     asyncio.CancelledError                   passes (it is a BaseException)
 
 Log lines carry the call's request id through `logs.request_id`.
+
+Messages are bounded. A status travels in the call's trailers: the message in
+grpc-message (percent-encoded, up to 3 bytes a byte) and twice more, as the
+google.rpc.Status message and the field violation's description, in
+grpc-status-details-bin (base64). Over gRPC's metadata limit (8 KiB soft,
+16 KiB hard by default) the caller gets "Stream removed" instead of the
+status, so a caller's 12,000-character name echoed whole would hide its own
+error. Echo sites quote caller input with `short_repr`; every RpcError's
+message is cut to MAX_MESSAGE_BYTES here, whatever its sites did.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import reprlib
 
 import grpc
 
 from rollout.v1 import rollout_pb2 as pb
 
 log = logging.getLogger(__name__)
+
+
+# The worst case of the three copies stays near 6 KiB with these.
+MAX_MESSAGE_BYTES = 1024
+MAX_FIELD_BYTES = 200
+# Caller input quoted in a message: room for a long tensor name.
+ECHO_CHARS = 120
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = ECHO_CHARS
+_REPR.maxlist = _REPR.maxdict = _REPR.maxtuple = 4
+_REPR.maxlevel = 2
+
+
+def short_repr(value: object) -> str:
+    """`value`, from the caller, quoted for a status message: a string as
+    ascii() (control and non-ASCII characters escaped, so the message stays
+    one readable line), cut to ECHO_CHARS with its length said; anything
+    else (a JSON value) through reprlib, which cuts long containers."""
+    if isinstance(value, str):
+        if len(value) <= ECHO_CHARS:
+            return ascii(value)
+        return f"{ascii(value[:ECHO_CHARS])}... ({len(value)} characters)"
+    return _REPR.repr(value)
+
+
+def bounded(text: str, max_bytes: int = MAX_MESSAGE_BYTES) -> str:
+    """`text` in at most `max_bytes` bytes of UTF-8, cut with a note if
+    longer. Lone surrogates (from an exception's text) become escapes, so
+    that gRPC can always encode the result."""
+    data = text.encode("utf-8", "backslashreplace")
+    if len(data) <= max_bytes:
+        return data.decode("utf-8")
+    note = f" ... (cut: {len(data)} bytes)"
+    return data[: max_bytes - len(note)].decode("utf-8", "ignore") + note
 
 
 class RpcError(Exception):
@@ -42,6 +87,7 @@ class RpcError(Exception):
     def __init__(
         self, message: str, code: grpc.StatusCode | None = None, reason: int | None = None
     ) -> None:
+        message = bounded(message)
         super().__init__(message)
         self.message = message
         if code is not None:
@@ -57,6 +103,7 @@ class InvalidArgument(RpcError):
     reason = pb.ERROR_REASON_INVALID_FIELD
 
     def __init__(self, field: str, problem: str) -> None:
+        field = bounded(field, MAX_FIELD_BYTES)
         super().__init__(f"{field}: {problem}")
         self.field = field
 

@@ -2,17 +2,22 @@
 update path (UpdateWeightsBegin.adapter).
 
 An adapter update is validated like a base update, before the engine is
-touched: the PEFT config, and every tensor's name, dtype and shape against
-the base module it adapts (lora_A [r, in], lora_B [out, r], both or
-neither). The bytes are assembled in the staging region as usual, then
-written as a PEFT folder (adapter_config.json + adapter_model.safetensors)
-and loaded into the engine under a new LoRA id, while the old one keeps
-serving. If vLLM refuses the adapter, nothing changed. Then, as one step
-behind the gate: drain, switch the name to the new id, unload the old one,
+touched: the adapter's name and PEFT config (lora_config.py), and every
+tensor's name, dtype and shape against the base module it adapts (lora_A
+[r, in], lora_B [out, r], both or neither). The bytes are assembled in the
+staging region as usual; values that are not finite are refused (vLLM loads
+them as they are, and every logprob on the adapter is then NaN); then they
+are written as a PEFT folder (adapter_config.json +
+adapter_model.safetensors) under the server's adapter folder, and loaded
+into the engine under a new LoRA id, while the old one keeps serving. If
+vLLM refuses the adapter, nothing changed. Then, as one step behind the
+gate: drain, switch the name to the new id, unload the old one,
 reset every cache, reopen. A call that waited at the gate runs on the new
 adapter; one that names a removed adapter is refused.
 
 The base weights and their version are never touched by an adapter update.
+The adapter folder is the server's own (rollout-lora-<pid>-*, in the
+temporary directory) and is removed at shutdown (`close`).
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from dataclasses import dataclass
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_client import dtypes
-from rollout_service.errors import FailedPrecondition, InvalidArgument
+from rollout_service.errors import FailedPrecondition, InvalidArgument, short_repr
+from rollout_service.lora_config import check_name, peft_config
 
 log = logging.getLogger(__name__)
 
@@ -84,10 +90,11 @@ class Adapters:
     def check_known(self, name: str) -> None:
         """Refuses a Generate naming no loaded adapter."""
         self._require_enabled("lora_adapter")
+        check_name(name, "lora_adapter")
         if name not in self._loaded:
             loaded = ", ".join(sorted(self._loaded)) or "none"
             raise InvalidArgument(
-                "lora_adapter", f"no adapter {name!r} is loaded (loaded: {loaded})"
+                "lora_adapter", f"no adapter {short_repr(name)} is loaded (loaded: {loaded})"
             )
 
     def request_for(self, name: str):
@@ -97,10 +104,16 @@ class Adapters:
         a = self._loaded.get(name)
         if a is None:
             raise FailedPrecondition(
-                f"lora_adapter: {name!r} was removed while the call waited",
+                f"lora_adapter: {short_repr(name)} was removed while the call waited",
                 reason=pb.ERROR_REASON_ADAPTER_REMOVED,
             )
         return LoRARequest(lora_name=a.name, lora_int_id=a.int_id, lora_path=a.path)
+
+    def close(self) -> None:
+        """Removes the adapter folder (at shutdown, after the engine)."""
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+            self._root = None
 
     def version_of(self, name: str) -> str:
         a = self._loaded.get(name)
@@ -118,8 +131,7 @@ class Adapters:
         """Validates begin.adapter and the tensors against the base modules."""
         t = begin.adapter
         self._require_enabled("begin.adapter")
-        if not t.name:
-            raise InvalidArgument("begin.adapter.name", "must not be empty")
+        check_name(t.name, "begin.adapter.name")
         if begin.pause_mode == pb.PAUSE_MODE_KEEP:
             raise InvalidArgument(
                 "begin.pause_mode", "PAUSE_MODE_KEEP applies to base updates only"
@@ -130,11 +142,13 @@ class Adapters:
         version = current.version if current is not None else ""
         if t.action == pb.ADAPTER_ACTION_REMOVE:
             if current is None:
-                raise InvalidArgument("begin.adapter.name", f"no adapter {t.name!r} is loaded")
+                raise InvalidArgument(
+                    "begin.adapter.name", f"no adapter {short_repr(t.name)} is loaded"
+                )
             if begin.tensors or t.config_json:
                 raise InvalidArgument("begin.tensors", "a removal carries no tensors and no config")
             return AdapterPlan({}, {}, version, {}, 0)
-        config, rank = self._config(t.config_json)
+        config, rank = peft_config(t.config_json, self.limits.max_rank)
         manifest: dict[str, pb.TensorSpec] = {}
         modules: dict[str, list[str]] = {}
         for i, spec in enumerate(begin.tensors):
@@ -143,20 +157,21 @@ class Adapters:
             if not spec.name.startswith(PEFT_PREFIX) or part is None:
                 raise InvalidArgument(
                     f"{where}.name",
-                    f"{spec.name!r} is not a PEFT LoRA tensor name "
+                    f"{short_repr(spec.name)} is not a PEFT LoRA tensor name "
                     f"({PEFT_PREFIX}<module>.lora_A.weight or .lora_B.weight)",
                 )
             module = spec.name[len(PEFT_PREFIX) : -len(part)]
             base = self._base.get(module + ".weight")
             if base is None or len(base.shape) != 2:
                 raise InvalidArgument(
-                    f"{where}.name", f"{module!r} is not a linear module of the served model"
+                    f"{where}.name",
+                    f"{short_repr(module)} is not a linear module of the served model",
                 )
             if spec.dtype not in _FLOATS:
                 raise InvalidArgument(
                     f"{where}.dtype",
-                    f"{spec.name}: got {dtypes.name(spec.dtype)}; adapters take bfloat16, "
-                    "float16 or float32",
+                    f"{short_repr(spec.name)}: got {dtypes.name(spec.dtype)}; adapters take "
+                    "bfloat16, float16 or float32",
                 )
             out_f, in_f = base.shape
             shape = [rank, in_f] if part == _PARTS[0] else [out_f, rank]
@@ -165,45 +180,35 @@ class Adapters:
         groups = {m: [PEFT_PREFIX + m + p for p in _PARTS] for m in modules}
         return AdapterPlan(manifest, groups, version, config, rank)
 
-    def _config(self, config_json: str) -> tuple[dict, int]:
-        field = "begin.adapter.config_json"
-        try:
-            config = json.loads(config_json)
-        except json.JSONDecodeError as e:
-            raise InvalidArgument(field, f"is not valid JSON ({e})") from e
-        if not isinstance(config, dict):
-            raise InvalidArgument(field, "must be a JSON object (PEFT's adapter_config.json)")
-        rank = config.get("r")
-        if not isinstance(rank, int) or rank < 1:
-            raise InvalidArgument(field, f"r must be a positive integer, got {rank!r}")
-        if rank > self.limits.max_rank:
-            raise InvalidArgument(
-                field, f"r={rank} is over the server's --max-lora-rank ({self.limits.max_rank})"
-            )
-        if not config.get("target_modules"):
-            raise InvalidArgument(field, "target_modules must list the adapted modules")
-        config.setdefault("peft_type", "LORA")
-        config.setdefault("lora_alpha", rank)
-        return config, rank
-
     # -- applying -----------------------------------------------------------
 
-    def _write(self, staged, buf, config: dict) -> str:
-        """The adapter as a PEFT folder, from the staging region."""
+    @staticmethod
+    def _tensors(staged, buf) -> dict:
+        """The adapter's tensors, copied out of the staging region; refused
+        if any value is NaN or infinite."""
         import torch
+
+        tensors = {}
+        for i, t in enumerate(staged.tensors):
+            view = buf[t.offset : t.offset + t.nbytes]
+            x = torch.frombuffer(view, dtype=getattr(torch, t.dtype)).reshape(t.shape).clone()
+            if not bool(torch.isfinite(x).all()):
+                raise InvalidArgument(
+                    f"begin.tensors[{i}]",
+                    f"{short_repr(t.name)} holds NaN or infinite values; an adapter's "
+                    "values must be finite",
+                )
+            tensors[t.name] = x
+        return tensors
+
+    def _write(self, name: str, tensors: dict, config: dict) -> str:
+        """The adapter as a PEFT folder under the server's adapter folder
+        (`name` passed check_name: it cannot lead out of it)."""
         from safetensors.torch import save_file
 
         if self._root is None:
-            self._root = tempfile.mkdtemp(prefix="rollout-lora-")
-        path = tempfile.mkdtemp(prefix=f"{staged.adapter.name}-", dir=self._root)
-        tensors = {
-            t.name: torch.frombuffer(
-                buf[t.offset : t.offset + t.nbytes], dtype=getattr(torch, t.dtype)
-            )
-            .reshape(t.shape)
-            .clone()
-            for t in staged.tensors
-        }
+            self._root = tempfile.mkdtemp(prefix=f"rollout-lora-{os.getpid()}-")
+        path = tempfile.mkdtemp(prefix=f"{name}-", dir=self._root)
         save_file(tensors, os.path.join(path, "adapter_model.safetensors"))
         with open(os.path.join(path, "adapter_config.json"), "w") as f:
             json.dump(config, f)
@@ -217,7 +222,8 @@ class Adapters:
         t0 = time.perf_counter()
         new = None
         if t.action != pb.ADAPTER_ACTION_REMOVE:
-            path = self._write(staged, updater.staging.ensure(0), plan.config)
+            tensors = self._tensors(staged, updater.staging.ensure(0))
+            path = self._write(t.name, tensors, plan.config)
             new = Adapter(t.name, next(self._ids), path, staged.weight_version, plan.rank)
             try:
                 await self.engine.add_lora(LoRARequest(new.name, new.int_id, new.path))

@@ -37,6 +37,39 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
 
+# Keepalive (README, "Keepalive"). A unary Generate writes nothing until its
+# rollout ends, minutes later, and load balancers, meshes and grpc-go/grpc-js
+# users ping such connections every 10 to 60 s. gRPC's default server policy
+# counts every ping less than 5 minutes after the last as a strike and closes
+# the connection after 2 (GOAWAY ENHANCE_YOUR_CALM, "too_many_pings"), failing
+# the call: 10 s pings killed a rollout after 40 to 50 s.
+KEEPALIVE_OPTIONS = (
+    # Pings 5 s apart or more are accepted: half the 10 s floor grpc-go and
+    # grpc-java clients enforce, so a 10 s client's timer jitter never counts.
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    # Faster pings still count, and the third closes the connection (gRPC's
+    # default, stated): a client flooding pings is still cut off.
+    ("grpc.http2.max_ping_strikes", 2),
+    # Between calls too (gRPC's floor is otherwise 2 hours with no call
+    # open): meshes ping idle connections, and a GOAWAY there is churn.
+    ("grpc.keepalive_permit_without_calls", 1),
+    # The server pings every 30 s itself and closes a connection whose client
+    # does not answer within 20 s: the calls of a client host that vanished
+    # without closing its sockets are cancelled (their engine requests
+    # aborted) within a minute, instead of generating for nobody and holding
+    # updates back until the drain deadline. 30 s also keeps a silent call's
+    # connection under the 60 s idle timeout common in load balancers.
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    # grpcio 1.85 closes the connection on this one, not the line above
+    # (measured: with only keepalive_timeout_ms a stopped client was still
+    # connected after 30 s of a 2 s timeout; the default is 60 s).
+    ("grpc.http2.ping_timeout_ms", 20_000),
+    # gRPC stops sending pings after 2 with no data between them; without
+    # this a silent call would go unwatched after its first minute.
+    ("grpc.http2.max_pings_without_data", 0),
+)
+
 
 @dataclass(frozen=True)
 class ServerConfig:
@@ -68,6 +101,14 @@ class ServerConfig:
     max_concurrent_rpcs: int | None = 1024
     # Generate calls running or waiting at the gate; over it RESOURCE_EXHAUSTED.
     max_queued_generate: int | None = 4096
+    # GenerateMany: generations of one stream running at once (many.py says
+    # what else bounds a stream). vLLM's own default batch on CPU is 256
+    # sequences: more from one stream would only wait in its queue.
+    max_generations_per_stream: int = 256
+    # GenerateMany: what one stream's running generations may hold, in tokens
+    # and top-logprob alternatives (many.py). vLLM holds about a hundred
+    # bytes each until they are converted: about 100 MB a stream at most.
+    max_stream_tokens: int = 1 << 20
     # Longest prompt in tokens; None: whatever the context length allows.
     max_prompt_tokens: int | None = None
     # Port of the Prometheus /metrics endpoint; None: off.
@@ -143,6 +184,7 @@ async def serve(config: ServerConfig, engine_args) -> int:
         # (an update acknowledged by one, rollouts served by the other on
         # the old weights). A busy port refuses to start instead.
         ("grpc.so_reuseport", 0),
+        *KEEPALIVE_OPTIONS,
     ]
     tokens = Tokens.load(config.tokens_file)
     interceptors = [MetricsInterceptor()]
@@ -285,4 +327,7 @@ async def serve(config: ServerConfig, engine_args) -> int:
         staging.close()
         if engine is not None:
             engine.shutdown(timeout=10)
+        # After the engine: its workers load adapters from that folder.
+        if updater is not None and updater.adapters is not None:
+            updater.adapters.close()
         log.info("shutdown complete")

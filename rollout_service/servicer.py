@@ -16,6 +16,7 @@ from vllm.sampling_params import RequestOutputKind
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
 from rollout_service import __version__, convert, logs, many, metrics, tracing
+from rollout_service.auth import CALLER
 from rollout_service.calls import Call, RunningCalls
 from rollout_service.engine import EngineInfo
 from rollout_service.errors import FailedPrecondition, InvalidArgument, Unavailable
@@ -74,18 +75,23 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
             return None
         return lambda ids: self.tok.decode(ids, skip_special_tokens=params.skip_special_tokens)
 
-    def _prepare(self, request: pb.GenerateRequest, kind: RequestOutputKind, stream=None):
+    async def _prepare(self, request: pb.GenerateRequest, kind: RequestOutputKind, stream=None):
         request_id = request.request_id or uuid.uuid4().hex
         logs.request_id.set(request_id)
         self._check_ready()
         self.updater.check_serving()
         if request.lora_adapter:
             self.adapters.check_known(request.lora_adapter)
+        # Tokenizing, rendering and parsing grow with the request: off the loop.
+        prompt, params = await self.tok.off_loop(self._convert, request, kind, stream)
+        return request_id, prompt, params
+
+    def _convert(self, request: pb.GenerateRequest, kind: RequestOutputKind, stream):
         prompt = convert.prompt_from_request(request, self.info.limits, self.tok)
         params = convert.sampling_params_from_proto(
             request.sampling_params, self.info.limits, prompt.num_tokens, kind, stream
         )
-        return request_id, prompt, params
+        return prompt, params
 
     @asynccontextmanager
     async def _admitted(self, required_version: str = "") -> AsyncIterator[Ticket]:
@@ -141,7 +147,7 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
 
     @unary
     async def Generate(self, request, context):
-        request_id, prompt, params = self._prepare(request, RequestOutputKind.FINAL_ONLY)
+        request_id, prompt, params = await self._prepare(request, RequestOutputKind.FINAL_ONLY)
         with self.calls.running(request_id) as call:
             async with self._admitted(request.required_weight_version) as ticket:
                 final = None
@@ -176,20 +182,22 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
     @streaming
     async def GenerateMany(self, requests, context):
         self._check_ready()
-        async for response in many.multiplex(requests, self._generation):
+        limits = many.StreamLimits.for_server(
+            self.config.max_generations_per_stream,
+            self.config.max_stream_tokens,
+            self.config.max_message_bytes,
+            self.info.limits.max_model_len,
+        )
+        async for response in many.multiplex(requests, self._generation, limits):
             yield response
 
-    def _generation(self, request: pb.GenerateStreamRequest) -> AsyncIterator:
-        """One GenerateStream's messages (GenerateMany runs many of these);
-        a request that cannot run raises here, before anything is started.
-        Every message passes through each generator layer between the engine
-        and gRPC, so there is none here."""
-        as_unary = pb.GenerateRequest.FromString(request.SerializeToString())
-        options = request.stream_options
-        request_id, prompt, params = self._prepare(as_unary, RequestOutputKind.DELTA, options)
-        return self._stream(request_id, as_unary, prompt, params, options)
-
-    async def _stream(self, request_id, request, prompt, params, options):
+    async def _generation(self, stream_request: pb.GenerateStreamRequest) -> AsyncIterator:
+        """One GenerateStream's messages (GenerateMany runs many of these); a
+        request that cannot run raises at the first step, before anything is
+        started."""
+        request = pb.GenerateRequest.FromString(stream_request.SerializeToString())
+        options = stream_request.stream_options
+        request_id, prompt, params = await self._prepare(request, RequestOutputKind.DELTA, options)
         top_k = params.logprobs or 0
         omit_text = options.omit_text
         usage = pb.Usage()
@@ -268,31 +276,44 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
         if not request.all and not request.request_ids:
             raise InvalidArgument("request_ids", "name at least one request, or set all")
         ids = None if request.all else list(request.request_ids)
-        found = await self.calls.abort(ids, self.engine.abort)
+        found = await self.calls.abort(ids, self.engine.abort, CALLER.get())
         return pb.AbortResponse(request_ids=found)
 
     @unary
     async def Tokenize(self, request, context):
         self._check_ready()
+        return await self.tok.off_loop(self._tokenize, request)
+
+    def _tokenize(self, request: pb.TokenizeRequest) -> pb.TokenizeResponse:
+        """Tokenize's work, on the tokenizing thread; a text or chat longer
+        than any prompt the model takes is refused before it is tokenized."""
         if bool(request.text) == bool(request.messages):
             raise InvalidArgument("text/messages", "exactly one must be set")
+        limits = self.info.limits
         if request.messages:
             if request.add_special_tokens:
                 raise InvalidArgument(
                     "add_special_tokens", "applies to text only (the template places them)"
                 )
+            chars = convert.chat_chars(request.messages)
+            convert.check_prompt_length(self.tok.min_tokens(chars), "messages", limits, True)
             rendered = self.tok.render(request.messages, request.chat_options)
             if rendered.images:
                 raise InvalidArgument(
                     "messages", "images expand in the engine's processor; tokenize text only"
                 )
             return pb.TokenizeResponse(token_ids=self.tok.chat_ids(rendered), text=rendered.text)
+        min_tokens = self.tok.min_tokens(len(request.text))
+        convert.check_prompt_length(min_tokens, "text", limits, at_least=True)
         ids = self.tok.encode(request.text, "text", add_special_tokens=request.add_special_tokens)
         return pb.TokenizeResponse(token_ids=ids)
 
     @unary
     async def Detokenize(self, request, context):
         self._check_ready()
+        return await self.tok.off_loop(self._detokenize, request)
+
+    def _detokenize(self, request: pb.DetokenizeRequest) -> pb.DetokenizeResponse:
         convert.check_vocabulary(request.token_ids, self.info.limits.vocab_size, "token_ids")
         return pb.DetokenizeResponse(
             text=self.tok.decode(request.token_ids, request.skip_special_tokens)
@@ -325,4 +346,6 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
             lora_limits=self.adapters.limits,
             supports_sleep=self.sleeper.available,
             sleeping=self.sleeper.sleeping,
+            max_generations_per_stream=self.config.max_generations_per_stream,
+            max_stream_tokens=self.config.max_stream_tokens,
         )

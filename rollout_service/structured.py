@@ -1,17 +1,18 @@
 """SamplingParams.structured_output to vLLM's StructuredOutputsParams.
 
-The constraint's own syntax (a schema that is not JSON, a regex that does not
-compile) is checked here, so that it is refused with a named field before the
-engine sees it; whether the backend supports every feature of it is vLLM's
-check, mapped to INVALID_ARGUMENT by the error policy.
+The constraint's own syntax (a schema that is not JSON, nests too deep or
+holds NaN; a regex that does not compile or nests too deep for Python's
+recursive regex parser) is checked here, so that it is refused with a named
+field before the engine sees it; whether the backend supports every feature
+of it is vLLM's check, mapped to INVALID_ARGUMENT by the error policy.
 """
 
 from __future__ import annotations
 
-import json
 import re
 
 from rollout.v1 import rollout_pb2 as pb
+from rollout_service import json_input
 from rollout_service.errors import InvalidArgument
 
 FIELD = "sampling_params.structured_output"
@@ -25,18 +26,15 @@ def structured_outputs_from_proto(so: pb.StructuredOutput):
     if kind is None:
         return None
     if kind == "json_schema":
-        try:
-            schema = json.loads(so.json_schema)
-        except json.JSONDecodeError as e:
-            raise InvalidArgument(f"{FIELD}.json_schema", f"is not valid JSON ({e})") from e
-        if not isinstance(schema, dict):
-            raise InvalidArgument(f"{FIELD}.json_schema", "must be a JSON object")
+        schema = json_input.load_object(so.json_schema, f"{FIELD}.json_schema", "a JSON schema")
         return StructuredOutputsParams(json=schema)
     if kind == "regex":
         try:
             re.compile(so.regex)
         except re.error as e:
             raise InvalidArgument(f"{FIELD}.regex", f"does not compile ({e})") from e
+        except RecursionError as e:  # "(" * 500 already
+            raise InvalidArgument(f"{FIELD}.regex", "nests groups too deep to compile") from e
         if not so.regex:
             raise InvalidArgument(f"{FIELD}.regex", "must not be empty")
         return StructuredOutputsParams(regex=so.regex)

@@ -6,11 +6,23 @@ Chat messages are rendered with the model's own chat template (Hugging Face's
 template as one string (what text-only templates expect); one with images as
 a list of `{"type": "text"|"image"}` parts (what multimodal templates and
 processors expect), the images themselves travelling beside the prompt.
+
+Tokenizing and rendering grow with the input, so they never run on the event
+loop: the servicer hands them to this module's own thread (`off_loop`; one
+thread, because a Hugging Face fast tokenizer must not be used by two threads
+at once). Hugging Face's Rust tokenizer releases the GIL while it encodes, so
+health checks and streams go on meanwhile. And a text too long to be a prompt
+is refused before it is tokenized at all: no token covers more characters
+than the longest entry of the vocabulary (`min_tokens`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import functools
+import math
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +71,24 @@ class Tokenizing:
         self.tokenizer = tokenizer
         self._eos = sorted(set(eos_token_ids))
         self.image_placeholder = image_placeholder
+        self.max_token_chars = _longest_token(tokenizer)
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="tokenizing")
+
+    async def off_loop(self, fn: Callable, *args):
+        """`fn(*args)` on the tokenizing thread, awaited from the event loop."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._thread, functools.partial(fn, *args))
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=False, cancel_futures=True)
+
+    def min_tokens(self, chars: int) -> int:
+        """The fewest tokens a text of `chars` characters can make (0 when
+        unknown): a token covers at most `max_token_chars` of them. Byte-level
+        vocabularies hold each token's bytes, and a character is at least one
+        byte; a WordPiece-style unknown token covering a whole word would break
+        this, and no served LLM tokenizer has one."""
+        return math.ceil(chars / self.max_token_chars) if self.max_token_chars else 0
 
     def _require(self, field_name: str):
         if self.tokenizer is None:
@@ -128,6 +158,15 @@ class Tokenizing:
             if isinstance(image_id, int) and image_id != getattr(tok, "unk_token_id", None):
                 info.image_token_id = image_id
         return info
+
+
+def _longest_token(tokenizer) -> int:
+    """Characters of the longest vocabulary entry, special tokens included
+    (0: no tokenizer, or one that cannot list its vocabulary)."""
+    try:
+        return max(map(len, tokenizer.get_vocab())) if tokenizer is not None else 0
+    except Exception:
+        return 0
 
 
 def eos_token_ids(engine, tokenizer) -> list[int]:

@@ -8,7 +8,11 @@ Then hypothesis fuzzes the request messages.
 
 from __future__ import annotations
 
+import json
 import math
+import tempfile
+import uuid
+from pathlib import Path
 
 import grpc
 import pytest
@@ -18,6 +22,9 @@ from hypothesis import strategies as st
 
 from rollout.v1 import rollout_pb2_grpc
 from rollout_client import pb
+from tests import test_engine_options as lora_options
+from tests.test_engine_options import CONFIG, adapter_stream, adapter_weights, greedy
+from tests.test_rl_features import refused
 from tests.weights_util import COMMIT, begin, chunk, version
 
 INV = grpc.StatusCode.INVALID_ARGUMENT
@@ -306,3 +313,160 @@ def test_fuzzed_generate_requests_never_break_the_server(client, channel, sp, id
     except grpc.RpcError as e:
         assert e.code() in (INV, EXH), (e.code(), e.details())
         assert e.details()
+
+
+# -- JSON that nests too deep or holds non-finite numbers; odd adapter names --
+
+
+def nested(depth: int) -> str:
+    """Valid JSON: objects nested `depth` levels."""
+    return '{"a": ' * (depth - 1) + "{}" + "}" * (depth - 1)
+
+
+CONSTRAINT_CASES = {
+    "schema nested 50,000 deep": {"json_schema": "[" * 50_000},
+    "schema nested 200 deep": {"json_schema": nested(200)},
+    "schema with NaN": {"json_schema": '{"type": "number", "maximum": NaN}'},
+    "schema with -Infinity": {"json_schema": '{"type": "number", "minimum": -Infinity}'},
+    "schema with 1e999 (infinite)": {"json_schema": '{"type": "number", "maximum": 1e999}'},
+    "regex nested 50,000 deep": {"regex": "(" * 50_000},
+}
+
+
+@pytest.mark.parametrize("constraint", CONSTRAINT_CASES.values(), ids=CONSTRAINT_CASES)
+def test_malformed_constraints_are_invalid_argument(channel, constraint):
+    stub = rollout_pb2_grpc.RolloutServiceStub(channel)
+    req = gen({"structured_output": pb.StructuredOutput(**constraint), "max_tokens": 2})
+    field = f"sampling_params.structured_output.{next(iter(constraint))}"
+    check(lambda: stub.Generate(req, timeout=30), INV, field)
+    stream_req = pb.GenerateStreamRequest.FromString(req.SerializeToString())
+    check(lambda: list(stub.GenerateStream(stream_req, timeout=30)), INV, field)
+    assert healthy(channel)
+
+
+def test_a_huge_echoed_value_gets_a_bounded_message(channel, info):
+    """A caller's 12,000-character value echoed whole would push the status
+    past gRPC's metadata limit; the message is cut instead."""
+    stub = rollout_pb2_grpc.RolloutServiceStub(channel)
+    p0 = info.parameters[0]
+    huge = pb.TensorSpec(name="w" * 12_000, dtype=p0.dtype, shape=p0.shape)
+    msgs = [begin(version(), [huge]), COMMIT]
+    check(lambda: stub.UpdateWeights(iter(msgs), timeout=30), INV, "begin.tensors[0].name")
+    with pytest.raises(grpc.RpcError) as e:
+        stub.UpdateWeights(iter(msgs), timeout=30)
+    assert len(e.value.details().encode()) <= 1024, len(e.value.details())
+    assert healthy(channel)
+
+
+# LoRA cases run on test_engine_options' server (--enable-lora, float32):
+# its fixtures, reused (pytest gives this module an instance of its own).
+options_server, oc = lora_options.options_server, lora_options.oc
+LORA_NAMES = {
+    "parent path": "../../../tmp/{tag}",
+    "absolute path": "/tmp/{tag}",
+    "separator": "{tag}/y",
+    "dot-dot": "..",
+    "dot": ".",
+    "leading dash": "-{tag}",
+    "300 characters": "a" * 300,
+    "newline": "a\nb",
+    "NUL": "a\x00b",
+    "non-ASCII": "ad\u00e4pter",
+}
+
+
+def outside(tag: str) -> list[Path]:
+    """What a name tagged `tag` left beside the server's adapter folder (the
+    names below aim at the temporary folder that holds it)."""
+    return list(Path(tempfile.gettempdir()).glob(f"*{tag}*"))
+
+
+@pytest.mark.parametrize("pattern", LORA_NAMES.values(), ids=LORA_NAMES)
+def test_bad_adapter_names_are_refused_and_write_nothing(oc, pattern):
+    tag = f"adapter-{uuid.uuid4().hex[:8]}"
+    name = pattern.format(tag=tag)
+    w = adapter_weights(oc.server_info(), 11)
+    details = refused(lambda: oc.stub.UpdateWeights(adapter_stream(name, version(), w)))
+    assert details.startswith("begin.adapter.name: "), details
+    assert "letters, digits" in details, details
+    assert not outside(tag)
+    assert name not in [a.name for a in oc.server_info().lora_adapters]
+    removal = adapter_stream(name, version(), {}, action=pb.ADAPTER_ACTION_REMOVE, config="")
+    details = refused(lambda: oc.stub.UpdateWeights(removal))
+    assert details.startswith("begin.adapter.name: ") and "letters, digits" in details
+    assert refused(lambda: greedy(oc, name)).startswith("lora_adapter: ")
+
+
+LORA_RULE = '"target_modules": ["q_proj", "v_proj"]'
+CONFIG_CASES = {
+    "nested 50,000 deep": ("[" * 50_000, "begin.adapter.config_json: "),
+    "nested 200 deep": (
+        f'{{"r": 8, {LORA_RULE}, "x": {nested(200)}}}',
+        "begin.adapter.config_json: ",
+    ),
+    "r true": (f'{{"r": true, {LORA_RULE}}}', "begin.adapter.config_json.r: "),
+    "r 8.0": (f'{{"r": 8.0, {LORA_RULE}}}', "begin.adapter.config_json.r: "),
+    "lora_alpha NaN": (f'{{"r": 8, "lora_alpha": NaN, {LORA_RULE}}}', "begin.adapter.config_json"),
+    "lora_alpha 1e999": (
+        f'{{"r": 8, "lora_alpha": 1e999, {LORA_RULE}}}',
+        "begin.adapter.config_json",
+    ),
+    "lora_alpha a string": (
+        f'{{"r": 8, "lora_alpha": "16", {LORA_RULE}}}',
+        "begin.adapter.config_json.lora_alpha: ",
+    ),
+    "lora_alpha true": (
+        f'{{"r": 8, "lora_alpha": true, {LORA_RULE}}}',
+        "begin.adapter.config_json.lora_alpha: ",
+    ),
+    "target_modules a number": (
+        '{"r": 8, "target_modules": 5}',
+        "begin.adapter.config_json.target_modules: ",
+    ),
+    "use_rslora a string": (
+        f'{{"r": 8, "use_rslora": "yes", {LORA_RULE}}}',
+        "begin.adapter.config_json.use_rslora: ",
+    ),
+}
+
+
+@pytest.mark.parametrize("config, needle", CONFIG_CASES.values(), ids=CONFIG_CASES)
+def test_malformed_adapter_configs_name_the_field(oc, config, needle):
+    w = adapter_weights(oc.server_info(), 12)
+    stream = adapter_stream("cfg", version(), w, config=config)
+    details = refused(lambda: oc.stub.UpdateWeights(stream))
+    assert needle in details, details
+    assert "cfg" not in [a.name for a in oc.server_info().lora_adapters]
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_non_finite_adapter_values_are_refused_before_the_engine(oc, value):
+    info = oc.server_info()
+    w = adapter_weights(info, 13)
+    names = list(w)
+    w[names[1]][3, 0] = value
+    details = refused(lambda: oc.stub.UpdateWeights(adapter_stream("nonfinite", version(), w)))
+    assert details.startswith("begin.tensors[1]: ") and "finite" in details, details
+    assert "nonfinite" not in [a.name for a in oc.server_info().lora_adapters]
+
+
+def test_a_huge_adapter_name_gets_a_bounded_message(oc):
+    name = "a" * 12_000
+    for call in (
+        lambda: greedy(oc, name),
+        lambda: oc.stub.UpdateWeights(adapter_stream(name, version(), {}, config=CONFIG)),
+    ):
+        details = refused(call)
+        assert details.startswith(("lora_adapter: ", "begin.adapter.name: ")), details[:200]
+        assert len(details.encode()) <= 1024, len(details)
+
+
+def test_the_adapter_folder_is_removed_at_shutdown(oc, options_server):
+    """Last in the module: it stops the LoRA server."""
+    name = f"kept-{uuid.uuid4().hex[:8]}"
+    w = adapter_weights(oc.server_info(), 14)
+    oc.update_weights(w, version(), adapter=name, adapter_config=json.loads(CONFIG))
+    written = list(Path(tempfile.gettempdir()).glob(f"rollout-lora-*/{name}-*"))
+    assert len(written) == 1 and any(written[0].iterdir())
+    assert options_server.stop() == 0
+    assert not written[0].parent.exists()

@@ -95,6 +95,17 @@ class FakeTokenizing:
     def encode(self, text, field_name, add_special_tokens=True):
         return [ord(c) % 100 for c in text]
 
+    def min_tokens(self, chars):
+        return chars  # one token per character, exactly
+
+
+class NeverEncodes(FakeTokenizing):
+    def encode(self, text, field_name, add_special_tokens=True):
+        raise AssertionError("tokenized a text the bound refuses")
+
+    def min_tokens(self, chars):
+        return chars // 4  # a token covers at most 4 characters
+
 
 tok = FakeTokenizing()
 PROMPT = "prompt_token_ids/prompt_text/messages"
@@ -121,6 +132,17 @@ def test_text_is_tokenized_by_the_server():
     p = prompt_from_request(pb.GenerateRequest(prompt_text="hi"), LIMITS, tok)
     assert p.prompt == {"prompt_token_ids": [ord("h") % 100, ord("i") % 100]} and p.num_tokens == 2
     assert p.echo_ids, "ids the server made are returned to the caller"
+
+
+def test_a_text_that_cannot_fit_is_refused_before_it_is_tokenized():
+    # 256 characters are at least 64 tokens: over max_model_len 64.
+    with pytest.raises(InvalidArgument) as e:
+        prompt_from_request(pb.GenerateRequest(prompt_text="x" * 256), LIMITS, NeverEncodes())
+    assert e.value.field == "prompt_text" and "at least 64 tokens" in e.value.message
+    chat = [pb.ChatMessage(role="user", content=[pb.ContentPart(text="x" * 252)])]
+    with pytest.raises(InvalidArgument) as e:
+        prompt_from_request(pb.GenerateRequest(messages=chat), LIMITS, NeverEncodes())
+    assert e.value.field == "messages" and "at least 64 tokens" in e.value.message
 
 
 def test_images_that_are_not_images():

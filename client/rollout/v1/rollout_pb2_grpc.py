@@ -202,8 +202,13 @@ class RolloutServiceServicer(object):
         are written straight into the staging region (BeginUpdateRequest.same_host).
         Nothing touches the engine before CommitUpdate, so a fleet of replicas can
         stage everywhere, then commit everywhere. One staged update at a time
-        (ABORTED while another is open or applying); one idle for longer than
-        BeginUpdateResponse.idle_timeout_seconds is aborted by the server.
+        (ABORTED while another is open or applying), except the same update while
+        it is applying (same weight_version and tensors; checksums equal where
+        both declare them): BeginUpdate then waits for it and opens as if it came
+        after, and its CommitUpdate returns the acknowledgement with `replayed`
+        set if the first one applied. An update whose CommitUpdate was refused
+        does not block a new one: the new one replaces it. One idle for longer
+        than BeginUpdateResponse.idle_timeout_seconds is aborted by the server.
         Role: admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -232,8 +237,12 @@ class RolloutServiceServicer(object):
     def CommitUpdate(self, request, context):
         """Applies an open staged update, exactly as UpdateWeights applies its
         stream after `commit`: complete and checksums right, or INVALID_ARGUMENT
-        and the update stays open for the missing bytes. Committing an update
-        that was already applied returns its acknowledgement again (`replayed`).
+        and the update stays open for the missing bytes (a tensor whose checksum
+        does not match counts as missing again) until it is committed, aborted,
+        expires, or another update begins and replaces it. Committing an update
+        that was already applied returns its acknowledgement again (`replayed`);
+        committing it again while it is being applied waits and returns its
+        outcome (`replayed` set on success).
         Role: admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -1,0 +1,129 @@
+"""Which role may call which RPC: one table (auth.ROLE_OF), the proto's
+"Role:" lines, and the real server, for every RPC and every role; and Abort
+scoped to the caller's own calls."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from rollout.v1 import rollout_pb2 as pb
+from rollout.v1 import rollout_pb2_grpc
+from rollout_service.auth import ROLE_OF
+from tests.serverproc import running
+
+PROTO = Path(__file__).parents[1] / "proto/rollout/v1/rollout.proto"
+SERVICE = pb.DESCRIPTOR.services_by_name["RolloutService"]
+TOKENS = {"gen-a": "generate", "gen-b": "generate", "adm": "admin"}
+DENIED = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED}
+
+
+def test_the_table_names_every_rpc_once():
+    assert set(ROLE_OF) == {m.name for m in SERVICE.methods}
+    assert set(ROLE_OF.values()) == {"generate", "admin"}
+
+
+def test_the_proto_states_the_tables_role_on_every_rpc():
+    text = PROTO.read_text()
+    for name, role in ROLE_OF.items():
+        # The comment block right above `rpc Name(`.
+        block = re.search(r"((?:\n  //[^\n]*)+)\n  rpc " + name + r"\(", text)
+        assert block, name
+        stated = re.search(r"Role: (\w+)", block.group(1))
+        assert stated and stated.group(1) == role, (name, stated and stated.group(1))
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory):
+    tokens = tmp_path_factory.mktemp("roles") / "tokens"
+    tokens.write_text("".join(f"{role}:{token}\n" for token, role in TOKENS.items()))
+    with running("--tokens-file", str(tokens)) as proc:
+        with grpc.insecure_channel(proc.target) as channel:
+            yield rollout_pb2_grpc.RolloutServiceStub(channel)
+
+
+def _call(stub, method, token: str | None):
+    """Calls `method` with an empty request (an empty stream for client
+    streams); the status code it ends with (OK included)."""
+    md = [("authorization", f"Bearer {token}")] if token else []
+    fn = getattr(stub, method.name)
+    request = getattr(pb, method.input_type.name)()
+    arg = iter(()) if method.client_streaming else request
+    try:
+        result = fn(arg, metadata=md, timeout=60)
+        if method.server_streaming:
+            list(result)
+        return grpc.StatusCode.OK
+    except grpc.RpcError as e:
+        return e.code()
+
+
+@pytest.mark.parametrize("token", [None, "wrong", *TOKENS])
+def test_every_rpc_answers_each_role_as_the_table_says(secured, token):
+    for method in SERVICE.methods:
+        code = _call(secured, method, token)
+        if token not in TOKENS:
+            assert code == grpc.StatusCode.UNAUTHENTICATED, method.name
+        elif TOKENS[token] == "admin" or ROLE_OF[method.name] == "generate":
+            assert code not in DENIED, (method.name, code)
+        else:
+            assert code == grpc.StatusCode.PERMISSION_DENIED, method.name
+
+
+def _md(token: str):
+    return [("authorization", f"Bearer {token}")]
+
+
+def _long_generate(stub, token: str, request_id: str, out: dict) -> threading.Thread:
+    """Starts a 1500-token Generate in a thread; its response lands in out."""
+    request = pb.GenerateRequest(
+        request_id=request_id,
+        prompt_token_ids=[5, 6, 7],
+        sampling_params=pb.SamplingParams(max_tokens=1500, ignore_eos=True, temperature=0),
+    )
+    thread = threading.Thread(
+        target=lambda: out.update({request_id: stub.Generate(request, metadata=_md(token))})
+    )
+    thread.start()
+    return thread
+
+
+def _abort(stub, token: str, **kw) -> list[str]:
+    return list(stub.Abort(pb.AbortRequest(**kw), metadata=_md(token), timeout=30).request_ids)
+
+
+def _wait_engine_requests(stub, n: int) -> None:
+    deadline = time.monotonic() + 60
+    while stub.GetServerInfo(pb.GetServerInfoRequest(), metadata=_md("adm")).engine_requests < n:
+        assert time.monotonic() < deadline, f"{n} engine requests never ran"
+        time.sleep(0.02)
+
+
+def test_a_generate_caller_aborts_only_its_own_calls(secured):
+    out: dict = {}
+    threads = [_long_generate(secured, "adm", "victim-1", out)]
+    _wait_engine_requests(secured, 1)
+    # Another caller's call, by id or by `all`: not found, not ended.
+    assert _abort(secured, "gen-a", request_ids=["victim-1"]) == []
+    assert _abort(secured, "gen-a", all=True) == []
+    threads.append(_long_generate(secured, "gen-b", "theirs-1", out))
+    _wait_engine_requests(secured, 2)
+    threads.append(_long_generate(secured, "gen-a", "mine-1", out))
+    _wait_engine_requests(secured, 3)
+    assert _abort(secured, "gen-a", all=True) == ["mine-1"]
+    # The admin may end anyone's.
+    assert _abort(secured, "adm", request_ids=["theirs-1", "nobody"]) == ["theirs-1"]
+    for t in threads:
+        t.join(120)
+    reasons = {rid: r.completions[0].finish_reason for rid, r in out.items()}
+    assert reasons == {
+        "mine-1": pb.FINISH_REASON_ABORT,
+        "theirs-1": pb.FINISH_REASON_ABORT,
+        "victim-1": pb.FINISH_REASON_LENGTH,
+    }
+    assert len(out["victim-1"].completions[0].token_ids) == 1500
