@@ -11,10 +11,12 @@ gate on its own, so an open stream never holds an update back.
 
 What one stream can make the server hold is bounded (`StreamLimits`). A
 running generation holds what the engine has produced and this process has
-not yet converted: with top logprobs, vLLM keeps about a hundred bytes per
-token and alternative, so 384 generations of 1900 tokens with 20 logprobs
-came to 1.4 GB when all ran at once (the event loop converts slower than the
-engine generates). So a generation starts only when
+not yet converted: with top logprobs, vLLM keeps a few hundred bytes per
+token and alternative, and the event loop converts slower than the engine
+generates. 96 generations of 1900 tokens with 20 logprobs grew the server by
+943 MiB when all ran at once, by 378 MiB within the default token budget
+(1M), by 167 MiB within a quarter of it (and took twice as long). So a
+generation starts only when
 - fewer than `max_running` of the stream's run,
 - the tokens the running ones may still hold, each counted as
   `max_tokens x n x (1 + logprobs)` (plus the prompt's with prompt_logprobs),
