@@ -1,6 +1,17 @@
-"""Shared fixtures: one real-engine server per test session."""
+"""Shared fixtures (the session's real-engine server on the default flags),
+and the suite's order: tests that need no engine run first, so a broken
+converter fails in seconds, not after the engine tests; `-m "not engine"`
+(`scripts/test --fast`) runs only those.
+
+A test needs an engine when it uses the session's `server` (directly or
+through `client`/`info`), or its module starts servers of its own (imports
+tests.serverproc's ServerProcess or running). It is marked `engine` here, so
+the marker cannot go stale.
+"""
 
 from __future__ import annotations
+
+import sys
 
 import pytest
 
@@ -36,3 +47,33 @@ def client(server):
 @pytest.fixture(scope="session")
 def info(client):
     return client.server_info()
+
+
+_STARTS_SERVERS = ("ServerProcess", "running")
+
+
+def _starts_servers(module) -> bool:
+    return any(
+        getattr(getattr(module, name, None), "__module__", None) == "tests.serverproc"
+        for name in _STARTS_SERVERS
+    )
+
+
+def _needs_engine(item) -> bool:
+    """The item's module, or the module of any fixture it uses, starts servers."""
+    if "server" in getattr(item, "fixturenames", ()):
+        return True
+    modules = {getattr(item, "module", None)}
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in (info.name2fixturedefs.values() if info else ()):
+        modules.update(sys.modules.get(d.func.__module__) for d in defs)
+    return any(_starts_servers(m) for m in modules if m is not None)
+
+
+def pytest_collection_modifyitems(config, items):
+    engine = pytest.mark.engine
+    for item in items:
+        if _needs_engine(item):
+            item.add_marker(engine)
+    # Stable: within each group, the files' and tests' own order.
+    items.sort(key=lambda item: item.get_closest_marker("engine") is not None)

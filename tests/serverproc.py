@@ -30,8 +30,10 @@ def free_port() -> int:
 class ServerProcess:
     """A server subprocess with its log in a temporary file."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
+    def __init__(
+        self, *args: str, env: dict[str, str] | None = None, port: int | None = None
+    ) -> None:
+        self.port = port or free_port()  # a port: a restart at the same address
         self.target = f"127.0.0.1:{self.port}"
         self.log = Path(tempfile.mkstemp(prefix="rollout-server-", suffix=".log")[1])
         cmd = [

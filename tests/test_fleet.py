@@ -1,25 +1,66 @@
 """Two real replicas behind one Fleet: spread Generate, one update with a
-version barrier, a replica killed between staging and commit."""
+version barrier, a replica killed between staging and commit, and a replica
+that comes back on its initial weights (behind the fleet's back, or
+restarted at its address as Kubernetes restarts a pod): it never serves a
+rollout, and is healed and serving again within a bound."""
 
 from __future__ import annotations
 
 import signal
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from rollout_client import RolloutClient
+from rollout_client import RolloutClient, RolloutError
 from rollout_client.fleet import Fleet, FleetUpdateError, resolve
-from tests.serverproc import running
+from tests.serverproc import ServerProcess
 from tests.weights_util import random_weights, version
 
 PROMPT = list(range(7, 60))
 
 
+class Restartable:
+    """replica2's server; `restart()` starts it again at the same address
+    on its initial weights, as Kubernetes restarts a pod after an OOM kill."""
+
+    def __init__(self) -> None:
+        self.server = ServerProcess()
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        try:
+            self.server.wait_ready()
+        except BaseException:
+            self.server.stop()
+            raise
+
+    @property
+    def target(self) -> str:
+        return self.server.target
+
+    @property
+    def proc(self):
+        return self.server.proc
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self.server.stop()
+
+    def restart(self) -> None:
+        self.server = ServerProcess(port=self.server.port)
+        self._wait_ready()
+
+
 @pytest.fixture(scope="module")
 def replica2():
-    with running() as proc:
-        yield proc
+    r = Restartable()
+    try:
+        yield r
+    finally:
+        r.server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -29,15 +70,60 @@ def fresh_output(replica2):
         return greedy(c)[1:]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def fleet(server, replica2, fresh_output):
     with Fleet([server.target, replica2.target], timeout=120) as f:
         yield f
 
 
+@pytest.fixture(scope="module")
+def initial_checkpoint():
+    from rollout_service.tiny_models import ensure_model
+
+    return str(ensure_model("tiny-qwen2"))
+
+
+@pytest.fixture
+def checkpoint(info, tmp_path):
+    """A new version's weights as a file, as a trainer writes them."""
+    from safetensors.torch import save_file
+
+    path = tmp_path / "step.safetensors"
+    save_file(random_weights(info.parameters, seed=3010), path)
+    return str(path)
+
+
 def greedy(client):
     r = client.generate(prompt_token_ids=PROMPT, max_tokens=12, temperature=0)
     return r.weight_version, list(r.completions[0].token_ids), list(r.completions[0].logprobs)
+
+
+def concurrently(fleet, n: int) -> list:
+    """`n` fleet.generate calls at once (the trainer's batch of rollouts)."""
+    with ThreadPoolExecutor(n) as pool:
+        calls = [
+            pool.submit(fleet.generate, prompt_token_ids=[i, *PROMPT], max_tokens=8)
+            for i in range(n)
+        ]
+        return [c.result() for c in calls]
+
+
+def eventually(condition, seconds: float, what: str) -> float:
+    """Waits for `condition()`; the seconds it took."""
+    t0 = time.monotonic()
+    while not condition():
+        assert time.monotonic() - t0 < seconds, f"not within {seconds} s: {what}"
+        time.sleep(0.1)
+    return time.monotonic() - t0
+
+
+def served_by(fleet, calls: int) -> list[int]:
+    """How many of `calls` sequential calls each replica served."""
+    for r in fleet.replicas:
+        r.served = 0
+    for _ in range(calls):
+        fleet.generate(prompt_token_ids=PROMPT, max_tokens=2)
+    return [r.served for r in fleet.replicas]
 
 
 def test_a_dns_name_resolves_to_its_addresses():
@@ -117,6 +203,79 @@ def test_prefix_affinity_keeps_a_prefix_on_one_replica(server, replica2):
         for _ in range(6):
             f.generate(prompt_token_ids=PROMPT, max_tokens=2)
         assert sorted(r.served for r in f.replicas) == [0, 6]
+
+
+def test_one_client_can_require_a_version(client):
+    """The keyword the fleet relies on, for single-replica users too."""
+    served = client.server_info().weight_version
+    r = client.generate(prompt_token_ids=PROMPT, max_tokens=2, required_weight_version=served)
+    assert r.weight_version == served
+    for call in (client.generate, lambda **kw: list(client.generate_stream(**kw))):
+        with pytest.raises(RolloutError) as e:
+            call(prompt_token_ids=PROMPT, max_tokens=2, required_weight_version="not-served")
+        assert e.value.reason == "WRONG_WEIGHT_VERSION", e.value
+
+
+def test_sequential_calls_go_round_the_replicas(server, replica2, checkpoint):
+    with Fleet([server.target, replica2.target], timeout=120) as f:
+        f.update_weights(checkpoint, version())
+        assert served_by(f, 6) == [3, 3]
+
+
+def test_a_replica_back_on_its_initial_weights_never_serves_and_is_healed(
+    server, replica2, checkpoint, initial_checkpoint
+):
+    """The fleet's view is stale (no probe in this test: only the refusal at
+    admission can tell): 16 rollouts, none from the old weights."""
+    v1 = version()
+    with Fleet([server.target, replica2.target], timeout=120, probe_seconds=3600) as f:
+        assert set(f.update_weights(checkpoint, v1).acks) == {server.target, replica2.target}
+        with RolloutClient(replica2.target) as b:  # what a restarted pod serves
+            b.update_weights(initial_checkpoint, "initial")
+        assert {r.weight_version for r in concurrently(f, 16)} == {v1}
+        took = eventually(lambda: f.status()[replica2.target] == f"serving {v1}", 30, "healed")
+        print(f"healed {took:.2f} s after the rollouts")
+        with RolloutClient(replica2.target) as b:
+            assert b.server_info().weight_version == v1
+        assert served_by(f, 4) == [2, 2]
+
+
+def test_a_source_changed_in_place_does_not_heal(server, replica2, info, initial_checkpoint):
+    """A trainer that pushed its live tensors and trained on: they no longer
+    hold v1, so a heal from them would install other weights as v1."""
+    weights = random_weights(info.parameters, seed=3011)
+    with Fleet([server.target, replica2.target], timeout=120, probe_seconds=3600) as f:
+        f.update_weights(weights, version())
+        weights["lm_head.weight"].add_(0.5)  # the next optimizer step, in place
+        with RolloutClient(replica2.target) as b:
+            b.update_weights(initial_checkpoint, "initial")
+        assert {r.weight_version for r in concurrently(f, 4)} == {f.version}
+        eventually(lambda: "changed since it was pushed" in f.status()[replica2.target], 30, "why")
+        with RolloutClient(replica2.target) as b:
+            assert b.server_info().weight_version == "initial", "the heal was not committed"
+        v2 = version()
+        f.update_weights(weights, v2)  # a full update takes it back
+        assert f.status()[replica2.target] == f"serving {v2}"
+
+
+def test_a_restarted_replica_is_dropped_probed_again_and_healed(server, replica2, checkpoint):
+    """The issue's scenario with a real restart: the keeper drops the dead
+    replica with no call to tell it, probes it again, heals it once it is
+    back on its initial weights, and only then routes to it."""
+    v1 = version()
+    with Fleet([server.target, replica2.target], timeout=120) as f:
+        assert set(f.update_weights(checkpoint, v1).acks) == {server.target, replica2.target}
+        b = f.replicas[1]
+        replica2.kill()
+        took = eventually(lambda: not b.alive, 15, "dropped by the keeper")
+        print(f"dropped {took:.2f} s after the kill")
+        assert {r.weight_version for r in concurrently(f, 4)} == {v1}
+        replica2.restart()
+        ready = time.monotonic()
+        assert {r.weight_version for r in concurrently(f, 16)} == {v1}
+        eventually(lambda: b.alive and b.version == v1, 30, "back on v1")
+        print(f"serving {v1} again {time.monotonic() - ready:.2f} s after the restart")
+        assert served_by(f, 4) == [2, 2]
 
 
 def test_a_replica_killed_before_the_commit_aborts_the_update_everywhere(

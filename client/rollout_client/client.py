@@ -99,7 +99,10 @@ class RolloutClient(_Surface):
         return self._unary(self.stub.GetServerInfo, pb.GetServerInfoRequest(), timeout)
 
     def generate(self, *, timeout: float | None = None, **kwargs: Any) -> pb.GenerateResponse:
-        """See `build_generate_request` for the arguments."""
+        """See `build_generate_request` for the arguments; with
+        `required_weight_version="step-7"` the call runs only on that version
+        (RolloutError with reason WRONG_WEIGHT_VERSION otherwise, before any
+        token): a rollout cannot come from other weights."""
         return self._unary(self.stub.Generate, core.build_generate_request(**kwargs), timeout)
 
     def generate_stream(

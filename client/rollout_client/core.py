@@ -61,11 +61,14 @@ def build_generate_request(
     messages: Sequence[Any] | None = None,
     continue_final_message: bool = False,
     lora_adapter: str = "",
+    required_weight_version: str = "",
     **sampling: Any,
 ) -> pb.GenerateRequest:
     """A GenerateRequest; the prompt is `prompt_text`, `prompt_token_ids` or
     chat `messages` (see chat_messages), `lora_adapter` names a loaded LoRA
-    adapter; other keyword arguments are SamplingParams fields
+    adapter; with `required_weight_version` the server runs the call only on
+    that weight version (else RolloutError, reason WRONG_WEIGHT_VERSION, before
+    any token); other keyword arguments are SamplingParams fields
     (`structured_output=pb.StructuredOutput(regex=...)`, `prompt_logprobs=2`)."""
     unknown = set(sampling) - _SAMPLING_FIELDS
     if unknown:
@@ -77,6 +80,7 @@ def build_generate_request(
         images=[pb.Image(data=d) for d in images or []],
         messages=chat_messages(messages or []),
         lora_adapter=lora_adapter,
+        required_weight_version=required_weight_version,
         sampling_params=pb.SamplingParams(**{k: v for k, v in sampling.items() if v is not None}),
     )
     if continue_final_message:

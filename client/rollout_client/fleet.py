@@ -1,21 +1,27 @@
 """Several replicas of the service as one, from the trainer's side.
 
-- Generate goes to the live replica with the fewest calls outstanding, or,
-  with `prefix_affinity_tokens`, always to the same replica for the same
-  prompt prefix (its prefix cache stays warm); only replicas serving the
-  fleet's current version are chosen.
+- Generate goes to a replica serving the fleet's current version: the one
+  with the fewest calls outstanding, ties to the one picked least recently
+  (sequential callers go round the replicas instead of all landing on the
+  first), or, with `prefix_affinity_tokens`, always the same replica for the
+  same prompt prefix (its prefix cache stays warm).
+- Every call carries `required_weight_version` (the fleet's version), so a
+  rollout cannot come from other weights even when the fleet's view is stale
+  (a replica restarted on its initial weights since it was last seen): that
+  replica refuses at admission (WRONG_WEIGHT_VERSION), before any token; the
+  fleet marks it lagging, sends the call to another replica (or waits up to
+  `wait_seconds` for one) and heals the lagging one in the background.
 - One weight update for all, with a version barrier: the source is read
-  once and its chunks go to every replica (BeginUpdate + UploadChunks: the
-  staged update); only when every replica holds every byte is the update
-  committed everywhere (CommitUpdate). If any replica fails before the
-  commit, the update is aborted everywhere: no replica serves it.
-- A replica that stops answering (UNAVAILABLE) is dropped and reported, never
-  waited on: every call carries a deadline.
-
-The commits themselves are separate calls: a replica that dies between the
-final check and its own commit leaves the others on the new version. The
-acknowledgement then lists who has what, and Generate keeps to the replicas
-on the new version.
+  once and its chunks go to every replica (fleet_staging.py); only when every
+  replica holds every byte is it committed everywhere. If any replica fails
+  before the commit, the update is aborted everywhere: no replica serves it.
+  The commits are separate calls: a replica that dies between the barrier
+  and its own commit leaves the others on the new version; the
+  acknowledgement lists who has what.
+- A keeper thread (fleet_health.py) probes every replica every
+  `probe_seconds`: a replica that stops answering is dropped and reported,
+  never waited on; a dropped one is probed again and rejoins when it
+  answers; one on another version is first brought to the fleet's.
 
 Replicas come from a list of targets or from one DNS name resolving to
 several addresses (a Kubernetes headless Service).
@@ -24,9 +30,10 @@ several addresses (a Kubernetes headless Service).
 from __future__ import annotations
 
 import collections
-import queue
+import logging
 import socket
 import threading
+import time
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,9 +41,12 @@ from typing import Any
 import grpc
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout.v1 import rollout_pb2_grpc
-from rollout_client import push, wire
+from rollout_client import fleet_health, fleet_staging, push
 from rollout_client.client import RolloutClient, RolloutError
+from rollout_client.fleet_health import Keeper, Ledger, Replica
+from rollout_client.fleet_staging import FleetUpdateError  # noqa: F401  (re-exported)
+
+log = logging.getLogger("rollout_client.fleet")
 
 
 def resolve(targets: str | list[str]) -> list[str]:
@@ -50,38 +60,30 @@ def resolve(targets: str | list[str]) -> list[str]:
 
 
 @dataclass
-class Replica:
-    target: str
-    client: RolloutClient
-    version: str | None = None
-    outstanding: int = 0
-    served: int = 0
-    alive: bool = True
-    error: str = ""
-
-
-@dataclass
 class FleetAck:
-    """The outcome of a fleet update: each replica's acknowledgement, and the
-    replicas dropped on the way (target -> why)."""
+    """The outcome of a fleet update: each replica's acknowledgement, the
+    replicas dropped on the way and those left out because they lag (a
+    partial update would leave them mixed; the keeper heals them), target ->
+    why."""
 
     version: str
     acks: dict[str, pb.UpdateWeightsResponse]
     dropped: dict[str, str] = field(default_factory=dict)
-
-
-class FleetUpdateError(Exception):
-    """The update failed before the commit and was aborted everywhere."""
-
-    def __init__(self, errors: dict[str, str]) -> None:
-        super().__init__(
-            "fleet update aborted everywhere: " + "; ".join(f"{t}: {e}" for t, e in errors.items())
-        )
-        self.errors = errors
+    lagging: dict[str, str] = field(default_factory=dict)
 
 
 class Fleet:
-    """Replicas of one model behind one client."""
+    """Replicas of one model behind one client.
+
+    `probe_seconds`: how often the keeper probes every replica (None: no
+    keeper; call `check()` yourself). `wait_seconds`: how long generate
+    waits for a replica on the fleet's version when none serves it.
+    `initial_version`: what a freshly started replica reports (the servers'
+    --initial-weight-version); a replica on it, or on a version this fleet
+    pushed or replaced, is healed; one on any other version was updated by
+    another client and is left out, not fought over (see fleet_health).
+    `heal_from_source=False`: keep no reference to the last update's source
+    (a lagging replica then waits for the next full update)."""
 
     def __init__(
         self,
@@ -89,16 +91,29 @@ class Fleet:
         *,
         prefix_affinity_tokens: int = 0,
         timeout: float = 600.0,
+        probe_seconds: float | None = 5.0,
+        wait_seconds: float = 60.0,
+        initial_version: str = "initial",
+        heal_from_source: bool = True,
         **options: Any,
     ) -> None:
         self.prefix_affinity_tokens = prefix_affinity_tokens
+        self.timeout = timeout
+        self.wait_seconds = wait_seconds
+        self.heal_from_source = heal_from_source
         self.replicas = [
             Replica(t, RolloutClient(t, timeout=timeout, **options)) for t in resolve(targets)
         ]
-        self._lock = threading.Lock()
         self.version: str | None = None
+        self.ledger = Ledger(initial_version)
+        self._changed = threading.Condition(threading.Lock())  # replica states
+        self._updating = threading.RLock()  # one update or heal at a time
+        self._picks = 0
+        self._keeper = Keeper(self.check, probe_seconds) if probe_seconds else None
 
     def close(self) -> None:
+        if self._keeper is not None:
+            self._keeper.stop()
         for r in self.replicas:
             r.client.close()
 
@@ -109,54 +124,131 @@ class Fleet:
         self.close()
 
     def refresh(self, timeout: float = 10.0) -> None:
-        """Reads every live replica's version; the fleet's is the most common."""
-        for r in self._live():
-            try:
-                r.version = r.client.server_info(timeout).weight_version
-            except RolloutError as e:
-                self._drop(r, e)
-        versions = collections.Counter(r.version for r in self._live())
-        self.version = versions.most_common(1)[0][0] if versions else None
+        """Reads every live replica's version; the fleet's becomes the most
+        common (ties: its own). How a fleet adopts another client's update."""
+        with self._updating:
+            seen: list[tuple[Replica, str]] = []
+            for r in self._live():
+                try:
+                    info = r.client.server_info(timeout)
+                    seen.append((r, "" if info.degraded else info.weight_version))
+                except RolloutError as e:
+                    self._drop(r, e)
+            versions = collections.Counter(v for _, v in seen)
+            if versions:
+                self._set_version(max(versions, key=lambda v: (versions[v], v == self.version)))
+            for r, v in seen:
+                self._observe(r, v)
+
+    def check(self) -> None:
+        """One round of the keeper's work in the caller's thread: every
+        replica probed, every lagging one healed (see fleet_health)."""
+        for r in self.replicas:
+            fleet_health.probe(self, r)
+        for r in self.replicas:
+            if r.alive and r.version != self.version:
+                fleet_health.heal(self, r)
+
+    def status(self) -> dict[str, str]:
+        """Each replica's state: "serving <version>", "lagging: <why>" or
+        "dropped: <why>"."""
+        with self._changed:
+            return {r.target: self._state(r) for r in self.replicas}
+
+    def _state(self, r: Replica) -> str:
+        if not r.alive:
+            return f"dropped: {r.error}"
+        if r.version != self.version:
+            return f"lagging: {r.error or f'serves {r.version!r}'}"
+        return f"serving {r.version}"
 
     def _live(self) -> list[Replica]:
         return [r for r in self.replicas if r.alive]
 
-    def _drop(self, r: Replica, why: Exception | str) -> None:
-        with self._lock:
-            r.alive, r.error = False, str(why)
+    def _set_version(self, version: str) -> None:
+        with self._changed:
+            self.version = version
+            self._changed.notify_all()
 
-    def _pick(self, prompt_ids) -> Replica:
-        with self._lock:
-            live = self._live()
-            current = [r for r in live if r.version == self.version] or live
-            if not current:
-                raise RolloutError(grpc.StatusCode.UNAVAILABLE, "no live replica in the fleet")
+    def _observe(self, r: Replica, version: str, why: str = "") -> None:
+        """`r` answers and serves `version`; `why` it cannot serve, if it lags."""
+        with self._changed:
+            known = r.error if r.alive and r.version == version else ""  # a probe keeps it
+            r.alive, r.version = True, version
+            lags = version != self.version
+            self._note(r, (why or known or f"serves {version!r}") if lags else "")
+            self._changed.notify_all()
+
+    def _drop(self, r: Replica, why: Exception | str) -> None:
+        with self._changed:
+            r.alive = False
+            self._note(r, str(why))
+
+    def _note(self, r: Replica, error: str) -> None:
+        """Sets why `r` does not serve ("" when it does), logging each change
+        once rather than at every probe."""
+        if error == r.error:
+            return
+        r.error = error
+        if error:
+            log.warning("replica %s: %s", r.target, self._state(r))
+        else:
+            log.info("replica %s: %s", r.target, self._state(r))
+
+    def _refused(self, r: Replica, version: str) -> None:
+        """`r` refused `version` at admission: lagging until probed again."""
+        with self._changed:
+            if version == self.version and r.version == version:
+                r.version = None
+                self._note(r, f"refused {version!r} (WRONG_WEIGHT_VERSION)")
+        if self._keeper is not None:
+            self._keeper.nudge()
+
+    def _pick(self, prompt_ids, deadline: float) -> tuple[Replica, str]:
+        with self._changed:
+            while not (ready := [r for r in self._live() if r.version == self.version]):
+                left = deadline - time.monotonic()
+                if left <= 0 or self._keeper is None:
+                    states = "; ".join(f"{r.target}: {self._state(r)}" for r in self.replicas)
+                    raise RolloutError(
+                        grpc.StatusCode.UNAVAILABLE,
+                        f"no replica serves the fleet's version {self.version!r} ({states})",
+                    )
+                self._changed.wait(left)
             if self.prefix_affinity_tokens and prompt_ids:
                 key = ",".join(map(str, prompt_ids[: self.prefix_affinity_tokens])).encode()
-                r = sorted(current, key=lambda x: x.target)[zlib.crc32(key) % len(current)]
+                r = sorted(ready, key=lambda x: x.target)[zlib.crc32(key) % len(ready)]
             else:
-                r = min(current, key=lambda x: x.outstanding)
+                r = min(ready, key=lambda x: (x.outstanding, x.picked))
+            self._picks += 1
+            r.picked = self._picks
             r.outstanding += 1
-            return r
+            return r, self.version
 
     def generate(self, **kwargs: Any) -> pb.GenerateResponse:
-        """RolloutClient.generate on one replica (see the module docstring)."""
+        """RolloutClient.generate on one replica on the fleet's version (see
+        the module docstring); the fleet sets `required_weight_version`."""
+        if "required_weight_version" in kwargs:
+            raise TypeError("Fleet.generate sets required_weight_version (the fleet's version)")
         if self.version is None:
             self.refresh()
-        for _ in range(len(self.replicas)):
-            r = self._pick(kwargs.get("prompt_token_ids"))
+        deadline = time.monotonic() + self.wait_seconds
+        while True:
+            r, version = self._pick(kwargs.get("prompt_token_ids"), deadline)
             try:
-                response = r.client.generate(**kwargs)
+                response = r.client.generate(required_weight_version=version, **kwargs)
                 r.served += 1
                 return response
             except RolloutError as e:
-                if e.code != grpc.StatusCode.UNAVAILABLE:
+                if e.code == grpc.StatusCode.UNAVAILABLE:
+                    self._drop(r, e)
+                elif e.reason == "WRONG_WEIGHT_VERSION":
+                    self._refused(r, version)
+                else:
                     raise
-                self._drop(r, e)
             finally:
-                with self._lock:
+                with self._changed:
                     r.outstanding -= 1
-        raise RolloutError(grpc.StatusCode.UNAVAILABLE, "no live replica in the fleet")
 
     def update_weights(
         self,
@@ -171,155 +263,69 @@ class Fleet:
         before_commit=None,
     ) -> FleetAck:
         """One update for every live replica, committed only once all of them
-        hold it (see the module docstring). `before_commit()` runs between
-        staging and the commit (tests use it to kill a replica)."""
-        live = self._live()
-        if not live:
-            raise RolloutError(grpc.StatusCode.UNAVAILABLE, "no live replica in the fleet")
-        u = push.prepare(
-            source,
-            version,
-            live[0].client.server_info(timeout).parameters,
-            pause_mode=pause_mode,
-            chunk_bytes=chunk_bytes,
-            checksum=checksum,
-            drain_timeout_seconds=drain_timeout_seconds,
-        )
-        u.timeout = timeout
-        opened: dict[str, str] = {}  # target -> update_id
-        errors: dict[str, str] = {}
-        try:
-            for r in live:
-                try:
-                    opened[r.target] = (
-                        _stub(r)
-                        .BeginUpdate(
-                            pb.BeginUpdateRequest(begin=u.begin), timeout=timeout, metadata=_md(r)
-                        )
-                        .update_id
-                    )
-                except grpc.RpcError as e:
-                    errors[r.target] = f"{e.code().name}: {e.details()}"
-            if not errors:
-                errors = _fan_out(u, [(r, opened[r.target]) for r in live])
-            if not errors and before_commit is not None:
-                before_commit()
-            if not errors:
-                errors = _check_staged(live, opened, timeout)
-            if errors:
-                raise FleetUpdateError(errors)
-        except BaseException:
-            for r in live:
-                if r.target in opened:
-                    _abort(r, opened[r.target])
-            for r in live:
-                if r.target in errors and "UNAVAILABLE" in errors[r.target]:
-                    self._drop(r, errors[r.target])
-            raise
-        return self._commit_all(live, opened, version, timeout)
-
-    def _commit_all(self, live, opened, version: str, timeout: float) -> FleetAck:
-        acks: dict[str, pb.UpdateWeightsResponse] = {}
-        dropped: dict[str, str] = {}
-
-        def commit(r: Replica) -> None:
-            try:
-                acks[r.target] = (
-                    _stub(r)
-                    .CommitUpdate(
-                        pb.CommitUpdateRequest(update_id=opened[r.target]),
-                        timeout=timeout,
-                        metadata=_md(r),
-                    )
-                    .result
-                )
-                r.version = version
-            except grpc.RpcError as e:
-                dropped[r.target] = f"{e.code().name}: {e.details()}"
-                self._drop(r, dropped[r.target])
-
-        threads = [threading.Thread(target=commit, args=(r,)) for r in live]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if acks:
-            self.version = version
-        return FleetAck(version=version, acks=acks, dropped=dropped)
-
-
-def _stub(r: Replica):
-    return rollout_pb2_grpc.RolloutServiceStub(r.client.channel)
-
-
-def _md(r: Replica):
-    return r.client.options.metadata()
-
-
-def _abort(r: Replica, uid: str) -> None:
-    try:
-        _stub(r).AbortUpdate(pb.AbortUpdateRequest(update_id=uid), timeout=10, metadata=_md(r))
-    except grpc.RpcError:
-        pass
-
-
-def _fan_out(u: push.Update, targets: list[tuple[Replica, str]]) -> dict[str, str]:
-    """Reads every chunk once and sends it to every replica, one upload
-    stream each; a replica whose stream fails stops getting chunks."""
-    queues = {r.target: queue.Queue(maxsize=8) for r, _ in targets}
-    errors: dict[str, str] = {}
-
-    def upload(r: Replica, uid: str) -> None:
-        q = queues[r.target]
-
-        def requests():
-            while (item := q.get()) is not None:
-                i, off, data = item
-                yield wire.upload_chunk(uid, i, off, data)
-
-        call = r.client.channel.stream_unary(
-            "/rollout.v1.RolloutService/UploadChunks",
-            request_serializer=None,
-            response_deserializer=pb.UploadChunksResponse.FromString,
-        )
-        try:
-            call(requests(), timeout=u.timeout, metadata=_md(r))
-        except grpc.RpcError as e:
-            errors[r.target] = f"{e.code().name}: {e.details()}"
-            while q.get() is not None:  # keep the reader from blocking on us
-                pass
-
-    threads = [threading.Thread(target=upload, args=(r, uid)) for r, uid in targets]
-    for t in threads:
-        t.start()
-    try:
-        for i, t in enumerate(u.tensors):
-            for off, data in t.chunks(u.chunk_bytes):
-                for q in queues.values():
-                    q.put((i, off, data))
-    finally:
-        for q in queues.values():
-            q.put(None)
-        for t in threads:
-            t.join()
-    return errors
-
-
-def _check_staged(live: list[Replica], opened: dict[str, str], timeout: float) -> dict[str, str]:
-    """The barrier: every replica holds every byte of its update."""
-    errors = {}
-    for r in live:
-        try:
-            status = _stub(r).GetUpdateStatus(
-                pb.GetUpdateStatusRequest(update_id=opened[r.target]),
-                timeout=min(timeout, 30),
-                metadata=_md(r),
+        hold it (see the module docstring). A partial update (not every
+        parameter) leaves out the replicas that lag. `before_commit()` runs
+        between staging and the commit (tests use it to kill a replica)."""
+        with self._updating:
+            if self.version is None:
+                self.refresh()
+            live = self._live()
+            if not live:
+                raise RolloutError(grpc.StatusCode.UNAVAILABLE, "no live replica in the fleet")
+            source, unreplayable = fleet_health.replayable(source, self.heal_from_source)
+            manifest = live[0].client.server_info(timeout).parameters
+            u = push.prepare(
+                source,
+                version,
+                manifest,
+                pause_mode=pause_mode,
+                chunk_bytes=chunk_bytes,
+                checksum=checksum,
+                drain_timeout_seconds=drain_timeout_seconds,
             )
-            if status.missing:
-                errors[r.target] = f"{len(status.missing)} byte ranges missing"
-        except grpc.RpcError as e:
-            errors[r.target] = f"{e.code().name}: {e.details()}"
-    return errors
+            u.timeout = timeout
+            full = {t.name for t in u.tensors} == {p.name for p in manifest}
+            targets = [r for r in live if full or r.version == self.version]
+            lagging = {r.target: self._state(r) for r in live if r not in targets}
+            if not targets:
+                raise RolloutError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"a partial update needs a replica on {self.version!r}; all lag: {lagging}",
+                )
+            prints: list[int] | None = None if unreplayable else []
+            opened = fleet_staging.stage(
+                u,
+                targets,
+                timeout,
+                before_commit=before_commit,
+                on_unavailable=self._drop,
+                fingerprints=prints,
+            )
+            acks, dropped = fleet_staging.commit_all(targets, opened, timeout)
+            return self._committed(u, targets, acks, dropped, lagging, full, prints, unreplayable)
+
+    def _committed(self, u, targets, acks, dropped, lagging, full, prints, unreplayable):
+        """The fleet's bookkeeping once the commits are answered."""
+        before = self.version
+        version = u.begin.weight_version
+        if acks:
+            self._set_version(version)
+        for r in targets:
+            if r.target in acks:
+                self._observe(r, version)
+            else:
+                self._drop(r, dropped[r.target])
+        if acks:
+            for r in self.replicas:  # a new source: failed heals may try again at once
+                r.heal_failures, r.heal_after = 0, 0.0
+            previous = [a.previous_weight_version for a in acks.values()]
+            if unreplayable:
+                self.ledger.forget(unreplayable, version, previous)
+            else:
+                self.ledger.record(u.tensors, prints, version, full, before, previous)
+        if lagging and self._keeper is not None:
+            self._keeper.nudge()
+        return FleetAck(version=version, acks=acks, dropped=dropped, lagging=lagging)
 
 
 class AsyncFleet:
@@ -333,7 +339,9 @@ class AsyncFleet:
         return self
 
     async def __aexit__(self, *exc) -> None:
-        self.fleet.close()
+        import asyncio
+
+        await asyncio.to_thread(self.fleet.close)  # joins the keeper thread
 
     async def generate(self, **kwargs: Any) -> pb.GenerateResponse:
         import asyncio

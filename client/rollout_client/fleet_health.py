@@ -1,0 +1,282 @@
+"""What a Fleet knows of each replica, and how it keeps that true.
+
+A pod restarted by Kubernetes (after an OOM kill, say) comes back at the same
+address on its initial weights while the trainer's Fleet lives on. Two things
+keep that from ever serving a rollout or shrinking the fleet for good:
+
+- The keeper thread probes every replica every `probe_seconds`: health, then
+  GetServerInfo's version. One that stops answering is dropped; a dropped one
+  is asked again over a new connection (its channel may sit in gRPC's
+  reconnect backoff, up to 120 s, long after the server is back) and gets a
+  new client once it answers.
+- A replica that answers on another version than the fleet's is healed: the
+  fleet pushes it what it pushed the others, from the trainer's own sources
+  (the Ledger), as one staged update, before it is routed to again.
+
+Why the trainer's sources and not a peer replica's bytes: replicas have no
+server-to-server path (no RPC reads weights out of a server, and a server
+that pulled from a peer would need the peer's address and credentials), and
+the Fleet stays client-side only. The cost: the fleet keeps the last
+update's source reachable until the next update replaces it (a file stays
+open; in-memory tensors stay referenced: pass heal_from_source=False to keep
+nothing), and a source changed in place since its push cannot heal. The
+fleet notices: it fingerprints each tensor as it sends it and compares the
+heal's fingerprints before the commit, so a heal with other bytes is aborted,
+never served; the replica then waits for the next full update.
+
+Only replicas that lag are healed: on the servers' initial version, on one
+this fleet pushed, or on one its updates replaced. A replica on any other
+version was updated by another client; the fleet leaves it out and reports
+it rather than fight over it (a full update, or refresh(), takes it back).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from rollout.v1 import rollout_pb2 as pb
+from rollout_client import core, fleet_staging, push
+from rollout_client.client import RolloutClient, RolloutError
+from rollout_client.sources import SourceTensor
+
+if TYPE_CHECKING:
+    from rollout_client.fleet import Fleet
+
+log = logging.getLogger("rollout_client.fleet")
+
+PROBE_TIMEOUT = 5.0  # seconds, each probe call
+
+
+@dataclass
+class Replica:
+    target: str
+    client: RolloutClient
+    version: str | None = None
+    outstanding: int = 0
+    served: int = 0
+    alive: bool = True
+    error: str = ""  # why it does not serve, "" when it does
+    picked: int = 0  # when it was last picked (a count): ties go to the least recent
+    heal_failures: int = 0  # in a row; the next heal waits 2**n probe rounds, up to 5 min
+    heal_after: float = 0.0  # time.monotonic()
+
+
+class Ledger:
+    """What brings a replica to the fleet's version: for every tensor pushed
+    since the last full update (every parameter), the newest source tensor
+    and its fingerprint. After a full update any version heals; partial ones
+    heal only the versions of their `chain` (the one the first was pushed
+    onto, and each since): those hold every tensor that none of them sent."""
+
+    def __init__(self, initial_version: str) -> None:
+        self.known = {initial_version, ""}  # versions a lagging replica may be on
+        self.version: str | None = None
+        self.full = False
+        self.chain: set[str] = set()
+        self.tensors: dict[str, tuple[SourceTensor, int]] = {}
+        self.spoiled = ""
+
+    def record(self, tensors, prints, version: str, full: bool, previous, replaced) -> None:
+        """An update of `tensors` to `version`, pushed onto `previous`."""
+        if full or self.version != previous:
+            self.tensors, self.full, self.chain = {}, full, set() if full else {previous}
+        self.tensors.update({t.name: (t, p) for t, p in zip(tensors, prints)})
+        self.version, self.spoiled = version, ""
+        self.chain.add(version)
+        self.known.update([version, *replaced])
+
+    def forget(self, why: str, version: str, replaced) -> None:
+        """An update whose source cannot be read again: nothing heals to it."""
+        self.tensors, self.full, self.chain, self.version = {}, False, set(), None
+        self.spoiled = f"the update to {version!r} cannot heal: {why}"
+        self.known.update([version, *replaced])
+
+    def why_not(self, replica_version: str, fleet_version: str | None) -> str:
+        """Why a replica on `replica_version` cannot be healed ("" if it can)."""
+        if replica_version not in self.known:
+            return (
+                f"serves {replica_version!r}, which this fleet neither pushed nor replaced: "
+                "another client updated it (a full update or refresh() takes it back)"
+            )
+        if self.spoiled:
+            return self.spoiled
+        if self.version is None or self.version != fleet_version:
+            return f"{fleet_version!r} was not pushed by this fleet: nothing to heal from"
+        if not self.full and replica_version not in self.chain:
+            return (
+                f"serves {replica_version!r}; the updates since {sorted(self.chain)} were "
+                "partial and cannot bring it to the fleet's version (the next full update will)"
+            )
+        return ""
+
+    def update(self, timeout: float) -> tuple[push.Update, list[int]]:
+        """The heal: every recorded tensor, to the recorded version."""
+        tensors = [t for t, _ in self.tensors.values()]
+        begin = pb.UpdateWeightsBegin(
+            weight_version=self.version, tensors=push.describe(tensors, None)
+        )
+        u = push.Update(tensors=tensors, begin=begin, timeout=timeout)
+        return u, [p for _, p in self.tensors.values()]
+
+
+def replayable(source: Any, keep: bool) -> tuple[Any, str]:
+    """`source` (an iterable made a list, to be read again) and "", or why
+    the fleet cannot read it again in a heal."""
+    if not keep:
+        return source, "heal_from_source=False"
+    if isinstance(source, (str, os.PathLike)):
+        return source, ""
+    if isinstance(source, Mapping):
+        tensors: Iterable = source.values()
+    elif hasattr(source, "named_parameters"):
+        tensors = (t for _, t in source.named_parameters())
+    else:
+        source = list(source)
+        tensors = (t for _, t in source)
+    if any(hasattr(t, "full_tensor") for t in tensors):
+        # Gathering a DTensor is a collective: a heal in a background thread
+        # cannot join one that the other ranks are not making.
+        return source, "its tensors are distributed (DTensor)"
+    return source, ""
+
+
+class Keeper:
+    """The fleet's background thread: `check()` every `interval` seconds, and
+    at once when nudged (a replica refused the fleet's version)."""
+
+    def __init__(self, check: Callable[[], None], interval: float) -> None:
+        self._check = check
+        self.interval = interval
+        self._wake = threading.Event()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="fleet-keeper", daemon=True)
+        self._thread.start()
+
+    def nudge(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wake.set()
+        self._thread.join(timeout=PROBE_TIMEOUT)
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            if self._stopped:
+                return
+            try:
+                self._check()
+            except Exception:
+                if not self._stopped:  # a channel closed under it is no news
+                    log.exception("fleet keeper: a check failed")
+
+
+def _serving(channel, metadata) -> bool:
+    try:
+        stub = health_pb2_grpc.HealthStub(channel)
+        status = stub.Check(core.HEALTH_CHECK, timeout=PROBE_TIMEOUT, metadata=metadata).status
+    except grpc.RpcError:
+        return False
+    return status == health_pb2.HealthCheckResponse.SERVING
+
+
+def probe(fleet: Fleet, r: Replica) -> None:
+    """Drops `r` when it is not SERVING; records its version when it is. A
+    dropped replica is asked over a new connection, and given a new client
+    once it answers (not while a call still holds the old one)."""
+    options = r.client.options
+    if r.alive:
+        if not _serving(r.client.channel, options.metadata()):
+            fleet._drop(r, "not SERVING (health check)")
+            return
+    else:
+        if r.outstanding:
+            return
+        channel = options.channel(r.target, aio=False, own_connection=True)
+        try:
+            if not _serving(channel, options.metadata()):
+                return
+        finally:
+            channel.close()
+        old, r.client = r.client, RolloutClient(r.target, timeout=fleet.timeout, options=options)
+        old.close()
+    try:
+        info = r.client.server_info(PROBE_TIMEOUT)
+    except RolloutError as e:
+        fleet._drop(r, e)
+        return
+    fleet._observe(r, "" if info.degraded else info.weight_version)
+
+
+def heal(fleet: Fleet, r: Replica) -> None:
+    """Brings lagging `r` to the fleet's version from the Ledger: one staged
+    update, committed only if every tensor's fingerprint is the one pushed
+    to the others. Under the fleet's update lock, after reading `r`'s
+    version again: an update may have moved either side meanwhile."""
+    if time.monotonic() < r.heal_after:
+        return
+    with fleet._updating:
+        target = fleet.version
+        try:
+            info = r.client.server_info(PROBE_TIMEOUT)
+        except RolloutError as e:
+            fleet._drop(r, e)
+            return
+        now = "" if info.degraded else info.weight_version
+        why = "" if now == target else fleet.ledger.why_not(now, target)
+        if now == target or why:
+            fleet._observe(r, now, why)
+            return
+        t0 = time.monotonic()
+        why = _push(fleet, r, target)
+        if why:
+            _failed(fleet, r, now, why)
+            return
+        r.heal_failures = 0
+        fleet._observe(r, target)
+        log.info(
+            "replica %s healed: %r -> %r in %.2f s", r.target, now, target, time.monotonic() - t0
+        )
+
+
+def _push(fleet: Fleet, r: Replica, target: str) -> str:
+    """The Ledger's update staged on `r`, checked and committed; why not."""
+    u, expected = fleet.ledger.update(fleet.timeout)
+    prints: list[int] = []
+    try:
+        opened = fleet_staging.stage(u, [r], fleet.timeout, fingerprints=prints)
+    except fleet_staging.FleetUpdateError as e:
+        return f"heal failed: {e.errors[r.target]}"
+    if prints != expected:
+        fleet_staging.abort(r, opened[r.target])
+        changed = next(t.name for t, a, b in zip(u.tensors, prints, expected) if a != b)
+        fleet.ledger.spoiled = (
+            f"the source of {target!r} changed since it was pushed ({changed}; updated "
+            "in place?): it cannot heal, and was not committed (the next full update will)"
+        )
+        return fleet.ledger.spoiled
+    _, failed = fleet_staging.commit_all([r], opened, fleet.timeout)
+    return f"heal failed: {failed[r.target]}" if failed else ""
+
+
+def _failed(fleet: Fleet, r: Replica, version: str, why: str) -> None:
+    """A heal that failed: `r` is dropped if it stopped answering, else left
+    lagging, and not tried again for 2**n probe rounds."""
+    if "UNAVAILABLE" in why:
+        fleet._drop(r, why)
+    else:
+        fleet._observe(r, version, why)
+    r.heal_failures += 1
+    interval = fleet._keeper.interval if fleet._keeper is not None else 0.0
+    r.heal_after = time.monotonic() + min(300.0, interval * 2**r.heal_failures)
