@@ -65,7 +65,7 @@ def _needs_engine(item) -> bool:
         return True
     modules = {getattr(item, "module", None)}
     info = getattr(item, "_fixtureinfo", None)
-    for defs in (info.name2fixturedefs.values() if info else ()):
+    for defs in info.name2fixturedefs.values() if info else ():
         modules.update(sys.modules.get(d.func.__module__) for d in defs)
     return any(_starts_servers(m) for m in modules if m is not None)
 

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
-BUF = str(Path(sys.executable).with_name("buf"))
+from tests.shell_tools import README, rollout_methods, run, venv_tool
+
+BUF = venv_tool("buf")
 
 
 def curl(server, *args, data=None):
     cmd = [BUF, "curl", "--protocol", "grpc", "--http2-prior-knowledge", *args]
     if data is not None:
         cmd += ["-d", json.dumps(data)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    return p
+    return run(cmd)
 
 
 def url(server, method=""):
@@ -26,15 +24,10 @@ def test_list_methods(server):
     p = curl(server, "--list-methods", url(server))
     assert p.returncode == 0, p.stderr
     methods = set(p.stdout.split())
-    from pathlib import Path
-
-    from rollout_client import pb
-
-    service = pb.DESCRIPTOR.services_by_name["RolloutService"]
-    every = {f"rollout.v1.RolloutService/{m.name}" for m in service.methods}
+    every = rollout_methods()
     assert every <= methods, "reflection lists every RPC of the proto"
     assert "grpc.health.v1.Health/Check" in methods
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = README.read_text()
     assert all(m in readme for m in every), "the README's --list-methods block is current"
 
 
