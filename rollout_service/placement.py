@@ -9,6 +9,14 @@ of every request in the batch. ``keep_off_worker_cores`` moves them onto the
 cores no worker is bound to. On a GPU host no worker is bound and it changes
 nothing. Linux only (``sched_setaffinity`` per thread).
 
+Several CPU workers (``--tensor-parallel-size 2``): vLLM's automatic binding
+gives each worker a NUMA node of its own, and on a machine with fewer nodes
+than workers (one socket: most machines) the engine dies at start with a
+traceback ("Not enough allowed NUMA nodes"). ``bind_cpu_workers`` sets the
+variable instead, before the engine starts, from ``worker_binding``: each
+worker gets its own share of the allowed CPUs; with fewer CPUs than workers
+the start is refused, naming the variable.
+
 What it is worth is measured against ``--no-cpu-placement`` in one run by
 ``python -m benchmarks.compare --only ours,floating`` (BENCHMARKS.md).
 """
@@ -21,6 +29,67 @@ import os
 import psutil
 
 log = logging.getLogger(__name__)
+
+BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+class PlacementError(Exception):
+    """The CPU workers cannot have a core each: the start is refused."""
+
+
+def worker_binding(workers: int, cpus: list[int], numa_nodes: int) -> str | None:
+    """A ``VLLM_CPU_OMP_THREADS_BIND`` value (one CPU list per worker, ``|``
+    between them) giving each of ``workers`` CPU workers its own ``cpus``, or
+    None when vLLM's automatic binding works (one worker, or a NUMA node each).
+
+    The CPUs are split into equal contiguous shares, one per worker; with two
+    or more a share, its last CPU is left to this server and the engine core,
+    as vLLM's automatic binding leaves one core per worker. SMT siblings are
+    not told apart. Raises PlacementError with fewer CPUs than workers.
+    """
+    if workers <= 1 or numa_nodes >= workers:
+        return None
+    if len(cpus) < workers:
+        raise PlacementError(
+            f"{workers} CPU workers need a CPU each to bind their threads to, and this "
+            f"process may use {len(cpus)} CPU(s) ({','.join(map(str, cpus))}) on "
+            f"{numa_nodes} NUMA node(s); allow more CPUs, lower --tensor-parallel-size, or "
+            f"set {BIND_ENV} yourself (a CPU list per worker, e.g. '0|1')"
+        )
+    cpus = sorted(cpus)
+    share = len(cpus) // workers
+    lists = [cpus[i * share : (i + 1) * share] for i in range(workers)]
+    if share > 1:
+        lists = [cpu_list[:-1] for cpu_list in lists]
+    return "|".join(",".join(map(str, cpu_list)) for cpu_list in lists)
+
+
+def bind_cpu_workers(engine_args) -> str | None:
+    """The server's first start-up step on a CPU host: sets
+    ``VLLM_CPU_OMP_THREADS_BIND`` for the engine when it is unset and vLLM's
+    own binding would fail; returns the value set. A value already set is the
+    user's and is left alone. Raises PlacementError."""
+    from vllm.platforms import current_platform
+
+    if BIND_ENV in os.environ or not current_platform.is_cpu():
+        return None
+    # The NUMA nodes vLLM's automatic binding counts.
+    from vllm.utils.cpu_resource_utils import get_visible_memory_node
+
+    workers = (engine_args.tensor_parallel_size or 1) * (engine_args.pipeline_parallel_size or 1)
+    nodes = len(get_visible_memory_node())
+    value = worker_binding(workers, sorted(os.sched_getaffinity(0)), nodes)
+    if value is not None:
+        os.environ[BIND_ENV] = value
+        log.info(
+            "CPU placement: %d CPU workers on %d NUMA node(s): %s=%r (vLLM's automatic "
+            "binding needs a NUMA node per worker)",
+            workers,
+            nodes,
+            BIND_ENV,
+            value,
+        )
+    return value
 
 
 def _affinity(proc: psutil.Process) -> set[int] | None:
@@ -79,7 +148,10 @@ def apply(enabled: bool) -> None:
         return
     placed = keep_off_worker_cores()
     if placed is None:
-        log.info("CPU placement: no vLLM worker is bound to cores; nothing moved")
+        log.info(
+            "CPU placement: nothing moved: no vLLM worker is bound to some of the cores, "
+            "or the workers take every core"
+        )
         return
     worker, rest = placed
     log.info(

@@ -37,12 +37,13 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
 
-# Keepalive (README, "Keepalive"). A unary Generate writes nothing until its
-# rollout ends, minutes later, and load balancers, meshes and grpc-go/grpc-js
-# users ping such connections every 10 to 60 s. gRPC's default server policy
-# counts every ping less than 5 minutes after the last as a strike and closes
-# the connection after 2 (GOAWAY ENHANCE_YOUR_CALM, "too_many_pings"), failing
-# the call: 10 s pings killed a rollout after 40 to 50 s.
+# Keepalive (README, "Security, limits, observability"). A unary Generate
+# writes nothing until its rollout ends, minutes later, and load balancers,
+# meshes and grpc-go/grpc-js users ping such connections every 10 to 60 s.
+# gRPC's default server policy counts every ping less than 5 minutes after the
+# last as a strike and closes the connection after 2 (GOAWAY
+# ENHANCE_YOUR_CALM, "too_many_pings"), failing the call: 10 s pings killed a
+# rollout after 40 to 50 s.
 KEEPALIVE_OPTIONS = (
     # Pings 5 s apart or more are accepted: half the 10 s floor grpc-go and
     # grpc-java clients enforce, so a 10 s client's timer jitter never counts.
@@ -106,8 +107,9 @@ class ServerConfig:
     # sequences: more from one stream would only wait in its queue.
     max_generations_per_stream: int = 256
     # GenerateMany: what one stream's running generations may hold, in tokens
-    # and top-logprob alternatives (many.py). vLLM holds about a hundred
-    # bytes each until they are converted: about 100 MB a stream at most.
+    # and top-logprob alternatives (many.py, with the measured cost: a few
+    # hundred MB at this default). Plain rollouts (no top logprobs) of 2k
+    # tokens stay under it up to the 256 generations above.
     max_stream_tokens: int = 1 << 20
     # Longest prompt in tokens; None: whatever the context length allows.
     max_prompt_tokens: int | None = None
@@ -166,6 +168,12 @@ async def _watch_engine(engine, every: float) -> None:
 
 async def serve(config: ServerConfig, engine_args) -> int:
     """Runs the server until a signal; returns the process exit code."""
+    # Before the engine: several CPU workers need their cores (placement.py).
+    try:
+        placement.bind_cpu_workers(engine_args)
+    except placement.PlacementError as e:
+        log.error("cannot start: %s", e)
+        return 1
     remove_stale_segments()
     # Engine processes end if this one is killed (parent_watch.py).
     parent_watch.arm()

@@ -1,16 +1,20 @@
-"""Tensor parallelism on this CPU machine (one worker per core), and the
-parallel layouts refused at start."""
+"""Tensor parallelism on this CPU machine (one worker per core, bound by the
+server: rollout_service.placement), and the parallel layouts refused at start."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
 
 import psutil
 import pytest
 
 from rollout_client import RolloutClient
+from rollout_service.placement import BIND_ENV
 from tests.serverproc import running
-from tests.test_engine_config import serve
+from tests.test_engine_config import SERVE, serve
+from tests.test_placement import _thread_cpus
 from tests.weights_util import random_weights, version
 
 PROMPT = [random.Random(3).randrange(10, 500) for _ in range(200)]
@@ -23,22 +27,35 @@ def greedy(c):
 
 @pytest.fixture(scope="module", params=["every rank reads", "rank 0 broadcasts"])
 def tp2(request):
-    # Two CPU workers need a core each, bound by hand on 2 cores (see the CPU notes).
+    # Two CPU workers on one NUMA node: vLLM's own binding fails, the server
+    # binds a core to each (nothing set by hand).
     extra = ["--weight-broadcast"] if request.param == "rank 0 broadcasts" else []
     flags = ("--tensor-parallel-size", "2", *extra)
-    with running(*flags, env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"}) as proc:
-        proc.broadcast = bool(extra)
-        yield proc
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv(BIND_ENV, raising=False)
+        with running(*flags) as proc:
+            proc.broadcast = bool(extra)
+            yield proc
 
 
-def _workers_mapping_the_region(server) -> int:
+def _workers(server) -> list[psutil.Process]:
     workers = [
         p
         for p in psutil.Process(server.proc.pid).children(recursive=True)
         if "Worker" in p.name() or "Worker" in " ".join(p.cmdline())
     ]
     assert len(workers) == 2, workers
-    return sum("rollout-staging-" in open(f"/proc/{w.pid}/maps").read() for w in workers)
+    return workers
+
+
+def _workers_mapping_the_region(server) -> int:
+    return sum("rollout-staging-" in open(f"/proc/{w.pid}/maps").read() for w in _workers(server))
+
+
+def test_a_tp2_replicas_workers_compute_on_cores_of_their_own(tp2):
+    first, second = (_thread_cpus(w) for w in _workers(tp2))
+    assert first and second and not first & second, (first, second)
+    assert first | second <= os.sched_getaffinity(0)
 
 
 def test_a_tp2_replica_updates_and_returns_exactly_to_a_fresh_engines_output(tp2):
@@ -75,3 +92,20 @@ def test_a_tp2_replica_updates_and_returns_exactly_to_a_fresh_engines_output(tp2
 def test_untested_parallel_layouts_are_refused_at_start(flags, needle):
     p = serve(*flags)
     assert p.returncode != 0 and needle in p.stderr, p.stderr[-2000:]
+
+
+def test_tp2_with_one_cpu_is_refused_naming_the_variable():
+    one = {min(os.sched_getaffinity(0))}
+    env = {k: v for k, v in os.environ.items() if k != BIND_ENV}
+    p = subprocess.run(
+        [SERVE, "serve", "--port", "0", "--tensor-parallel-size", "2"],
+        preexec_fn=lambda: os.sched_setaffinity(0, one),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    # Refused before any engine starts, with what to do instead of a traceback.
+    assert p.returncode == 1, p.stderr[-2000:]
+    assert "cannot start" in p.stderr and BIND_ENV in p.stderr, p.stderr[-2000:]
+    assert "Traceback" not in p.stderr and "EngineCore" not in p.stderr, p.stderr[-2000:]

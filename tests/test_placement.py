@@ -6,11 +6,18 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import psutil
 import pytest
 
-from rollout_service.placement import keep_off_worker_cores
+from rollout_service.placement import (
+    BIND_ENV,
+    PlacementError,
+    bind_cpu_workers,
+    keep_off_worker_cores,
+    worker_binding,
+)
 
 
 def _thread_cpus(proc: psutil.Process) -> set[int]:
@@ -75,3 +82,33 @@ def test_nothing_moves_without_a_bound_process(tree):
     os.sched_setaffinity(bound.pid, os.sched_getaffinity(0))
     assert keep_off_worker_cores(root.pid) is None
     assert _thread_cpus(root) == os.sched_getaffinity(0)
+
+
+# --- binding several CPU workers (tests/test_parallel.py starts one) --------
+
+
+@pytest.mark.parametrize(
+    "workers, cpus, numa_nodes, expected",
+    [
+        (2, [0, 1], 1, "0|1"),  # this machine: a core each, none left over
+        (2, list(range(8)), 1, "0,1,2|4,5,6"),  # a core each left to the rest
+        (2, [2, 3, 6, 7], 1, "2|6"),  # the allowed CPUs, not the machine's
+        (3, list(range(7)), 1, "0|2|4"),  # the odd CPU out goes to the rest
+        (1, [0, 1], 1, None),  # one worker: vLLM binds it
+        (2, list(range(8)), 2, None),  # a NUMA node each: vLLM binds them
+    ],
+)
+def test_each_cpu_worker_gets_its_own_cpus(workers, cpus, numa_nodes, expected):
+    assert worker_binding(workers, cpus, numa_nodes) == expected
+
+
+def test_fewer_cpus_than_workers_is_refused_naming_the_variable():
+    with pytest.raises(PlacementError, match=BIND_ENV):
+        worker_binding(2, [0], 1)
+
+
+def test_a_binding_set_by_the_user_is_left_alone(monkeypatch):
+    monkeypatch.setenv(BIND_ENV, "nobind")
+    tp2 = SimpleNamespace(tensor_parallel_size=2, pipeline_parallel_size=1)
+    assert bind_cpu_workers(tp2) is None
+    assert os.environ[BIND_ENV] == "nobind"

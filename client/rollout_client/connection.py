@@ -36,6 +36,17 @@ MAX_RETRIES = 4
 # `backoff * 2**i` (what ConnectionOptions has always promised).
 _JITTER = 0.2
 
+# Keepalive pings during calls. A unary Generate is silent until its rollout
+# ends; pings find a server host that vanished (the call fails UNAVAILABLE
+# within keepalive + 20 s instead of waiting out its deadline) and keep the
+# connection busy under load balancers' idle timeouts (often 60 s).
+DEFAULT_KEEPALIVE_SECONDS = 30.0
+# The server accepts pings 5 s apart (rollout_service.server.KEEPALIVE_OPTIONS)
+# and closes connections pinged faster; 10 s, grpc-go's and grpc-java's floor,
+# keeps timer jitter from ever counting against us.
+MIN_KEEPALIVE_SECONDS = 10.0
+KEEPALIVE_TIMEOUT_MS = 20_000
+
 
 def _fields(buf: bytes) -> dict[int, list[bytes]]:
     """The length-delimited fields of one protobuf message, by number (all
@@ -121,6 +132,12 @@ class ConnectionOptions:
     at least `backoff * 2**i`, at most half as long again); nothing else is
     retried. The call's deadline covers every attempt. For a server that takes
     longer to come up, call `wait_until_ready` first.
+
+    While a call is open the client pings the server every `keepalive_seconds`
+    (at least 10; None: never) and drops a connection that does not answer
+    within 20 s. A server with gRPC's default policy (another service, a
+    rollout-service older than its keepalive policy) closes a silent call
+    pinged like this after a few minutes: pass None there.
     """
 
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
@@ -130,6 +147,7 @@ class ConnectionOptions:
     private_key: bytes | None = None
     retries: int = 3
     backoff: float = 0.5
+    keepalive_seconds: float | None = DEFAULT_KEEPALIVE_SECONDS
 
     def __post_init__(self) -> None:
         if not 0 <= self.retries <= MAX_RETRIES:
@@ -139,6 +157,11 @@ class ConnectionOptions:
             )
         if self.backoff < 0:
             raise ValueError(f"backoff: must be >= 0 seconds, got {self.backoff}")
+        if self.keepalive_seconds is not None and self.keepalive_seconds < MIN_KEEPALIVE_SECONDS:
+            raise ValueError(
+                f"keepalive_seconds: at least {MIN_KEEPALIVE_SECONDS:g} (the server closes "
+                f"connections pinged too often), got {self.keepalive_seconds}; None: no pings"
+            )
 
     def metadata(self) -> tuple[tuple[str, str], ...] | None:
         return (("authorization", f"Bearer {self.token}"),) if self.token else None
@@ -173,6 +196,18 @@ class ConnectionOptions:
             ("grpc.enable_retries", 1),
             ("grpc.service_config", self.service_config()),
         ]
+        if self.keepalive_seconds is not None:
+            options += [
+                ("grpc.keepalive_time_ms", round(self.keepalive_seconds * 1000)),
+                ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+                # What grpcio 1.85 closes the connection on (default 60 s).
+                ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+                # gRPC Core stops after 2 pings with no data between them: a
+                # silent call would go unwatched after its first minute.
+                ("grpc.http2.max_pings_without_data", 0),
+                # Only while calls are open: idle connections need no pings.
+                ("grpc.keepalive_permit_without_calls", 0),
+            ]
         if own_connection:
             options.append(("grpc.use_local_subchannel_pool", 1))
         return options
