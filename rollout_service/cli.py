@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import os
 import sys
-from dataclasses import fields
 
 from rollout_service import logs
 
@@ -19,113 +18,12 @@ EMBEDDED_MODELS = ("tiny-qwen2", "tiny-llava")
 
 
 def _add_server_args(parser) -> None:
-    from rollout_service.server import ServerConfig
+    from rollout_service.config import add_server_args
 
-    d = ServerConfig()
-    g = parser.add_argument_group("rollout-service")
-    g.add_argument("--host", default=d.host, help="address to listen on (default: %(default)s)")
-    g.add_argument("--port", type=int, default=d.port, help="port to listen on; 0 picks one")
-    g.add_argument(
-        "--grace-seconds",
-        type=float,
-        default=d.grace_seconds,
-        help="time in-flight calls get to finish on SIGTERM/SIGINT (default: %(default)s)",
-    )
-    g.add_argument(
-        "--max-message-bytes",
-        type=int,
-        default=d.max_message_bytes,
-        help="largest gRPC message, both directions (default: %(default)s)",
-    )
-    g.add_argument(
-        "--max-update-bytes",
-        type=int,
-        default=None,
-        help="largest UpdateWeights payload (default: the model's size plus 25%% and 64 MiB)",
-    )
-    g.add_argument(
-        "--initial-weight-version",
-        default=d.initial_weight_version,
-        help="version reported for the weights loaded at start (default: %(default)s)",
-    )
-    g.add_argument(
-        "--tokens-file",
-        help="enable bearer-token auth: a file of 'role:token' lines, roles generate and "
-        "admin (or set $ROLLOUT_SERVICE_TOKENS='role:token,...'; never on the command line)",
-    )
-    g.add_argument(
-        "--protect-health",
-        action="store_true",
-        help="require a token for health checking and reflection too",
-    )
-    g.add_argument("--tls-cert", help="PEM server certificate: serve TLS")
-    g.add_argument("--tls-key", help="PEM private key of --tls-cert")
-    g.add_argument("--tls-client-ca", help="PEM CA: require client certificates (mutual TLS)")
-    g.add_argument(
-        "--max-concurrent-rpcs",
-        type=int,
-        default=d.max_concurrent_rpcs,
-        help="RPCs of any kind at once (default: %(default)s)",
-    )
-    g.add_argument(
-        "--max-queued-generate",
-        type=int,
-        default=d.max_queued_generate,
-        help="Generate calls running or waiting (default: %(default)s)",
-    )
-    g.add_argument(
-        "--max-generations-per-stream",
-        type=int,
-        default=d.max_generations_per_stream,
-        help="GenerateMany: generations of one stream running at once; later ones wait and "
-        "the stream is not read meanwhile (default: %(default)s)",
-    )
-    g.add_argument(
-        "--max-stream-tokens",
-        type=int,
-        default=d.max_stream_tokens,
-        help="GenerateMany: a stream's running generations may hold at most this many tokens, "
-        "each counted as max_tokens x n x (1 + logprobs) (default: %(default)s)",
-    )
-    g.add_argument("--max-prompt-tokens", type=int, help="longest prompt (default: the context)")
-    g.add_argument(
-        "--drain-timeout-seconds",
-        type=float,
-        default=d.drain_timeout_seconds,
-        help="longest wait for in-flight Generate calls before an update or cache reset; "
-        "those still running then are aborted (default: %(default)s)",
-    )
-    g.add_argument(
-        "--update-idle-timeout-seconds",
-        type=float,
-        default=d.update_idle_timeout_seconds,
-        help="an open update (staged, or an UpdateWeights stream between two messages) idle "
-        "for longer is discarded (default: %(default)s)",
-    )
-    g.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
-    g.add_argument(
+    add_server_args(parser)
+    # Read before parsing (logging is set up first), but listed in --help.
+    parser.add_argument(
         "--log-json", action="store_true", help="log JSON lines (with request ids) to stderr"
-    )
-    g.add_argument(
-        "--no-prefault-staging",
-        dest="prefault_staging",
-        action="store_false",
-        help="do not touch the staging memory's pages at start (it is reserved either way; "
-        "the first update then pays the page faults)",
-    )
-    g.add_argument(
-        "--weight-broadcast",
-        action="store_true",
-        help="with several workers: only the first reads each update from the staging region "
-        "and broadcasts it to the others over vLLM's process group (as workers on other hosts "
-        "would need)",
-    )
-    g.add_argument(
-        "--no-cpu-placement",
-        dest="cpu_placement",
-        action="store_false",
-        help="on a CPU host, leave this server and vLLM's engine core free to run on the cores "
-        "vLLM binds its worker to (by default they are moved off them)",
     )
 
 
@@ -185,13 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     top, rest = _top_parser().parse_known_args(argv[:1])
     args = build_serve_parser().parse_args(argv[1:] + rest)
-    from rollout_service.server import ServerConfig, serve
+    from rollout_service.config import from_args
+    from rollout_service.server import serve
 
-    # Every server flag's dest is the ServerConfig field of the same name
-    # (argparse would refuse an engine flag with the same option string).
-    config = ServerConfig(
-        **{f.name: getattr(args, f.name) for f in fields(ServerConfig) if hasattr(args, f.name)}
-    )
+    config = from_args(args)
     if bool(config.tls_cert) != bool(config.tls_key):
         sys.exit("rollout-service: --tls-cert and --tls-key go together")
     if config.tls_client_ca and not config.tls_cert:

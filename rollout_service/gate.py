@@ -101,15 +101,6 @@ class AdmissionGate:
             if not self._tickets:
                 self._idle.set()
 
-    @asynccontextmanager
-    async def closed(self) -> AsyncIterator[None]:
-        """Closes admission for the duration of the block."""
-        self.close()
-        try:
-            yield
-        finally:
-            self.open()
-
     def close(self) -> None:
         """New calls wait (until `open`)."""
         self._open.clear()
@@ -125,7 +116,8 @@ class AdmissionGate:
         poll_seconds: float = 0.02,
     ) -> int:
         """Waits until no admitted call has an engine request left (call
-        inside `closed()`); returns how many engine requests it aborted.
+        with the gate closed: quiesce.py); returns how many engine requests
+        it aborted.
 
         `abort_after` seconds into the wait (0: at once, None: never), the
         engine requests still running are aborted, round after round, so

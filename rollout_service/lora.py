@@ -10,10 +10,11 @@ them as they are, and every logprob on the adapter is then NaN); then they
 are written as a PEFT folder (adapter_config.json +
 adapter_model.safetensors) under the server's adapter folder, and loaded
 into the engine under a new LoRA id, while the old one keeps serving. If
-vLLM refuses the adapter, nothing changed. Then, as one step behind the
-gate: drain, switch the name to the new id, unload the old one,
-reset every cache, reopen. A call that waited at the gate runs on the new
-adapter; one that names a removed adapter is refused.
+vLLM refuses the adapter, nothing changed. Then, as one step inside the
+quiesce (quiesce.py: gate closed, drained, engine paused): switch the name
+to the new id, unload the old one, reset every cache, reopen. A call that
+waited at the gate runs on the new adapter; one that names a removed adapter
+is refused.
 
 The base weights and their version are never touched by an adapter update.
 The adapter folder is the server's own (rollout-lora-<pid>-*, in the
@@ -35,6 +36,8 @@ from rollout.v1 import rollout_pb2 as pb
 from rollout_client import dtypes
 from rollout_service.errors import FailedPrecondition, InvalidArgument, short_repr
 from rollout_service.lora_config import check_name, peft_config
+from rollout_service.quiesce import Quiescer
+from rollout_service.staging import StagingRegion
 
 log = logging.getLogger(__name__)
 
@@ -214,15 +217,18 @@ class Adapters:
             json.dump(config, f)
         return path
 
-    async def apply(self, updater, staged, plan: AdapterPlan) -> pb.UpdateWeightsResponse:
-        """Loads (beside the old one), then switches behind the gate."""
+    async def apply(
+        self, quiet: Quiescer, staging: StagingRegion, staged, plan: AdapterPlan
+    ) -> pb.UpdateWeightsResponse:
+        """Loads (beside the old one), then switches inside the quiesce
+        (quiesce.py): drained, the engine paused, every cache reset after."""
         from vllm.lora.request import LoRARequest
 
         t = staged.adapter
         t0 = time.perf_counter()
         new = None
         if t.action != pb.ADAPTER_ACTION_REMOVE:
-            tensors = self._tensors(staged, updater.staging.ensure(0))
+            tensors = self._tensors(staged, staging.ensure(0))
             path = self._write(t.name, tensors, plan.config)
             new = Adapter(t.name, next(self._ids), path, staged.weight_version, plan.rank)
             try:
@@ -233,16 +239,13 @@ class Adapters:
                     "begin.adapter", f"the engine refused the adapter ({type(e).__name__}: {e})"
                 ) from e
         t_switch = time.perf_counter()
-        async with updater.engine_step(), updater.gate.closed():
-            aborted = await updater.drain_for(staged.pause_mode, staged.drain_timeout_seconds)
+        async with quiet.quiesced(staged.pause_mode, staged.drain_timeout_seconds) as q:
             old = self._loaded.pop(t.name, None)
             if new is not None:
                 self._loaded[t.name] = new
             if old is not None:
                 await self.engine.remove_lora(old.int_id)
                 shutil.rmtree(old.path, ignore_errors=True)
-            t_reset = time.perf_counter()
-            results = await updater.reset_paused()
         t_end = time.perf_counter()
         log.info(
             "adapter %r: %r -> %r (%d tensors)",
@@ -256,12 +259,12 @@ class Adapters:
             previous_weight_version=old.version if old else "",
             bytes_received=staged.bytes_received,
             tensors_loaded=len(staged.tensors),
-            caches_reset=results,
+            caches_reset=q.results,
             timings=pb.UpdateTimings(
-                apply_seconds=t_reset - t0,
+                apply_seconds=q.t_reset - t0,
                 load_seconds=t_switch - t0,
-                reset_seconds=t_end - t_reset,
+                reset_seconds=t_end - q.t_reset,
                 admission_closed_seconds=t_end - t_switch,
             ),
-            requests_aborted=aborted,
+            requests_aborted=q.aborted,
         )

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -20,6 +19,7 @@ from grpc_reflection.v1alpha import reflection
 from rollout.v1 import rollout_pb2
 from rollout_service import metrics, parent_watch, placement, tracing
 from rollout_service.auth import AuthInterceptor, Tokens
+from rollout_service.config import ServerConfig
 from rollout_service.engine import build_engine, engine_info, settle, warm_up
 from rollout_service.gate import AdmissionGate
 from rollout_service.lora import Adapters
@@ -70,68 +70,6 @@ KEEPALIVE_OPTIONS = (
     # this a silent call would go unwatched after its first minute.
     ("grpc.http2.max_pings_without_data", 0),
 )
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    """Server options (engine options are vLLM's own AsyncEngineArgs)."""
-
-    host: str = "127.0.0.1"
-    port: int = 50051
-    # Seconds in-flight calls get to finish after SIGTERM/SIGINT.
-    grace_seconds: float = 10.0
-    # Largest gRPC message accepted or sent; must exceed the chunk size.
-    max_message_bytes: int = 64 << 20
-    # Chunk size clients should use: 1 MiB measured fastest per core here.
-    recommended_chunk_bytes: int = 1 << 20
-    # Largest update; None means the model's size plus a margin.
-    max_update_bytes: int | None = None
-    # The version reported for the weights loaded at start.
-    initial_weight_version: str = "initial"
-    # Touch the staging region at start, so the first update is fast too.
-    prefault_staging: bool = True
-    # Bearer tokens (role:token lines); None: $ROLLOUT_SERVICE_TOKENS or no auth.
-    tokens_file: str | None = None
-    # Require a token for health checking and reflection too.
-    protect_health: bool = False
-    # TLS: server certificate and key (PEM files); with client_ca, mutual TLS.
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    tls_client_ca: str | None = None
-    # Concurrent RPCs of any kind; over it gRPC answers RESOURCE_EXHAUSTED.
-    max_concurrent_rpcs: int | None = 1024
-    # Generate calls running or waiting at the gate; over it RESOURCE_EXHAUSTED.
-    max_queued_generate: int | None = 4096
-    # GenerateMany: generations of one stream running at once (many.py says
-    # what else bounds a stream). vLLM's own default batch on CPU is 256
-    # sequences: more from one stream would only wait in its queue.
-    max_generations_per_stream: int = 256
-    # GenerateMany: what one stream's running generations may hold, in tokens
-    # and top-logprob alternatives (many.py, with the measured cost: a few
-    # hundred MB at this default). Plain rollouts (no top logprobs) of 2k
-    # tokens stay under it up to the 256 generations above.
-    max_stream_tokens: int = 1 << 20
-    # Longest prompt in tokens; None: whatever the context length allows.
-    max_prompt_tokens: int | None = None
-    # Port of the Prometheus /metrics endpoint; None: off.
-    metrics_port: int | None = None
-    # Move this process and the engine core off the cores vLLM's CPU worker
-    # is bound to (see placement.py); a no-op on GPU hosts.
-    cpu_placement: bool = True
-    # How often the engine's liveness is checked.
-    watchdog_seconds: float = 1.0
-    # Longest wait for in-flight calls before an update or cache reset; past
-    # it they are aborted (see updates.py). Long enough for ordinary
-    # rollouts, short enough that a stalled client cannot hold updates back.
-    drain_timeout_seconds: float = 120.0
-    # An open update (a staged one, or an UpdateWeights stream between two
-    # messages) idle for longer is discarded, so that a stalled trainer
-    # cannot hold updates back.
-    update_idle_timeout_seconds: float = 300.0
-    # Only the first worker reads the staging region; it broadcasts every
-    # tensor to the others over the engine's process group (the path workers
-    # on other hosts would need; testable here with tensor parallelism).
-    weight_broadcast: bool = False
 
 
 def _set_health(servicer: health.aio.HealthServicer, serving: bool):

@@ -15,7 +15,7 @@ from vllm.sampling_params import RequestOutputKind
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
-from rollout_service import __version__, convert, logs, many, metrics, tracing
+from rollout_service import __version__, convert, logs, many, metrics, tracing, vllm_compat
 from rollout_service.auth import CALLER
 from rollout_service.calls import Call, RunningCalls
 from rollout_service.engine import EngineInfo
@@ -138,12 +138,8 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
         count), from vLLM's own labels (the engine core tags each step's
         outputs with the weight version it ran on; only finished outputs
         carry the spans, so a stream reads them from the request's state)."""
-        outputs = self.engine.output_processor
-        for internal in outputs.external_req_ids.get(engine_id, ()):
-            state = outputs.request_states.get(internal)
-            if state is not None and state.request_index == index:
-                return convert.version_spans(state._weight_version_spans(), start, count, fallback)
-        return convert.version_spans(None, start, count, fallback)
+        spans = vllm_compat.weight_version_spans(self.engine, engine_id, index)
+        return convert.version_spans(spans, start, count, fallback)
 
     @unary
     async def Generate(self, request, context):
@@ -335,7 +331,7 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
             max_logprobs=self.info.limits.max_logprobs,
             server_version=__version__,
             degraded=self.updater.degraded,
-            engine_requests=self.engine.output_processor.get_num_unfinished_requests(),
+            engine_requests=self.engine.get_num_unfinished_requests(),
             parameter_groups=[
                 pb.ParameterGroup(module=m, names=names) for m, names in self.info.groups.items()
             ],

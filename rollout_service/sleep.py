@@ -36,18 +36,20 @@ def sleep_unavailable_reason(engine) -> str | None:
 
 
 class Sleeper:
-    """The engine's sleep state, behind the update lock and the gate."""
+    """Sleep and WakeUp: a quiesce that the engine stays in until WakeUp
+    (quiesce.py; the Quiescer holds the asleep state, and the updater
+    refuses updates and resets while it is set)."""
 
     def __init__(self, engine, updater) -> None:
         self.engine = engine
         self.updater = updater
+        self.quiet = updater.quiet
         self.refusal = sleep_unavailable_reason(engine)
         self._level = 0
 
     @property
     def sleeping(self) -> bool:
-        """The updater holds the state: it refuses updates while asleep."""
-        return self.updater.asleep
+        return self.quiet.asleep
 
     @property
     def available(self) -> bool:
@@ -60,18 +62,10 @@ class Sleeper:
             )
         if level not in (1, 2):
             raise InvalidArgument("level", f"must be 1 or 2, got {level}")
-        self.updater.check_awake()
-        async with self.updater.engine_step():
-            gate = self.updater.gate
-            gate.close()
-            try:
-                await self.updater.drain_for(pb.PAUSE_MODE_WAIT)
-                await self.engine.sleep(level)
-            except BaseException:
-                gate.open()
-                raise
+        self.quiet.check_awake()
+        async with self.quiet.quiesced(pb.PAUSE_MODE_WAIT, sleep=True):
+            await self.engine.sleep(level)
             self._level = level
-            self.updater.asleep = True
         log.info("the engine sleeps (level %d); Generate waits until WakeUp", level)
         return pb.SleepResponse()
 
@@ -80,13 +74,11 @@ class Sleeper:
             raise FailedPrecondition(
                 "the engine is not asleep", reason=pb.ERROR_REASON_SLEEP_UNAVAILABLE
             )
-        async with self.updater.engine_step():
+        async with self.quiet.woken():
             await self.engine.wake_up()
             needs_weights = self._level >= 2
             if needs_weights:
                 await self.updater.lose_weights("the weights were dropped by a level-2 Sleep")
             self._level = 0
-            self.updater.asleep = False
-            self.updater.gate.open()
         log.info("the engine is awake%s", "; push a full update" if needs_weights else "")
         return pb.WakeUpResponse(needs_weights=needs_weights)

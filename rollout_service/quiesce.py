@@ -1,0 +1,189 @@
+"""The quiesce: the one sequence in which the engine is touched.
+
+Take the lock (one such step at a time), close the gate (new Generate calls
+wait there), drain the calls already admitted (gate.py), pause the engine,
+do the work, reset every cache, resume, reopen the gate. Base weight updates
+(WAIT, ABORT and KEEP), LoRA adapter switches, ResetCaches and Sleep all
+enter `Quiescer.quiesced`; what differs between them is a parameter:
+
+- `pause_mode`: WAIT drains, bounded by a deadline past which the stragglers
+  are aborted; ABORT aborts at once. Both then pause vLLM in its "abort"
+  mode, a safety net with nothing left running. KEEP drains nothing: vLLM's
+  "keep" pause freezes the running requests where they are, and the reset
+  preempts them so that their KV is recomputed under the new weights.
+- `on_failure`: awaited with the exception when the work or the reset
+  fails, before the engine resumes; it may raise an error of its own (an
+  update marks the server degraded), else the exception is re-raised.
+- `on_success`: awaited once the engine has resumed, before the gate
+  reopens: what it sets (an update's version) is what the next calls see.
+- `sleep`: the work puts the engine to sleep. vLLM's sleep pauses the
+  scheduler and clears the caches itself and its wake_up resumes it, so
+  neither is done here; the gate stays closed, and the Quiescer asleep,
+  until `woken()`.
+
+Every cache is reset: the prefix/KV cache (a configured KV connector's too),
+the multimodal and the encoder cache. A reset that fails raises, so that a
+stale cache is never acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from rollout.v1 import rollout_pb2 as pb
+from rollout_service import metrics, vllm_compat
+from rollout_service.errors import FailedPrecondition
+from rollout_service.gate import AdmissionGate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Quiet:
+    """What one quiesce did, for the caller's acknowledgement."""
+
+    # perf_counter() once the lock is held: admission closes from here.
+    t0: float
+    # Engine requests the drain aborted.
+    aborted: int = 0
+    # perf_counter() when the work ended and the reset began.
+    t_reset: float = 0.0
+    results: list[pb.CacheResetResult] = field(default_factory=list)
+
+
+class Quiescer:
+    """The lock every engine-touching step holds, the sequence it runs, and
+    the state that sequence can leave behind: asleep."""
+
+    def __init__(
+        self,
+        engine,
+        gate: AdmissionGate,
+        kv_connector: bool = False,
+        drain_timeout_seconds: float = 120.0,
+    ) -> None:
+        self.engine = engine
+        self.gate = gate
+        self.kv_connector = kv_connector
+        # The bound of a WAIT drain (a call may ask for less).
+        self.drain_timeout_seconds = drain_timeout_seconds
+        self._lock = asyncio.Lock()
+        self._asleep = False
+
+    @property
+    def asleep(self) -> bool:
+        """The engine sleeps: the gate is closed, updates and resets refused."""
+        return self._asleep
+
+    def check_awake(self) -> None:
+        if self._asleep:
+            raise FailedPrecondition(
+                "the engine is asleep (Sleep); call WakeUp first", reason=pb.ERROR_REASON_ASLEEP
+            )
+
+    @asynccontextmanager
+    async def quiesced(
+        self,
+        pause_mode: int = pb.PAUSE_MODE_WAIT,
+        drain_timeout: float = 0.0,
+        *,
+        on_failure: Callable[[Exception], Awaitable[None]] | None = None,
+        on_success: Callable[[], Awaitable[None]] | None = None,
+        sleep: bool = False,
+    ) -> AsyncIterator[Quiet]:
+        """Runs the block with the gate closed, the admitted calls drained
+        and the engine paused; then resets every cache and resumes. The
+        yielded Quiet is filled in as the sequence goes."""
+        keep = pause_mode == pb.PAUSE_MODE_KEEP
+        async with self._lock:
+            quiet = Quiet(t0=time.perf_counter())
+            self.gate.close()
+            held = False
+            try:
+                if not keep:
+                    quiet.aborted = await self.drain(pause_mode, drain_timeout)
+                if sleep:
+                    yield quiet
+                    self._asleep = held = True
+                    return
+                await vllm_compat.pause_scheduler(self.engine, "keep" if keep else "abort")
+                try:
+                    yield quiet
+                    quiet.t_reset = time.perf_counter()
+                    quiet.results = await self.reset_all(preempt_running=keep)
+                except Exception as e:
+                    if on_failure is not None:
+                        await on_failure(e)
+                    raise
+                finally:
+                    # Resumed even after a failure: whatever the caller
+                    # decided, the engine must not stay paused.
+                    await self.engine.resume_generation()
+                if on_success is not None:
+                    await on_success()
+            finally:
+                if not held:
+                    self.gate.open()
+
+    @asynccontextmanager
+    async def woken(self) -> AsyncIterator[None]:
+        """The end of a sleep: under the lock, the block wakes the engine
+        (vLLM's wake_up resumes its scheduler); if it succeeds, the Quiescer
+        is awake and the gate reopens. A failed wake-up changes neither."""
+        async with self._lock:
+            yield
+            self._asleep = False
+            self.gate.open()
+
+    async def drain(self, pause_mode: int, drain_timeout: float = 0.0) -> int:
+        """Drains admitted calls (gate closed); returns how many engine
+        requests it aborted.
+
+        WAIT past its deadline falls back to ABORT rather than failing the
+        update: the trainer asked for new weights, and a request that
+        outlives the deadline is a straggler it would rather drop than wait
+        for (its partial tokens still come back, tagged with the old version).
+        """
+        if pause_mode == pb.PAUSE_MODE_ABORT:
+            abort_after = 0.0
+        else:
+            limit = self.drain_timeout_seconds
+            abort_after = min(drain_timeout, limit) if drain_timeout else limit
+        aborted = await self.gate.drain(
+            engine_running=lambda eid: vllm_compat.request_running(self.engine, eid),
+            abort=self.engine.abort,
+            abort_after=abort_after,
+        )
+        if aborted and pause_mode != pb.PAUSE_MODE_ABORT:
+            log.warning(
+                "drain deadline (%.1fs) passed: aborted %d in-flight requests", abort_after, aborted
+            )
+        return aborted
+
+    async def reset_all(self, preempt_running: bool = False) -> list[pb.CacheResetResult]:
+        """Resets every cache (engine paused); any failure raises.
+
+        `preempt_running` (PAUSE_MODE_KEEP): requests kept across the update
+        hold KV blocks computed with the old weights; vLLM preempts them back
+        to its waiting queue, dropping their KV, so that their prompt and
+        tokens so far are recomputed under the new weights before their next
+        token (the same recompute path as a preemption for memory)."""
+        if not await self.engine.reset_prefix_cache(
+            reset_running_requests=preempt_running, reset_connector=self.kv_connector
+        ):
+            raise RuntimeError("the engine refused to reset the prefix cache")
+        await self.engine.reset_mm_cache()
+        await self.engine.reset_encoder_cache()
+        kinds = [pb.CACHE_KIND_PREFIX, pb.CACHE_KIND_MULTIMODAL, pb.CACHE_KIND_ENCODER]
+        if self.kv_connector:
+            kinds.append(pb.CACHE_KIND_KV_CONNECTOR)
+        for kind in kinds:
+            metrics.CACHE_RESETS.labels(
+                pb.CacheKind.Name(kind).removeprefix("CACHE_KIND_").lower()
+            ).inc()
+        return [pb.CacheResetResult(cache=kind, reset=True) for kind in kinds]

@@ -1,0 +1,60 @@
+"""Every access to vLLM's internals, behind one door.
+
+AsyncLLM's public API cannot tell whether the engine request we named is
+still running, nor which weight versions a running completion's tokens were
+computed with (only finished outputs carry the spans), and its pause adds a
+sleep that an update does not need. Those answers come from vLLM's private
+state, which moves between releases: each function here says the vLLM
+version and file it was read from, so an upgrade is a change to this file
+alone (and a look at each function's source).
+"""
+
+from __future__ import annotations
+
+
+async def pause_scheduler(engine, mode: str) -> None:
+    """Pauses the engine's scheduler without touching the caches; `mode` is
+    vLLM's "abort" or "keep".
+
+    Read from vLLM 0.32.0: `AsyncLLM.pause_generation(clear_cache=False)`
+    (vllm/v1/engine/async_llm.py) is `engine_core.pause_scheduler_async`
+    plus a fixed 20 ms sleep that only orders in-flight outputs for its
+    caller; with nothing in flight it is pure latency on an update's
+    critical path. An engine without that client takes the public call.
+    """
+    core = getattr(engine, "engine_core", None)
+    if core is not None and hasattr(core, "pause_scheduler_async"):
+        await core.pause_scheduler_async(mode=mode, clear_cache=False)
+    else:
+        await engine.pause_generation(mode=mode, clear_cache=False)
+
+
+def request_running(engine, engine_id: str) -> bool:
+    """Whether the engine still holds the request we submitted as `engine_id`.
+
+    Read from vLLM 0.32.0: `OutputProcessor.external_req_ids`
+    (vllm/v1/engine/output_processor.py) maps the id given to `generate` to
+    its internal ids, and drops it once every one of them finished or was
+    aborted. A defaultdict: `in` does not add the key.
+    """
+    return engine_id in engine.output_processor.external_req_ids
+
+
+def weight_version_spans(engine, engine_id: str, index: int) -> list | None:
+    """vLLM's weight-version spans (WeightVersionSpan) of the tokens that
+    completion `index` of a running request has so far, or None when the
+    request is gone or carries no labels.
+
+    Read from vLLM 0.32.0 (vllm/v1/engine/output_processor.py): the engine
+    core tags each step's outputs with its weight version, and
+    `RequestState.track_weight_version` records where each version starts;
+    `RequestState._weight_version_spans()` turns that into the spans that
+    only a finished CompletionOutput carries. `OutputProcessor.request_states`
+    is keyed by internal id, reached through `external_req_ids`.
+    """
+    outputs = engine.output_processor
+    for internal in outputs.external_req_ids.get(engine_id, ()):
+        state = outputs.request_states.get(internal)
+        if state is not None and state.request_index == index:
+            return state._weight_version_spans()
+    return None

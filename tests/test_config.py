@@ -1,0 +1,35 @@
+"""The command line is made from ServerConfig: every field has a flag with
+its docstring as help, and the flags parse back into the config."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from rollout_service.cli import build_serve_parser
+from rollout_service.config import ServerConfig, field_docs, from_args
+
+
+def test_every_field_has_a_documented_flag():
+    docs = field_docs(ServerConfig)
+    assert set(docs) == {f.name for f in fields(ServerConfig)}
+    assert all(len(d) > 10 for d in docs.values())
+    text = build_serve_parser().format_help()
+    for f in fields(ServerConfig):
+        flag = f.name.replace("_", "-")
+        on = f"--no-{flag}" if f.default is True else f"--{flag}"
+        assert on in text, on
+
+
+def test_no_flags_give_the_defaults():
+    assert from_args(build_serve_parser().parse_args([])) == ServerConfig()
+
+
+def test_flags_reach_their_fields():
+    args = build_serve_parser().parse_args(
+        ["--no-cpu-placement", "--protect-health", "--max-stream-tokens", "5",
+         "--max-update-bytes", "7", "--grace-seconds", "2.5", "--tokens-file", "t"]
+    )  # fmt: skip
+    config = from_args(args)
+    assert (config.cpu_placement, config.protect_health) == (False, True)
+    assert (config.max_stream_tokens, config.max_update_bytes) == (5, 7)
+    assert (config.grace_seconds, config.tokens_file) == (2.5, "t")

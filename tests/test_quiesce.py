@@ -1,0 +1,319 @@
+"""The quiesce (quiesce.py) and the door to vLLM's internals (vllm_compat.py),
+on a stand-in engine that records what it is asked: the order of the
+sequence, KEEP, failures, Sleep and WakeUp (which vLLM's CPU platform cannot
+run end to end), drains. Last, the vLLM internals that vllm_compat reads are
+checked to exist in the installed vLLM, so an upgrade that moves them fails
+here first."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from rollout_client import pb
+from rollout_service import vllm_compat
+from rollout_service.errors import FailedPrecondition
+from rollout_service.gate import AdmissionGate
+from rollout_service.quiesce import Quiescer
+from rollout_service.sleep import Sleeper
+from rollout_service.updates import WeightUpdater
+
+
+class _Core:
+    def __init__(self, engine: _Engine) -> None:
+        self.engine = engine
+
+    async def pause_scheduler_async(self, mode, clear_cache):
+        self.engine.log("pause", mode, clear_cache)
+
+
+class _Engine:
+    """Records each call with whether the gate was open at that moment."""
+
+    def __init__(self, gate: AdmissionGate, prefix_resets: bool = True) -> None:
+        self.gate = gate
+        self.prefix_resets = prefix_resets
+        self.calls: list[tuple] = []
+        self.engine_core = _Core(self)
+        self.output_processor = SimpleNamespace(external_req_ids={}, request_states={})
+
+    def log(self, *call) -> None:
+        self.calls.append((*call, "open" if self.gate.is_open else "closed"))
+
+    def names(self) -> list[str]:
+        return [c[0] for c in self.calls]
+
+    async def resume_generation(self):
+        self.log("resume")
+
+    async def reset_prefix_cache(self, reset_running_requests=False, reset_connector=False):
+        self.log("prefix", reset_running_requests)
+        return self.prefix_resets
+
+    async def reset_mm_cache(self):
+        self.log("mm")
+
+    async def reset_encoder_cache(self):
+        self.log("encoder")
+
+    async def abort(self, ids):
+        self.log("abort", list(ids))
+        for i in ids:
+            self.output_processor.external_req_ids.pop(i, None)
+
+    async def sleep(self, level):
+        self.log("sleep", level)
+
+    async def wake_up(self):
+        self.log("wake_up")
+
+
+def _quiescer(**kw) -> tuple[Quiescer, _Engine, AdmissionGate]:
+    gate = AdmissionGate("v0")
+    engine = _Engine(gate, kw.pop("prefix_resets", True))
+    return Quiescer(engine, gate, **kw), engine, gate
+
+
+async def _running_call(gate: AdmissionGate, engine: _Engine, engine_id: str):
+    """An admitted call whose engine request is running; exit it when done."""
+    admit = gate.admit()
+    ticket = await admit.__aenter__()
+    ticket.engine_id, ticket.started = engine_id, True
+    engine.output_processor.external_req_ids[engine_id] = [engine_id + "-0"]
+    return admit
+
+
+def test_the_sequence_in_order_with_the_gate_closed_throughout():
+    quiet, engine, gate = _quiescer()
+
+    async def go():
+        async def installed():
+            engine.log("on_success")
+            gate.version = "v1"
+
+        async with quiet.quiesced(on_success=installed) as q:
+            engine.log("work")
+        waiting = gate.admit()
+        ticket = await waiting.__aenter__()
+        await waiting.__aexit__(None, None, None)
+        return q, ticket
+
+    q, ticket = asyncio.run(go())
+    assert engine.calls == [
+        ("pause", "abort", False, "closed"),
+        ("work", "closed"),
+        ("prefix", False, "closed"),
+        ("mm", "closed"),
+        ("encoder", "closed"),
+        ("resume", "closed"),
+        ("on_success", "closed"),
+    ]
+    assert gate.is_open and ticket.version == "v1"
+    assert [r.cache for r in q.results] == [
+        pb.CACHE_KIND_PREFIX,
+        pb.CACHE_KIND_MULTIMODAL,
+        pb.CACHE_KIND_ENCODER,
+    ]
+    assert q.aborted == 0 and q.t0 <= q.t_reset
+
+
+def test_keep_drains_nothing_pauses_in_keep_mode_and_preempts_on_reset():
+    quiet, engine, gate = _quiescer(drain_timeout_seconds=0.0)
+
+    async def go():
+        call = await _running_call(gate, engine, "r1")
+        async with quiet.quiesced(pb.PAUSE_MODE_KEEP) as q:
+            pass
+        await call.__aexit__(None, None, None)
+        return q
+
+    q = asyncio.run(go())
+    assert q.aborted == 0 and "abort" not in engine.names()
+    assert engine.calls[0] == ("pause", "keep", False, "closed")
+    assert ("prefix", True, "closed") in engine.calls
+
+
+@pytest.mark.parametrize("mode", [pb.PAUSE_MODE_WAIT, pb.PAUSE_MODE_ABORT])
+def test_a_running_call_is_drained_by_abort_past_the_deadline(mode):
+    quiet, engine, gate = _quiescer(drain_timeout_seconds=0.05)
+
+    async def go():
+        call = await _running_call(gate, engine, "r1")
+        async with quiet.quiesced(mode) as q:
+            pass
+        await call.__aexit__(None, None, None)
+        return q
+
+    q = asyncio.run(go())
+    assert q.aborted == 1
+    assert engine.names()[:2] == ["abort", "pause"]
+
+
+def test_a_failure_runs_the_hook_while_paused_then_resumes_and_reopens():
+    quiet, engine, gate = _quiescer()
+
+    class Replaced(Exception):
+        pass
+
+    async def failed(e):
+        engine.log("on_failure", str(e))
+        raise Replaced from e
+
+    async def go():
+        async with quiet.quiesced(on_failure=failed):
+            raise ValueError("load failed")
+
+    with pytest.raises(Replaced):
+        asyncio.run(go())
+    assert engine.names() == ["pause", "on_failure", "resume"]
+    assert gate.is_open
+
+
+def test_without_a_hook_the_failure_itself_is_raised_and_a_refused_reset_too():
+    quiet, engine, gate = _quiescer()
+
+    async def go():
+        async with quiet.quiesced():
+            raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        asyncio.run(go())
+    assert engine.names() == ["pause", "resume"] and gate.is_open
+
+    quiet, engine, gate = _quiescer(prefix_resets=False)
+
+    async def reset_only():
+        async with quiet.quiesced():
+            pass
+
+    with pytest.raises(RuntimeError, match="refused to reset the prefix cache"):
+        asyncio.run(reset_only())
+    assert engine.names() == ["pause", "prefix", "resume"] and gate.is_open
+
+
+def test_one_quiesce_at_a_time():
+    quiet, engine, _ = _quiescer()
+
+    async def one(name):
+        async with quiet.quiesced():
+            engine.log(name + " in")
+            await asyncio.sleep(0.01)
+            engine.log(name + " out")
+
+    async def go():
+        await asyncio.gather(one("a"), one("b"))
+
+    asyncio.run(go())
+    inside = [n for n in engine.names() if n.endswith((" in", " out"))]
+    assert inside == ["a in", "a out", "b in", "b out"]
+
+
+def test_sleep_holds_the_gate_closed_until_woken_and_touches_no_pause_or_cache():
+    quiet, engine, gate = _quiescer()
+
+    async def go():
+        async with quiet.quiesced(sleep=True):
+            await engine.sleep(1)
+        assert quiet.asleep and not gate.is_open
+        with pytest.raises(FailedPrecondition, match="asleep"):
+            quiet.check_awake()
+        async with quiet.woken():
+            await engine.wake_up()
+
+    asyncio.run(go())
+    assert engine.names() == ["sleep", "wake_up"]
+    assert not quiet.asleep and gate.is_open
+
+
+def test_a_failed_sleep_reopens_and_a_failed_wake_up_stays_asleep():
+    quiet, _, gate = _quiescer()
+
+    async def failing_sleep():
+        async with quiet.quiesced(sleep=True):
+            raise RuntimeError("no")
+
+    with pytest.raises(RuntimeError):
+        asyncio.run(failing_sleep())
+    assert not quiet.asleep and gate.is_open
+
+    async def failing_wake():
+        async with quiet.quiesced(sleep=True):
+            pass
+        async with quiet.woken():
+            raise RuntimeError("still asleep")
+
+    with pytest.raises(RuntimeError):
+        asyncio.run(failing_wake())
+    assert quiet.asleep and not gate.is_open
+
+
+def test_sleeper_level_2_wakes_degraded_and_refuses_resets_meanwhile():
+    gate = AdmissionGate("v0")
+    engine = _Engine(gate)
+    engine.model_config = SimpleNamespace(enable_sleep_mode=True)
+    updater = WeightUpdater(engine, gate, {}, 1)
+    try:
+        sleeper = Sleeper(engine, updater)
+        sleeper.refusal = None  # vLLM's CPU platform has no sleep mode
+
+        async def go():
+            await sleeper.sleep(2)
+            assert sleeper.sleeping
+            with pytest.raises(FailedPrecondition, match="asleep"):
+                await updater.reset_caches()
+            return await sleeper.wake_up()
+
+        woke = asyncio.run(go())
+    finally:
+        updater.close()
+    assert woke.needs_weights and not sleeper.sleeping
+    assert gate.is_open and gate.version == "" and updater.degraded
+
+
+# -- vllm_compat -------------------------------------------------------------
+
+
+def test_compat_pauses_through_the_core_client_or_the_public_call():
+    gate = AdmissionGate("v0")
+    engine = _Engine(gate)
+    asyncio.run(vllm_compat.pause_scheduler(engine, "keep"))
+    assert engine.calls == [("pause", "keep", False, "open")]
+
+    calls = []
+
+    async def pause_generation(mode, clear_cache):
+        calls.append((mode, clear_cache))
+
+    asyncio.run(
+        vllm_compat.pause_scheduler(SimpleNamespace(pause_generation=pause_generation), "abort")
+    )
+    assert calls == [("abort", False)]
+
+
+def test_compat_reads_a_running_requests_spans_by_completion_index():
+    state = SimpleNamespace(request_index=1, _weight_version_spans=lambda: ["spans"])
+    other = SimpleNamespace(request_index=0, _weight_version_spans=lambda: ["other"])
+    outputs = SimpleNamespace(
+        external_req_ids={"r1": ["a", "b"]}, request_states={"a": other, "b": state}
+    )
+    engine = SimpleNamespace(output_processor=outputs)
+    assert vllm_compat.weight_version_spans(engine, "r1", 1) == ["spans"]
+    assert vllm_compat.weight_version_spans(engine, "r1", 2) is None
+    assert vllm_compat.weight_version_spans(engine, "gone", 0) is None
+    assert vllm_compat.request_running(engine, "r1")
+    assert not vllm_compat.request_running(engine, "gone")
+
+
+def test_the_vllm_internals_compat_reads_exist_in_the_installed_vllm():
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.engine.core_client import AsyncMPClient
+    from vllm.v1.engine.output_processor import OutputProcessor, RequestState
+
+    outputs = OutputProcessor(None, log_stats=False)
+    assert isinstance(outputs.external_req_ids, dict)
+    assert isinstance(outputs.request_states, dict)
+    assert callable(RequestState._weight_version_spans)
+    assert callable(AsyncMPClient.pause_scheduler_async)
+    assert callable(AsyncLLM.get_num_unfinished_requests)
