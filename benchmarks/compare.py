@@ -67,7 +67,7 @@ from benchmarks.loadgen import (
     tree_cpu_seconds,
 )
 from benchmarks.profile_split import format_split
-from rollout_service import placement
+from rollout_service.engine import placement
 from tests.serverproc import TEST_ENGINE_ENV, ServerProcess, free_port
 
 MODEL = "tiny-qwen2"

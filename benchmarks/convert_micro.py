@@ -18,7 +18,7 @@ from vllm.logprobs import Logprob
 from vllm.outputs import CompletionOutput
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service import convert
+from rollout_service.generation import convert
 
 
 def delta_output(tokens: int = 1) -> CompletionOutput:

@@ -44,7 +44,7 @@ from rollout.v1 import rollout_pb2 as pb
 def service_params(limits, prompt_len, max_tokens, temperature, kind, options=None):
     """The SamplingParams the servicer builds for the load's request (16 in,
     ignore_eos, the sampled tokens' logprobs; a stream's StreamOptions)."""
-    from rollout_service.convert import sampling_params_from_proto
+    from rollout_service.generation.convert import sampling_params_from_proto
 
     sp = pb.SamplingParams(max_tokens=max_tokens, temperature=temperature, ignore_eos=True)
     return sampling_params_from_proto(sp, limits, prompt_len, kind, options)
@@ -91,8 +91,9 @@ def start_engine(serve_args: list[str]):
     """AsyncLLM from `rollout-service serve` arguments, placed on the CPUs
     as the server places itself (this process is its front end, as the
     server is). Returns (engine, limits)."""
-    from rollout_service import cli, placement
-    from rollout_service.engine import build_engine, model_limits
+    from rollout_service import cli
+    from rollout_service.engine import placement
+    from rollout_service.engine.startup import build_engine, model_limits
 
     args = cli.build_serve_parser().parse_args(serve_args)
     engine = build_engine(cli._engine_args(args))
@@ -125,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def run_modes(args, serve_args: list[str]) -> dict:
     """Starts the engine once and runs each mode in turn on it."""
-    from rollout_service.engine import settle, warm_up
+    from rollout_service.engine.startup import settle, warm_up
 
     engine, limits = start_engine(serve_args)
     try:

@@ -20,7 +20,7 @@ A third method, GenerateMany, is the raw-bytes twin of this service's: one
 bidi stream carries many requests, and every delta ready when the server
 sends goes out in one message (a message per send instead of a message per
 completion per engine step). Its batching is written out here, not taken
-from rollout_service.many, so that the ceiling stays free of our code.
+from rollout_service.rpc.many, so that the ceiling stays free of our code.
 
 The wire (little-endian): a request is int32 max_tokens, delta_tokens,
 omit_text, float32 temperature, then the prompt's token ids. A reply (the unary one, or each
@@ -298,7 +298,7 @@ class ManyDriver(OneStreamDriver):
 
 async def serve(port: int, serve_args: list[str]) -> None:
     from benchmarks.inprocess import start_engine
-    from rollout_service.engine import settle, warm_up
+    from rollout_service.engine.startup import settle, warm_up
 
     engine, limits = start_engine(serve_args)
     server = None
@@ -308,7 +308,7 @@ async def serve(port: int, serve_args: list[str]) -> None:
         server.add_generic_rpc_handlers((ThinFront(engine, limits).handlers(),))
         port = server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()
-        # As the service does (rollout_service.engine.settle): the start-up
+        # As the service does (rollout_service.engine.startup.settle): the start-up
         # heap frozen for the collector, vLLM's settings read once.
         settle()
         print(f"thin front ready on 127.0.0.1:{port}", flush=True)

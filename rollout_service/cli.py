@@ -12,7 +12,7 @@ import asyncio
 import os
 import sys
 
-from rollout_service import logs
+from rollout_service.ops import logs
 
 EMBEDDED_MODELS = ("tiny-qwen2", "tiny-llava")
 
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("rollout-service: --tls-cert and --tls-key go together")
     if config.tls_client_ca and not config.tls_cert:
         sys.exit("rollout-service: --tls-client-ca needs --tls-cert and --tls-key")
-    from rollout_service.engine import UnsupportedConfig, check_supported
+    from rollout_service.engine.startup import UnsupportedConfig, check_supported
 
     engine_args = _engine_args(args)
     try:

@@ -17,21 +17,23 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from rollout.v1 import rollout_pb2
-from rollout_service import metrics, parent_watch, placement, tracing
-from rollout_service.auth import AuthInterceptor, Tokens
+from rollout_service import parent_watch
 from rollout_service.config import ServerConfig
-from rollout_service.engine import build_engine, engine_info, settle, warm_up
+from rollout_service.engine import placement
+from rollout_service.engine.sleep import Sleeper
+from rollout_service.engine.startup import build_engine, engine_info, settle, warm_up
 from rollout_service.gate import AdmissionGate
-from rollout_service.lora import Adapters
-from rollout_service.metrics import MetricsInterceptor
-from rollout_service.reservation import region_bytes, reserve_for_checkpoint
-from rollout_service.rpc_handlers import add_to_server
-from rollout_service.servicer import RolloutServicer
-from rollout_service.sleep import Sleeper
+from rollout_service.generation.tokenizing import Tokenizing, eos_token_ids, image_placeholder
+from rollout_service.ops import metrics, tracing
+from rollout_service.ops.auth import AuthInterceptor, Tokens
+from rollout_service.ops.metrics import MetricsInterceptor
+from rollout_service.rpc.handlers import add_to_server
+from rollout_service.rpc.servicer import RolloutServicer
 from rollout_service.staging import StagingRegion, StagingSpaceError, remove_stale_segments
-from rollout_service.tokenizing import Tokenizing, eos_token_ids, image_placeholder
-from rollout_service.update_sessions import UpdateSessions
-from rollout_service.updates import WeightUpdater
+from rollout_service.update.lora import Adapters
+from rollout_service.update.reservation import region_bytes, reserve_for_checkpoint
+from rollout_service.update.sessions import UpdateSessions
+from rollout_service.update.updates import WeightUpdater
 
 log = logging.getLogger(__name__)
 

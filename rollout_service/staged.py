@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+# The weight-transfer backend's name: the engine is configured with it, the
+# updater initializes it, the worker registers it (weights_backend.py).
+BACKEND_NAME = "rollout_shm"
+
 
 @dataclass(frozen=True)
 class StagedTensor:

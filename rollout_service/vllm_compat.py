@@ -58,3 +58,46 @@ def weight_version_spans(engine, engine_id: str, index: int) -> list | None:
         if state is not None and state.request_index == index:
             return state._weight_version_spans()
     return None
+
+
+# Inside vLLM's worker processes (worker/): imported there too, so this module
+# imports nothing of ours and no vLLM module at its top.
+
+
+def restore_layer(layer, info) -> None:
+    """Puts a layer whose layerwise reload was interrupted back on its
+    kernel tensors, with its original weight loaders.
+
+    Read from vLLM 0.32.0: `layerwise._get_original_loader` and
+    `layerwise._place_kernel_tensors` (vllm/model_executor/model_loader/
+    reload/layerwise.py) are what `finalize_layerwise_reload` uses to finish
+    a layer; nothing public undoes an unfinished one.
+    """
+    from vllm.model_executor.model_loader.reload import layerwise
+    from vllm.model_executor.model_loader.reload.utils import get_layer_tensors
+
+    for tensor in get_layer_tensors(layer).values():
+        if hasattr(tensor, "weight_loader"):
+            tensor.weight_loader = layerwise._get_original_loader(tensor)
+    if info.kernel_tensors is not None:
+        layerwise._place_kernel_tensors(layer, info)
+
+
+def restore_torchao_reload(model) -> None:
+    """Undoes the reload's patch of a torchao model's `_do_torchao_reload`.
+
+    Read from vLLM 0.32.0: `initialize_layerwise_reload` saves the original
+    as `_original_do_torchao_reload` (reload/torchao_decorator.py).
+    """
+    if hasattr(model, "_original_do_torchao_reload"):
+        model._do_torchao_reload = model._original_do_torchao_reload
+
+
+def clear_weight_update_flag(worker) -> None:
+    """Clears the worker's "weight update active" flag.
+
+    Read from vLLM 0.32.0: `Worker._weight_update_active`
+    (vllm/v1/worker/gpu_worker.py, the CPU worker inherits it) is cleared
+    when `update_weights` raises, not when `finish_weight_update` does.
+    """
+    worker._weight_update_active = False

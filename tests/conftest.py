@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from rollout_client import RolloutClient
-from rollout_service.weights_backend import FAULT_FILE_ENV
+from rollout_service.worker.weights_backend import FAULT_FILE_ENV
 from tests.serverproc import ServerProcess
 
 

@@ -6,8 +6,8 @@ import crc32c
 import pytest
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.assembler import UpdateAssembler, _Coverage
 from rollout_service.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from rollout_service.update.assembler import UpdateAssembler, _Coverage
 
 MANIFEST = {
     "a": pb.TensorSpec(name="a", dtype=pb.D_TYPE_BFLOAT16, shape=[4, 8]),  # 64 bytes

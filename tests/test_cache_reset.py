@@ -10,7 +10,7 @@ import asyncio
 
 from rollout_client import pb
 from rollout_service.gate import AdmissionGate
-from rollout_service.updates import WeightUpdater
+from rollout_service.update.updates import WeightUpdater
 
 
 class _Engine:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rollout_service.engine import _connector_resets_its_cache
+from rollout_service.engine.startup import _connector_resets_its_cache
 
 SERVE = str(Path(sys.executable).with_name("rollout-service"))
 

@@ -29,7 +29,7 @@ from rollout_service.errors import (
     abort,
     from_exception,
 )
-from rollout_service.rpc_handlers import streaming, unary
+from rollout_service.rpc.handlers import streaming, unary
 
 INV = grpc.StatusCode.INVALID_ARGUMENT
 PROMPT = "prompt_token_ids/prompt_text/messages"

@@ -22,10 +22,10 @@ from rollout_service.errors import (
     bounded,
     short_repr,
 )
-from rollout_service.lora import Adapters
-from rollout_service.lora_config import check_name, peft_config
+from rollout_service.generation.structured import structured_outputs_from_proto
 from rollout_service.staged import StagedTensor
-from rollout_service.structured import structured_outputs_from_proto
+from rollout_service.update.lora import Adapters
+from rollout_service.update.lora_config import check_name, peft_config
 from tests.test_error_policy import aborted
 
 

@@ -17,7 +17,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from rollout_client import RolloutClient, pb
-from rollout_service import tracing
+from rollout_service.ops import tracing
 from tests.serverproc import free_port, running
 
 GENERATE = "rollout.v1.RolloutService/Generate"

@@ -1,5 +1,5 @@
 """Tensor parallelism on this CPU machine (one worker per core, bound by the
-server: rollout_service.placement), and the parallel layouts refused at start."""
+server: rollout_service.engine.placement), and the parallel layouts refused at start."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from rollout_client import RolloutClient
-from rollout_service.placement import BIND_ENV
+from rollout_service.engine.placement import BIND_ENV
 from tests.serverproc import running
 from tests.test_engine_config import SERVE, serve
 from tests.test_placement import _thread_cpus

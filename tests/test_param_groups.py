@@ -3,7 +3,7 @@ groups are checked in test_update_promise.py)."""
 
 from __future__ import annotations
 
-from rollout_service.param_groups import group, module_of
+from rollout_service.worker.param_groups import group, module_of
 
 MODULES = {
     "",

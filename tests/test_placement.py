@@ -1,5 +1,5 @@
 """On a CPU host the server and vLLM's engine core keep off the cores vLLM
-binds its worker to (rollout_service.placement), so they never preempt it."""
+binds its worker to (rollout_service.engine.placement), so they never preempt it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from rollout_service.placement import (
+from rollout_service.engine.placement import (
     BIND_ENV,
     PlacementError,
     bind_cpu_workers,

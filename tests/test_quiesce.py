@@ -14,11 +14,11 @@ import pytest
 
 from rollout_client import pb
 from rollout_service import vllm_compat
+from rollout_service.engine.sleep import Sleeper
 from rollout_service.errors import FailedPrecondition
 from rollout_service.gate import AdmissionGate
-from rollout_service.quiesce import Quiescer
-from rollout_service.sleep import Sleeper
-from rollout_service.updates import WeightUpdater
+from rollout_service.update.quiesce import Quiescer
+from rollout_service.update.updates import WeightUpdater
 
 
 class _Core:

@@ -14,7 +14,7 @@ import pytest
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
-from rollout_service.auth import ROLE_OF
+from rollout_service.ops.auth import ROLE_OF
 from tests.serverproc import running
 
 PROTO = Path(__file__).parents[1] / "proto/rollout/v1/rollout.proto"

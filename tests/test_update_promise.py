@@ -305,7 +305,7 @@ def test_a_retry_after_cancelling_past_commit_gets_the_original_ack(server, clie
 def test_tensor_views_of_0d_and_empty_tensors():
     """The worker-side views for tensors a real checkpoint may hold (no engine)."""
     from rollout_service.staged import StagedTensor
-    from rollout_service.weights_backend import tensor_view
+    from rollout_service.worker.weights_backend import tensor_view
 
     buf = bytearray(64)
     scale = torch.tensor(0.5, dtype=torch.float32)

@@ -8,9 +8,9 @@ import asyncio
 import pytest
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.assembler import UpdateAssembler
 from rollout_service.errors import Aborted, DeadlineExceeded, FailedPrecondition
-from rollout_service.update_sessions import UpdateSessions
+from rollout_service.update.assembler import UpdateAssembler
+from rollout_service.update.sessions import UpdateSessions
 
 SPEC = pb.TensorSpec(name="a", dtype=pb.D_TYPE_BFLOAT16, shape=[4])
 BEGIN = pb.UpdateWeightsBegin(weight_version="v1", tensors=[SPEC])

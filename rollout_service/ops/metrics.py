@@ -15,7 +15,7 @@ import time
 import grpc
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, Info
 
-from rollout_service.rpc_handlers import around
+from rollout_service.ops.shapes import around
 
 _LABELS = ("grpc_type", "grpc_service", "grpc_method")
 STARTED = Counter("grpc_server_started", "RPCs started on the server.", _LABELS, registry=REGISTRY)

@@ -30,7 +30,7 @@ import grpc
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.errors import details_trailer
-from rollout_service.rpc_handlers import around, like
+from rollout_service.ops.shapes import around, like
 
 ROLES = ("generate", "admin")
 TOKENS_ENV = "ROLLOUT_SERVICE_TOKENS"

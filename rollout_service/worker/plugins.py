@@ -16,7 +16,7 @@ def register() -> None:
     ends it when its parent dies."""
     from rollout_service import parent_watch
     from rollout_service.tiny_models import install_pixtral_alias
-    from rollout_service.weights_backend import register as register_backend
+    from rollout_service.worker.weights_backend import register as register_backend
 
     install_pixtral_alias()
     register_backend()

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.errors import InvalidArgument, as_rpc_error
-from rollout_service.rpc_handlers import Malformed
+from rollout_service.rpc.handlers import Malformed
 
 _END = object()  # every generation has ended and the client has half-closed
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_client import dtypes
-from rollout_service.convert import ModelLimits
-from rollout_service.plugins import register
-from rollout_service.weights_backend import BACKEND_NAME
+from rollout_service.engine.limits import ModelLimits
+from rollout_service.staged import BACKEND_NAME
+from rollout_service.worker.plugins import register
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class EngineInfo:
         return sum(dtypes.nbytes(s.dtype, s.shape) for s in self.manifest.values())
 
 
-WORKER_EXTENSION = "rollout_service.worker_ext.RolloutWorkerExtension"
+WORKER_EXTENSION = "rollout_service.worker.worker_ext.RolloutWorkerExtension"
 
 
 class UnsupportedConfig(ValueError):

@@ -8,10 +8,10 @@ import os
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_client.wire import RawChunk
-from rollout_service.rpc_handlers import unary
-from rollout_service.sleep import Sleeper
+from rollout_service.engine.sleep import Sleeper
+from rollout_service.rpc.handlers import unary
 from rollout_service.staging import SHM_DIR
-from rollout_service.update_sessions import UpdateSessions
+from rollout_service.update.sessions import UpdateSessions
 
 
 class UpdateRpcs:

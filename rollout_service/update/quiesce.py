@@ -36,9 +36,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service import metrics, vllm_compat
+from rollout_service import vllm_compat
 from rollout_service.errors import FailedPrecondition
 from rollout_service.gate import AdmissionGate
+from rollout_service.ops import metrics
 
 log = logging.getLogger(__name__)
 

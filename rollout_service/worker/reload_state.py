@@ -30,23 +30,19 @@ def discard(model: torch.nn.Module) -> int:
     """Abandons an unfinished layerwise reload; returns how many layers were
     put back. Safe to call when no reload is in progress."""
     from vllm.model_executor.model_loader.reload import layerwise
-    from vllm.model_executor.model_loader.reload.utils import get_layer_tensors
+
+    from rollout_service import vllm_compat
 
     restored = 0
     for layer in model.modules():
         info = layerwise.LAYERWISE_INFO.get(layer)
         if info is None or not info.can_load():
             continue
-        for tensor in get_layer_tensors(layer).values():
-            if hasattr(tensor, "weight_loader"):
-                tensor.weight_loader = layerwise._get_original_loader(tensor)
-        if info.kernel_tensors is not None:
-            layerwise._place_kernel_tensors(layer, info)
+        vllm_compat.restore_layer(layer, info)
         info.reset()
         restored += 1
     layerwise.LOADING_LAYERS.clear()
-    if hasattr(model, "_original_do_torchao_reload"):
-        model._do_torchao_reload = model._original_do_torchao_reload
+    vllm_compat.restore_torchao_reload(model)
     if restored:
         log.warning("discarded an unfinished weight reload: %d layers put back", restored)
     return restored

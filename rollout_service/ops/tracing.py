@@ -26,8 +26,8 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from rollout_service.metrics import call_code
-from rollout_service.rpc_handlers import around
+from rollout_service.ops.metrics import call_code
+from rollout_service.ops.shapes import around
 
 log = logging.getLogger(__name__)
 

@@ -26,11 +26,9 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from rollout_service import reload_state
-from rollout_service.staged import StagedTensor
+from rollout_service.staged import BACKEND_NAME, StagedTensor
 from rollout_service.staging import SegmentReader
-
-BACKEND_NAME = "rollout_shm"
+from rollout_service.worker import reload_state
 
 
 @dataclass

@@ -15,19 +15,22 @@ from vllm.sampling_params import RequestOutputKind
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
-from rollout_service import __version__, convert, logs, many, metrics, tracing, vllm_compat
-from rollout_service.auth import CALLER
-from rollout_service.calls import Call, RunningCalls
-from rollout_service.engine import EngineInfo
+from rollout_service import __version__, vllm_compat
+from rollout_service.engine.sleep import Sleeper
+from rollout_service.engine.startup import EngineInfo
 from rollout_service.errors import FailedPrecondition, InvalidArgument, Unavailable
 from rollout_service.gate import AdmissionGate, Ticket
-from rollout_service.lora import Adapters
-from rollout_service.rpc_handlers import streaming, unary
-from rollout_service.sleep import Sleeper
-from rollout_service.tokenizing import Tokenizing
-from rollout_service.update_rpcs import UpdateRpcs
-from rollout_service.update_sessions import UpdateSessions
-from rollout_service.updates import WeightUpdater
+from rollout_service.generation import convert
+from rollout_service.generation.tokenizing import Tokenizing
+from rollout_service.ops import logs, metrics, tracing
+from rollout_service.ops.auth import CALLER
+from rollout_service.rpc import many
+from rollout_service.rpc.calls import Call, RunningCalls
+from rollout_service.rpc.handlers import streaming, unary
+from rollout_service.rpc.update_rpcs import UpdateRpcs
+from rollout_service.update.lora import Adapters
+from rollout_service.update.sessions import UpdateSessions
+from rollout_service.update.updates import WeightUpdater
 
 
 class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):

@@ -9,7 +9,7 @@ class RolloutWorkerExtension:
 
     def rollout_parameter_groups(self, names: list[str]) -> dict[str, list[str]]:
         """Checkpoint tensors that load into one module (param_groups.py)."""
-        from rollout_service.param_groups import model_groups
+        from rollout_service.worker.param_groups import model_groups
 
         return model_groups(self.get_model(), names)
 
@@ -18,10 +18,11 @@ class RolloutWorkerExtension:
         behind (reload_state.py), so the next update starts clean. vLLM's
         worker clears its own "update active" flag when loading raises, but
         not when finishing raises; both are cleared here."""
-        from rollout_service.reload_state import discard
+        from rollout_service import vllm_compat
+        from rollout_service.worker.reload_state import discard
 
         restored = discard(self.get_model())
-        self._weight_update_active = False
+        vllm_compat.clear_weight_update_flag(self)
         if self.weight_transfer_engine is not None:
             self.weight_transfer_engine.reset_weight_update_target()
         return restored

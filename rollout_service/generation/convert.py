@@ -18,20 +18,9 @@ from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.sampling_params import RequestOutputKind
 
 from rollout.v1 import rollout_pb2 as pb
+from rollout_service.engine.limits import ModelLimits
 from rollout_service.errors import InvalidArgument, ResourceExhausted
-from rollout_service.structured import structured_outputs_from_proto
-
-
-@dataclass(frozen=True)
-class ModelLimits:
-    """What a request is validated against, read once from the engine."""
-
-    vocab_size: int
-    max_model_len: int
-    max_logprobs: int
-    supports_images: bool
-    # Longest prompt accepted (--max-prompt-tokens); None: the context allows.
-    max_prompt_tokens: int | None = None
+from rollout_service.generation.structured import structured_outputs_from_proto
 
 
 @dataclass(frozen=True)

@@ -32,14 +32,14 @@ import uuid
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_client.wire import RawChunk
-from rollout_service.assembler import UpdateAssembler
 from rollout_service.errors import (
     Aborted,
     DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
 )
-from rollout_service.updates import WeightUpdater
+from rollout_service.update.assembler import UpdateAssembler
+from rollout_service.update.updates import WeightUpdater
 
 log = logging.getLogger(__name__)
 

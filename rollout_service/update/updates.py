@@ -33,13 +33,13 @@ import time
 from dataclasses import dataclass
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service import metrics
-from rollout_service.assembler import StagedUpdate, UpdateAssembler
 from rollout_service.errors import FailedPrecondition, RpcError
 from rollout_service.gate import AdmissionGate
-from rollout_service.quiesce import Quiescer
+from rollout_service.ops import metrics
+from rollout_service.staged import BACKEND_NAME
 from rollout_service.staging import StagingRegion
-from rollout_service.weights_backend import BACKEND_NAME
+from rollout_service.update.assembler import StagedUpdate, UpdateAssembler
+from rollout_service.update.quiesce import Quiescer
 
 log = logging.getLogger(__name__)
 

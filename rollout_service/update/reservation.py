@@ -21,9 +21,9 @@ from collections.abc import Mapping
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_client import dtypes
-from rollout_service.assembler import ALIGN
-from rollout_service.engine import read_manifest
+from rollout_service.engine.startup import read_manifest
 from rollout_service.staging import StagingRegion
+from rollout_service.update.assembler import ALIGN
 
 
 def region_bytes(manifest: Mapping[str, pb.TensorSpec], max_update_bytes: int | None) -> int:

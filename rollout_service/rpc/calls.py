@@ -18,7 +18,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 
-from rollout_service.auth import CALLER, Caller
+from rollout_service.ops.auth import CALLER, Caller
 
 
 class Call:
