@@ -67,8 +67,8 @@ from benchmarks.loadgen import (
     tree_cpu_seconds,
 )
 from benchmarks.profile_split import format_split
+from harness.serverproc import TEST_ENGINE_ENV, ServerProcess, free_port
 from rollout_service.engine import placement
-from tests.serverproc import TEST_ENGINE_ENV, ServerProcess, free_port
 
 MODEL = "tiny-qwen2"
 # Identical for every configuration: the test server's environment plus the

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 from benchmarks.bigmodel import build_big_model
+from harness.serverproc import ServerProcess
 from rollout_client import RolloutClient
 from rollout_client.fleet import Fleet
-from tests.serverproc import ServerProcess
 
 
 def main() -> None:

@@ -33,8 +33,8 @@ from pathlib import Path
 import psutil
 
 from benchmarks.bigmodel import build_big_model
-from tests.serverproc import ServerProcess, free_port
-from tests.weights_util import random_weights
+from harness.serverproc import ServerProcess, free_port
+from harness.weights_util import random_weights
 
 MiB = 1 << 20
 

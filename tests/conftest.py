@@ -5,7 +5,7 @@ converter fails in seconds, not after the engine tests; `-m "not engine"`
 
 A test needs an engine when it uses the session's `server` (directly or
 through `client`/`info`), or its module starts servers of its own (imports
-tests.serverproc's ServerProcess or running). It is marked `engine` here, so
+harness.serverproc's ServerProcess or running). It is marked `engine` here, so
 the marker cannot go stale.
 """
 
@@ -15,9 +15,9 @@ import sys
 
 import pytest
 
+from harness.serverproc import ServerProcess
 from rollout_client import RolloutClient
 from rollout_service.worker.weights_backend import FAULT_FILE_ENV
-from tests.serverproc import ServerProcess
 
 
 @pytest.fixture(scope="session")
@@ -54,7 +54,7 @@ _STARTS_SERVERS = ("ServerProcess", "running")
 
 def _starts_servers(module) -> bool:
     return any(
-        getattr(getattr(module, name, None), "__module__", None) == "tests.serverproc"
+        getattr(getattr(module, name, None), "__module__", None) == "harness.serverproc"
         for name in _STARTS_SERVERS
     )
 

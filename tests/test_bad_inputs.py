@@ -20,12 +20,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness.weights_util import COMMIT, begin, chunk, version
 from rollout.v1 import rollout_pb2_grpc
 from rollout_client import pb
 from tests import test_engine_options as lora_options
 from tests.test_engine_options import CONFIG, adapter_stream, adapter_weights, greedy
 from tests.test_rl_features import refused
-from tests.weights_util import COMMIT, begin, chunk, version
 
 INV = grpc.StatusCode.INVALID_ARGUMENT
 EXH = grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from tests.weights_util import random_weights, version
+from harness.weights_util import random_weights, version
 
 CLI = str(Path(sys.executable).with_name("rollout-client"))
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import save_file
 
-from tests.weights_util import random_weights, version
+from harness.weights_util import random_weights, version
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTIONAL = ("numpy", "torch", "tqdm", "crc32c", "safetensors")

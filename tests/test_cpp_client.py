@@ -20,9 +20,9 @@ import crc32c
 import pytest
 import torch
 
+from harness.certs import make_certs, python_tls, server_tls_args
+from harness.serverproc import ServerProcess
 from rollout_client import RolloutClient, dtypes, pb
-from tests.certs import make_certs, python_tls, server_tls_args
-from tests.serverproc import ServerProcess
 
 CPP_DIR = Path(__file__).resolve().parents[1] / "client" / "cpp"
 BUILD_DIR = CPP_DIR / "build"

@@ -14,10 +14,10 @@ import math
 import pytest
 import torch
 
+from harness.serverproc import running
+from harness.weights_util import COMMIT, chunk, spec, tensor_bytes
 from rollout_client import RolloutClient, pb
-from tests.serverproc import running
 from tests.test_rl_features import constrained, refused
-from tests.weights_util import COMMIT, chunk, spec, tensor_bytes
 
 PROMPT = list(range(3, 40))
 RANK = 8

@@ -11,8 +11,8 @@ import time
 import grpc
 import pytest
 
+from harness.weights_util import random_weights, version
 from rollout_client import RolloutError, pb
-from tests.weights_util import random_weights, version
 
 
 def reason_of(call) -> tuple[grpc.StatusCode, str]:

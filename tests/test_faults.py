@@ -14,9 +14,9 @@ import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from harness.serverproc import ServerProcess
+from harness.weights_util import random_weights, version
 from rollout_client import RolloutClient, RolloutError
-from tests.serverproc import ServerProcess
-from tests.weights_util import random_weights, version
 
 PROMPT = [11, 22, 33, 44, 55]
 
@@ -44,7 +44,7 @@ def test_client_killed_mid_update_changes_nothing(server, client, info):
         import sys, time, grpc
         from rollout.v1 import rollout_pb2_grpc
         from rollout_client import RolloutClient
-        from tests.weights_util import full_stream, random_weights
+        from harness.weights_util import full_stream, random_weights
         info = RolloutClient({server.target!r}).server_info()
         msgs = full_stream(random_weights(info.parameters, seed=77), "killed")
         def stalled():

@@ -13,10 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from harness.serverproc import ServerProcess
+from harness.weights_util import random_weights, version
 from rollout_client import RolloutClient, RolloutError
 from rollout_client.fleet import Fleet, FleetUpdateError, resolve
-from tests.serverproc import ServerProcess
-from tests.weights_util import random_weights, version
 
 PROMPT = list(range(7, 60))
 

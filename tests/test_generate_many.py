@@ -13,9 +13,9 @@ import time
 import grpc
 import pytest
 
+from harness.weights_util import random_weights, version
 from rollout_client import RolloutClient, RolloutError, core, pb
 from tests.test_keep_mode import PROMPT, fresh_continuation, merged_spans
-from tests.weights_util import random_weights, version
 
 MAX = 12
 

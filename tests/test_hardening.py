@@ -10,10 +10,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from harness.certs import make_certs, python_tls, server_tls_args
+from harness.serverproc import ServerProcess, free_port
+from harness.weights_util import random_weights, version
 from rollout_client import RolloutClient, RolloutError
-from tests.certs import make_certs, python_tls, server_tls_args
-from tests.serverproc import ServerProcess, free_port
-from tests.weights_util import random_weights, version
 
 STALE = Path("/dev/shm/rollout-staging-999999999-1")  # no such pid
 

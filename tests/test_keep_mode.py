@@ -9,8 +9,8 @@ from __future__ import annotations
 import threading
 import time
 
+from harness.weights_util import random_weights, version
 from rollout_client import pb
-from tests.weights_util import random_weights, version
 
 PROMPT = list(range(1, 40))
 

@@ -8,10 +8,10 @@ import grpc
 import pytest
 from PIL import Image
 
+from harness.serverproc import ServerProcess
+from harness.weights_util import random_weights, version, write_checkpoint
 from rollout_client import RolloutClient, RolloutError
 from rollout_service.tiny_models import ensure_model
-from tests.serverproc import ServerProcess
-from tests.weights_util import random_weights, version, write_checkpoint
 
 PROMPT = "<image> Describe the picture in one sentence."
 

@@ -30,11 +30,11 @@ from pathlib import Path
 import grpc
 import pytest
 
+from harness.certs import make_certs, python_tls, server_tls_args
+from harness.serverproc import ServerProcess
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
 from rollout_client import RolloutClient
-from tests.certs import make_certs, python_tls, server_tls_args
-from tests.serverproc import ServerProcess
 
 REPO = Path(__file__).resolve().parents[1]
 NODE_DIR = REPO / "client" / "node"

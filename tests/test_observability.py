@@ -16,9 +16,9 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1 import trace_pb2
 
+from harness.serverproc import free_port, running
 from rollout_client import RolloutClient, pb
 from rollout_service.ops import tracing
-from tests.serverproc import free_port, running
 
 GENERATE = "rollout.v1.RolloutService/Generate"
 

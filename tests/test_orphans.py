@@ -16,9 +16,9 @@ import time
 import psutil
 import pytest
 
+from harness.serverproc import ServerProcess
 from rollout_service import parent_watch
 from rollout_service.staging import remove_stale_segments
-from tests.serverproc import ServerProcess
 
 # Engine core: SIGTERM at once, os._exit at the latest parent_watch's grace
 # later; its workers the same after it. Well under this on an idle machine.

@@ -10,12 +10,12 @@ import subprocess
 import psutil
 import pytest
 
+from harness.serverproc import running
+from harness.weights_util import random_weights, version
 from rollout_client import RolloutClient
 from rollout_service.engine.placement import BIND_ENV
-from tests.serverproc import running
 from tests.test_engine_config import SERVE, serve
 from tests.test_placement import _thread_cpus
-from tests.weights_util import random_weights, version
 
 PROMPT = [random.Random(3).randrange(10, 500) for _ in range(200)]
 

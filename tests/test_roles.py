@@ -12,10 +12,10 @@ from pathlib import Path
 import grpc
 import pytest
 
+from harness.serverproc import running
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
 from rollout_service.ops.auth import ROLE_OF
-from tests.serverproc import running
 
 PROTO = Path(__file__).parents[1] / "proto/rollout/v1/rollout.proto"
 SERVICE = pb.DESCRIPTOR.services_by_name["RolloutService"]

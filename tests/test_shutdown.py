@@ -11,8 +11,8 @@ import grpc
 import psutil
 import pytest
 
+from harness.serverproc import ServerProcess
 from rollout_client import RolloutClient, RolloutError, pb
-from tests.serverproc import ServerProcess
 
 
 def test_sigterm_drains_in_flight_calls_and_exits_cleanly():

@@ -13,9 +13,9 @@ import grpc
 import pytest
 from safetensors.torch import save_file
 
+from harness.weights_util import random_weights, spec, tensor_bytes, version
 from rollout.v1 import rollout_pb2_grpc
 from rollout_client import RolloutError, pb, wire
-from tests.weights_util import random_weights, spec, tensor_bytes, version
 
 PROMPT = list(range(40, 120))
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.serverproc import TEST_ENGINE_ENV, free_port
 from rollout_service import staging
 from rollout_service.staging import (
     PREFIX,
@@ -22,7 +23,6 @@ from rollout_service.staging import (
     StagingRegion,
     remove_stale_segments,
 )
-from tests.serverproc import TEST_ENGINE_ENV, free_port
 
 NOBODY = 65534
 

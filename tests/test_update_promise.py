@@ -16,17 +16,17 @@ import grpc
 import pytest
 import torch
 
-from rollout.v1 import rollout_pb2_grpc
-from rollout_client import RolloutClient, RolloutError, pb
-from rollout_client.push import ManifestMismatch
-from rollout_service.tiny_models import ensure_model
-from tests.serverproc import running
-from tests.weights_util import (
+from harness.serverproc import running
+from harness.weights_util import (
     full_stream,
     random_weights,
     version,
     write_checkpoint,
 )
+from rollout.v1 import rollout_pb2_grpc
+from rollout_client import RolloutClient, RolloutError, pb
+from rollout_client.push import ManifestMismatch
+from rollout_service.tiny_models import ensure_model
 
 # Longer than two 128-token KV blocks: most of it comes from the prefix cache.
 PROMPT = [random.Random(7).randrange(10, 500) for _ in range(300)]

@@ -10,11 +10,8 @@ import time
 import grpc
 import pytest
 
-from rollout.v1 import rollout_pb2_grpc
-from rollout_client import RolloutError, pb
-from rollout_service.tiny_models import ensure_model
-from tests.serverproc import ServerProcess
-from tests.weights_util import (
+from harness.serverproc import ServerProcess
+from harness.weights_util import (
     COMMIT,
     begin,
     chunk,
@@ -25,6 +22,9 @@ from tests.weights_util import (
     version,
     write_checkpoint,
 )
+from rollout.v1 import rollout_pb2_grpc
+from rollout_client import RolloutError, pb
+from rollout_service.tiny_models import ensure_model
 
 # Several KV blocks long, so most of it lands in the prefix cache.
 LONG_PROMPT = [random.Random(0).randrange(10, 500) for _ in range(200)]
