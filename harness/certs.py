@@ -17,7 +17,7 @@ def make_certs(tmp: Path) -> dict[str, Path]:
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
 
     def make(name, issuer_key=None, issuer_name=None, ca=False, san=None):
         key = ec.generate_private_key(ec.SECP256R1())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import socket
@@ -70,24 +71,47 @@ class ServerProcess:
         lines = self.log.read_text(errors="replace").splitlines()
         return "\n".join(lines[-n:])
 
-    def stop(self, timeout: float = 60) -> int:
+    def stop(self, timeout: float = 60, wait: bool = True) -> int | None:
+        """SIGTERM, then its exit status; `wait=False` returns at once and
+        leaves the wait (vLLM's shutdown takes about 5 s) to `reap_stopped`,
+        so a test session does not spend it once per server."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            if not wait:
+                _stopping.append((self, time.monotonic() + timeout))
+                return None
+        return self._finish(timeout)
+
+    def _finish(self, timeout: float) -> int:
+        try:
+            self.proc.wait(max(timeout, 0))
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
         self._log_file.close()
         return self.proc.returncode
 
 
+# Servers told to stop that may still be shutting down, with their deadlines.
+_stopping: list[tuple[ServerProcess, float]] = []
+
+
+@atexit.register
+def reap_stopped() -> None:
+    """Waits for every server stopped with `wait=False` (killed past its
+    deadline): none outlives the session."""
+    while _stopping:
+        proc, deadline = _stopping.pop()
+        proc._finish(deadline - time.monotonic())
+
+
 @contextmanager
 def running(*args: str, env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
-    """A server started, ready, and stopped at the end (for fixtures)."""
+    """A server started, ready, and stopped at the end (for fixtures; the
+    stop is not waited for, see ServerProcess.stop)."""
     proc = ServerProcess(*args, env=env)
     try:
         proc.wait_ready()
         yield proc
     finally:
-        proc.stop()
+        proc.stop(wait=False)

@@ -12,6 +12,7 @@ the marker cannot go stale.
 from __future__ import annotations
 
 import sys
+import time
 
 import pytest
 
@@ -27,15 +28,47 @@ def fault_file(tmp_path_factory):
     return tmp_path_factory.mktemp("fault") / "fail-next-load"
 
 
+_shared: list[ServerProcess] = []  # the session server, once started
+
+
 @pytest.fixture(scope="session")
 def server(fault_file):
-    """The embedded tiny-qwen2 model on a real vLLM engine."""
+    """The embedded tiny-qwen2 model on a real vLLM engine, shared by every
+    module on the default flags (each must leave it as `_left_clean` checks)."""
     proc = ServerProcess(env={FAULT_FILE_ENV: str(fault_file)})
     try:
         proc.wait_ready()
+        _shared.append(proc)
         yield proc
     finally:
-        proc.stop()
+        _shared.clear()
+        proc.stop(wait=False)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _left_clean(fault_file):
+    """After each module: the shared server is not degraded, not asleep, and
+    runs no request the module left behind, or the module fails here, loudly,
+    instead of a later module failing for a reason of this one's."""
+    yield
+    if not _shared or _shared[0].proc.poll() is not None:
+        return
+    with RolloutClient(_shared[0].target, timeout=30, retries=0) as c:
+        deadline = time.monotonic() + 15
+        while (info := c.server_info()).engine_requests and time.monotonic() < deadline:
+            time.sleep(0.1)
+    problems = [
+        what
+        for what, bad in (
+            ("degraded (an update failed inside the engine)", info.degraded),
+            ("asleep", info.sleeping),
+            (f"{info.engine_requests} engine requests still running", info.engine_requests),
+            ("its fault file in place (the next update would fail)", fault_file.exists()),
+        )
+        if bad
+    ]
+    if problems:
+        pytest.fail("this module left the shared server " + "; ".join(problems), pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -66,7 +99,10 @@ def _needs_engine(item) -> bool:
     modules = {getattr(item, "module", None)}
     info = getattr(item, "_fixtureinfo", None)
     for defs in info.name2fixturedefs.values() if info else ():
-        modules.update(sys.modules.get(d.func.__module__) for d in defs)
+        # This file's fixtures start the session server only through `server`.
+        modules.update(
+            sys.modules.get(d.func.__module__) for d in defs if d.func.__module__ != __name__
+        )
     return any(_starts_servers(m) for m in modules if m is not None)
 
 

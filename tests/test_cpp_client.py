@@ -85,7 +85,7 @@ def secure(tmp_path_factory):
         proc.wait_ready(token=ADMIN, **tls)
         yield proc, tls, flags
     finally:
-        proc.stop()
+        proc.stop(wait=False)
 
 
 @pytest.fixture(scope="module")

@@ -60,7 +60,7 @@ def replica2():
     try:
         yield r
     finally:
-        r.server.stop()
+        r.server.stop(wait=False)
 
 
 @pytest.fixture(scope="module")

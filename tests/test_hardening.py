@@ -40,7 +40,7 @@ def secure(tmp_path_factory):
             admin.wait_until_ready(300)
         yield proc, tls, metrics_port
     finally:
-        proc.stop()
+        proc.stop(wait=False)
         STALE.unlink(missing_ok=True)
 
 

@@ -47,7 +47,7 @@ def llava():
         with RolloutClient(proc.target, timeout=120) as c:
             yield proc, c
     finally:
-        proc.stop()
+        proc.stop(wait=False)
 
 
 def test_images_change_the_output(llava):
@@ -90,7 +90,7 @@ def test_vision_only_update_is_never_stale(llava, tmp_path):
         with RolloutClient(fresh.target) as f:
             want_tokens, want_logprobs, _ = greedy(f, image)
     finally:
-        fresh.stop()
+        fresh.stop(wait=False)
     assert after_tokens == want_tokens
     assert after_logprobs == pytest.approx(want_logprobs, abs=1e-6)
 

@@ -138,7 +138,7 @@ def secure_server(tmp_path_factory, certs):
         proc.wait_ready(token=ADMIN, **tls)
         yield proc, tls
     finally:
-        proc.stop()
+        proc.stop(wait=False)
 
 
 def test_the_tarball_holds_the_built_client_and_its_proto(packed):

@@ -63,7 +63,7 @@ def reference_server(new_weights, tmp_path_factory):
         proc.wait_ready()
         yield proc
     finally:
-        proc.stop()
+        proc.stop(wait=False)
 
 
 def test_update_is_never_stale_text(client, new_weights, reference_server):
