@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
+from harness.certs import make_certs, python_tls, server_tls_args
 from harness.serverproc import ServerProcess
 from rollout_client import RolloutClient
 from rollout_service.worker.weights_backend import FAULT_FILE_ENV
@@ -42,6 +45,37 @@ def server(fault_file):
         yield proc
     finally:
         _shared.clear()
+        proc.stop(wait=False)
+
+
+# The shared secure server's tokens: an admin, and two generate callers.
+ADMIN, GENERATE, GENERATE_B = "admin-token", "gen-token", "gen-token-b"
+
+
+@dataclass(frozen=True)
+class Secure:
+    """A server with bearer tokens and mutual TLS: the process, the
+    certificate files, and RolloutClient's TLS arguments for them."""
+
+    proc: ServerProcess
+    certs: dict[str, Path]
+    tls: dict
+
+
+@pytest.fixture(scope="session")
+def shared_secure(tmp_path_factory):
+    """One tokens-and-mutual-TLS server for every module that needs one on
+    these flags (the C++ and Node clients, the role table)."""
+    tmp = tmp_path_factory.mktemp("secure")
+    certs = make_certs(tmp)
+    tokens = tmp / "tokens"
+    tokens.write_text(f"admin:{ADMIN}\ngenerate:{GENERATE}\ngenerate:{GENERATE_B}\n")
+    proc = ServerProcess("--tokens-file", str(tokens), *server_tls_args(certs))
+    tls = python_tls(certs)
+    try:
+        proc.wait_ready(token=ADMIN, **tls)
+        yield Secure(proc, certs, tls)
+    finally:
         proc.stop(wait=False)
 
 
@@ -94,7 +128,7 @@ def _starts_servers(module) -> bool:
 
 def _needs_engine(item) -> bool:
     """The item's module, or the module of any fixture it uses, starts servers."""
-    if "server" in getattr(item, "fixturenames", ()):
+    if {"server", "shared_secure"} & set(getattr(item, "fixturenames", ())):
         return True
     modules = {getattr(item, "module", None)}
     info = getattr(item, "_fixtureinfo", None)

@@ -20,13 +20,11 @@ import crc32c
 import pytest
 import torch
 
-from harness.certs import make_certs, python_tls, server_tls_args
-from harness.serverproc import ServerProcess
 from rollout_client import RolloutClient, dtypes, pb
+from tests.conftest import ADMIN, GENERATE
 
 CPP_DIR = Path(__file__).resolve().parents[1] / "client" / "cpp"
 BUILD_DIR = CPP_DIR / "build"
-ADMIN, GENERATE = "admin-cpp-token", "generate-cpp-token"
 SEED = 20240611
 PROMPT_LEN = 200  # more than one KV block, so that a repeat hits the prefix cache
 MAX_TOKENS = 16
@@ -68,24 +66,13 @@ def trainer() -> Path:
 
 
 @pytest.fixture(scope="module")
-def secure(tmp_path_factory):
-    """A server of the test's own with tokens and mutual TLS, and the
-    arguments that reach it: (server, Python TLS kwargs, C++ TLS flags)."""
-    tmp = tmp_path_factory.mktemp("cpp")
-    certs = make_certs(tmp)
-    tokens = tmp / "tokens"
-    tokens.write_text(f"generate:{GENERATE}\nadmin:{ADMIN}\n")
-    proc = ServerProcess(
-        "--tokens-file", str(tokens), *server_tls_args(certs)
-    )  # fmt: skip
-    tls = python_tls(certs)
+def secure(shared_secure):
+    """The session's server with tokens and mutual TLS, and the arguments
+    that reach it: (server, Python TLS kwargs, C++ TLS flags)."""
+    certs = shared_secure.certs
     flags = ["--tls-ca", certs["ca"], "--tls-cert", certs["client"]]
     flags += ["--tls-key", certs["client_key"]]
-    try:
-        proc.wait_ready(token=ADMIN, **tls)
-        yield proc, tls, flags
-    finally:
-        proc.stop(wait=False)
+    return shared_secure.proc, shared_secure.tls, flags
 
 
 @pytest.fixture(scope="module")

@@ -30,11 +30,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from harness.certs import make_certs, python_tls, server_tls_args
 from harness.serverproc import ServerProcess
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
 from rollout_client import RolloutClient
+from tests.conftest import ADMIN, GENERATE
 
 REPO = Path(__file__).resolve().parents[1]
 NODE_DIR = REPO / "client" / "node"
@@ -47,7 +47,6 @@ NPM_ENV = {
     "npm_config_audit": "false",
     "npm_config_update_notifier": "false",
 }
-ADMIN, GENERATE = "admin-token", "gen-token"
 
 
 def _run(cmd: list[str], cwd: Path, timeout: float, env=None, check=True):
@@ -120,25 +119,15 @@ def packed(tmp_path_factory) -> Packed:
 
 
 @pytest.fixture(scope="module")
-def certs(tmp_path_factory) -> dict[str, Path]:
-    return make_certs(tmp_path_factory.mktemp("node-certs"))
+def certs(shared_secure) -> dict[str, Path]:
+    return shared_secure.certs
 
 
 @pytest.fixture(scope="module")
-def secure_server(tmp_path_factory, certs):
-    """A real server with bearer tokens and mutual TLS, and the Python
-    client's TLS arguments for it."""
-    tokens = tmp_path_factory.mktemp("node-tokens") / "tokens"
-    tokens.write_text(f"generate:{GENERATE}\nadmin:{ADMIN}\n")
-    proc = ServerProcess(
-        "--tokens-file", str(tokens), *server_tls_args(certs)
-    )  # fmt: skip
-    tls = python_tls(certs)
-    try:
-        proc.wait_ready(token=ADMIN, **tls)
-        yield proc, tls
-    finally:
-        proc.stop(wait=False)
+def secure_server(shared_secure):
+    """The session's server with bearer tokens and mutual TLS, and the
+    Python client's TLS arguments for it."""
+    return shared_secure.proc, shared_secure.tls
 
 
 def test_the_tarball_holds_the_built_client_and_its_proto(packed):

@@ -12,14 +12,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from harness.serverproc import running
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
 from rollout_service.ops.auth import ROLE_OF
+from tests.conftest import ADMIN, GENERATE, GENERATE_B
 
 PROTO = Path(__file__).parents[1] / "proto/rollout/v1/rollout.proto"
 SERVICE = pb.DESCRIPTOR.services_by_name["RolloutService"]
-TOKENS = {"gen-a": "generate", "gen-b": "generate", "adm": "admin"}
+TOKENS = {GENERATE: "generate", GENERATE_B: "generate", ADMIN: "admin"}
 DENIED = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED}
 
 
@@ -39,12 +39,13 @@ def test_the_proto_states_the_tables_role_on_every_rpc():
 
 
 @pytest.fixture(scope="module")
-def secured(tmp_path_factory):
-    tokens = tmp_path_factory.mktemp("roles") / "tokens"
-    tokens.write_text("".join(f"{role}:{token}\n" for token, role in TOKENS.items()))
-    with running("--tokens-file", str(tokens)) as proc:
-        with grpc.insecure_channel(proc.target) as channel:
-            yield rollout_pb2_grpc.RolloutServiceStub(channel)
+def secured(shared_secure):
+    certs = shared_secure.certs
+    creds = grpc.ssl_channel_credentials(
+        certs["ca"].read_bytes(), certs["client_key"].read_bytes(), certs["client"].read_bytes()
+    )
+    with grpc.secure_channel(shared_secure.proc.target, creds) as channel:
+        yield rollout_pb2_grpc.RolloutServiceStub(channel)
 
 
 def _call(stub, method, token: str | None):
@@ -99,25 +100,25 @@ def _abort(stub, token: str, **kw) -> list[str]:
 
 def _wait_engine_requests(stub, n: int) -> None:
     deadline = time.monotonic() + 60
-    while stub.GetServerInfo(pb.GetServerInfoRequest(), metadata=_md("adm")).engine_requests < n:
+    while stub.GetServerInfo(pb.GetServerInfoRequest(), metadata=_md(ADMIN)).engine_requests < n:
         assert time.monotonic() < deadline, f"{n} engine requests never ran"
         time.sleep(0.02)
 
 
 def test_a_generate_caller_aborts_only_its_own_calls(secured):
     out: dict = {}
-    threads = [_long_generate(secured, "adm", "victim-1", out)]
+    threads = [_long_generate(secured, ADMIN, "victim-1", out)]
     _wait_engine_requests(secured, 1)
     # Another caller's call, by id or by `all`: not found, not ended.
-    assert _abort(secured, "gen-a", request_ids=["victim-1"]) == []
-    assert _abort(secured, "gen-a", all=True) == []
-    threads.append(_long_generate(secured, "gen-b", "theirs-1", out))
+    assert _abort(secured, GENERATE, request_ids=["victim-1"]) == []
+    assert _abort(secured, GENERATE, all=True) == []
+    threads.append(_long_generate(secured, GENERATE_B, "theirs-1", out))
     _wait_engine_requests(secured, 2)
-    threads.append(_long_generate(secured, "gen-a", "mine-1", out))
+    threads.append(_long_generate(secured, GENERATE, "mine-1", out))
     _wait_engine_requests(secured, 3)
-    assert _abort(secured, "gen-a", all=True) == ["mine-1"]
+    assert _abort(secured, GENERATE, all=True) == ["mine-1"]
     # The admin may end anyone's.
-    assert _abort(secured, "adm", request_ids=["theirs-1", "nobody"]) == ["theirs-1"]
+    assert _abort(secured, ADMIN, request_ids=["theirs-1", "nobody"]) == ["theirs-1"]
     for t in threads:
         t.join(120)
     reasons = {rid: r.completions[0].finish_reason for rid, r in out.items()}
