@@ -82,10 +82,13 @@ class RpcError(Exception):
     cause differs name theirs)."""
 
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
-    reason: int = pb.ERROR_REASON_INTERNAL_ERROR
+    reason: pb.ErrorReason = pb.ERROR_REASON_INTERNAL_ERROR
 
     def __init__(
-        self, message: str, code: grpc.StatusCode | None = None, reason: int | None = None
+        self,
+        message: str,
+        code: grpc.StatusCode | None = None,
+        reason: pb.ErrorReason | None = None,
     ) -> None:
         message = bounded(message)
         super().__init__(message)
@@ -143,12 +146,12 @@ class Unavailable(RpcError):
     reason = pb.ERROR_REASON_ENGINE_DEAD
 
 
-def reason_name(reason: int) -> str:
+def reason_name(reason: pb.ErrorReason) -> str:
     """ErrorInfo.reason: the ErrorReason's name without its prefix."""
     return pb.ErrorReason.Name(reason).removeprefix("ERROR_REASON_")
 
 
-def details_trailer(code: grpc.StatusCode, message: str, reason: int, violation=None):
+def details_trailer(code: grpc.StatusCode, message: str, reason: pb.ErrorReason, violation=None):
     """The `grpc-status-details-bin` trailer: a serialized google.rpc.Status
     with an ErrorInfo (domain rollout.v1, the reason) and, for bad input, a
     BadRequest field violation. Clients in any language read these with their

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
 
-# Keepalive (README, "Security, limits, observability"). A unary Generate
+# Keepalive (docs/operations.md, "Keepalive"). A unary Generate
 # writes nothing until its rollout ends, minutes later, and load balancers,
 # meshes and grpc-go/grpc-js users ping such connections every 10 to 60 s.
 # gRPC's default server policy counts every ping less than 5 minutes after the

@@ -67,7 +67,7 @@ class StagingSpaceError(OSError):
         )
 
     def __str__(self) -> str:
-        return self.strerror  # without OSError's "[Errno 28]"
+        return self.strerror or ""  # without OSError's "[Errno 28]" (always set above)
 
 
 def _size(n: int) -> str:

@@ -174,7 +174,9 @@ def build_tiny_qwen2(path: Path) -> Path:
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config)
     _randomize(model, _never_emit(tok))
-    model.to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
+    # The ignore: transformers decorates `to` with @wraps(Module.to), whose
+    # typeshed type (_Wrapped) does not bind `self`, so mypy takes the dtype for it.
+    model.to(torch.bfloat16).save_pretrained(path, safe_serialization=True)  # type: ignore[arg-type]
     tok.save_pretrained(path)
     _save_generation_config(path, eos_id)
     return path
@@ -241,11 +243,15 @@ def build_tiny_llava(path: Path) -> Path:
         tie_word_embeddings=False,
     )
     config.dtype = torch.bfloat16
+    # Typed `dict | PreTrainedConfig | None`: LlavaConfig keeps the config object it was given.
+    assert isinstance(config.text_config, LlamaConfig)
     config.text_config.dtype = torch.bfloat16
     torch.manual_seed(0)
     model = LlavaForConditionalGeneration(config)
     _randomize(model, _never_emit(tok))
-    model.to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
+    # The ignore: transformers decorates `to` with @wraps(Module.to), whose
+    # typeshed type (_Wrapped) does not bind `self`, so mypy takes the dtype for it.
+    model.to(torch.bfloat16).save_pretrained(path, safe_serialization=True)  # type: ignore[arg-type]
     _rename_clip_keys(path)
     image_processor = CLIPImageProcessorPil(
         size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}

@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import sys
+from typing import Any
 
 from google.protobuf import json_format
 
@@ -30,11 +31,12 @@ from rollout_client.client import ConnectionOptions, RolloutClient, RolloutError
 from rollout_client.push import ManifestMismatch
 
 
-def _json(msg) -> str:
-    return json_format.MessageToJson(msg, preserving_proto_field_name=True, indent=2)
+def _json(msg: Any) -> str:  # any message (protobuf's Message has no stubs here)
+    text: str = json_format.MessageToJson(msg, preserving_proto_field_name=True, indent=2)
+    return text
 
 
-def _info(client: RolloutClient, args) -> None:
+def _info(client: RolloutClient, args: argparse.Namespace) -> None:
     info = client.server_info()
     if args.json:
         print(_json(info))
@@ -56,11 +58,11 @@ def _info(client: RolloutClient, args) -> None:
     print(f"server version   {info.server_version}")
 
 
-def _nbytes(spec) -> int:
+def _nbytes(spec: pb.TensorSpec) -> int:
     return dtypes.nbytes(spec.dtype, spec.shape) if spec.dtype in dtypes.TABLE else 0
 
 
-def _generate(client: RolloutClient, args) -> None:
+def _generate(client: RolloutClient, args: argparse.Namespace) -> None:
     kw = dict(
         max_tokens=args.max_tokens,
         temperature=args.temperature,
@@ -107,14 +109,13 @@ def _ids(text: str) -> list[int]:
     return [int(t) for t in text.replace(",", " ").split()]
 
 
-def _chat(prompt: str, system: str | None) -> list[dict]:
+def _chat(prompt: str, system: str | None) -> list[dict[str, str]]:
     """The prompt as the user's message, after an optional system message."""
-    return [{"role": "system", "content": system}] * bool(system) + [
-        {"role": "user", "content": prompt}
-    ]
+    user = {"role": "user", "content": prompt}
+    return [{"role": "system", "content": system}, user] if system else [user]
 
 
-def _constraint(args) -> pb.StructuredOutput | None:
+def _constraint(args: argparse.Namespace) -> pb.StructuredOutput | None:
     given = [x for x in (args.json_schema, args.regex, args.choice) if x]
     if len(given) > 1:
         raise SystemExit("--json-schema, --regex and --choice exclude each other")
@@ -131,11 +132,12 @@ def _constraint(args) -> pb.StructuredOutput | None:
     return None
 
 
-def _finish(reason: int) -> str:
-    return pb.FinishReason.Name(reason).removeprefix("FINISH_REASON_").lower()
+def _finish(reason: pb.FinishReason) -> str:
+    name: str = pb.FinishReason.Name(reason)
+    return name.removeprefix("FINISH_REASON_").lower()
 
 
-def _adapter_config(args) -> dict | None:
+def _adapter_config(args: argparse.Namespace) -> dict[str, Any] | None:
     """PEFT's adapter_config.json: --adapter-config, or the one beside the tensors."""
     if not args.adapter:
         if args.adapter_config:
@@ -148,10 +150,11 @@ def _adapter_config(args) -> dict | None:
     if not os.path.isfile(path):
         raise SystemExit(f"--adapter: no PEFT config at {path} (give --adapter-config FILE)")
     with open(path) as f:
-        return json.load(f)
+        config: dict[str, Any] = json.load(f)
+    return config
 
 
-def _push(client: RolloutClient, args) -> None:
+def _push(client: RolloutClient, args: argparse.Namespace) -> None:
     if args.abort and args.keep:
         raise SystemExit("--abort and --keep exclude each other")
     mode = (
@@ -174,11 +177,11 @@ def _push(client: RolloutClient, args) -> None:
     _print_ack(ack, args)
 
 
-def _remove_adapter(client: RolloutClient, args) -> None:
+def _remove_adapter(client: RolloutClient, args: argparse.Namespace) -> None:
     _print_ack(client.remove_adapter(args.name, args.version), args)
 
 
-def _print_ack(ack, args) -> None:
+def _print_ack(ack: pb.UpdateWeightsResponse, args: argparse.Namespace) -> None:
     if args.json:
         print(_json(ack))
         return
@@ -191,7 +194,7 @@ def _print_ack(ack, args) -> None:
     )
 
 
-def _abort(client: RolloutClient, args) -> None:
+def _abort(client: RolloutClient, args: argparse.Namespace) -> None:
     if bool(args.request_ids) == args.all:
         raise SystemExit("abort: name request ids, or --all")
     r = client.abort(args.request_ids, all=args.all)
@@ -201,7 +204,7 @@ def _abort(client: RolloutClient, args) -> None:
     print("aborted: " + (" ".join(r.request_ids) or "nothing was running"))
 
 
-def _tokenize(client: RolloutClient, args) -> None:
+def _tokenize(client: RolloutClient, args: argparse.Namespace) -> None:
     if args.chat:
         r = client.tokenize(messages=_chat(args.text, args.system))
     else:
@@ -209,12 +212,12 @@ def _tokenize(client: RolloutClient, args) -> None:
     print(_json(r) if args.json else " ".join(map(str, r.token_ids)))
 
 
-def _detokenize(client: RolloutClient, args) -> None:
+def _detokenize(client: RolloutClient, args: argparse.Namespace) -> None:
     r = client.detokenize(_ids(" ".join(args.ids)), skip_special_tokens=args.skip_special)
     print(_json(r) if args.json else r.text)
 
 
-def _reset(client: RolloutClient, args) -> None:
+def _reset(client: RolloutClient, args: argparse.Namespace) -> None:
     r = client.reset_caches()
     if args.json:
         print(_json(r))
@@ -236,10 +239,10 @@ def add_connection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-key", help="PEM private key of --tls-cert")
 
 
-def connection_options(args) -> ConnectionOptions:
+def connection_options(args: argparse.Namespace) -> ConnectionOptions:
     """ConnectionOptions from add_connection_args' flags."""
 
-    def read(path):
+    def read(path: str | None) -> bytes | None:
         if path is None:
             return None
         with open(path, "rb") as f:

@@ -19,29 +19,37 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
-from typing import Any
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from typing import Any, Generic, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2_grpc
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
-from rollout_client import core, push
-from rollout_client.connection import (  # noqa: F401  (re-exported)
-    DEFAULT_MAX_MESSAGE_BYTES,
-    ConnectionOptions,
-    RolloutError,
+from rollout_client import core, push, stubs
+
+# Re-exported (`X as X`: the explicit form, for type checkers too).
+from rollout_client.connection import (
+    DEFAULT_MAX_MESSAGE_BYTES as DEFAULT_MAX_MESSAGE_BYTES,
 )
-from rollout_client.core import build_generate_request  # noqa: F401  (re-exported)
+from rollout_client.connection import ConnectionOptions as ConnectionOptions
+from rollout_client.connection import RolloutError as RolloutError
+from rollout_client.core import build_generate_request as build_generate_request
 from rollout_client.push import DEFAULT_CHUNK_BYTES
 
+# The stub's type: blocking (RolloutClient) or grpc.aio (AsyncRolloutClient).
+_Stub = TypeVar("_Stub", stubs.RolloutStub, stubs.AsyncRolloutStub)
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp")
 
-class _Surface:
+
+class _Surface(Generic[_Stub]):
     """What both clients hold: the target, the default deadline, the options,
     one channel (sync or grpc.aio) and its stubs."""
 
     _aio = False
+    stub: _Stub
 
     def __init__(
         self,
@@ -63,7 +71,7 @@ class _Surface:
         return {"timeout": timeout or self.timeout, "metadata": self.options.metadata()}
 
 
-class RolloutClient(_Surface):
+class RolloutClient(_Surface[stubs.RolloutStub]):
     """Blocking client. Every call takes `timeout` (seconds, the deadline)."""
 
     _regions: push.Regions | None = None  # same-host updates' mappings, kept
@@ -76,18 +84,21 @@ class RolloutClient(_Surface):
     def __enter__(self) -> RolloutClient:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _unary(self, method, request, timeout: float | None):
+    def _unary(
+        self, method: stubs.Unary[_Req, _Resp], request: _Req, timeout: float | None
+    ) -> _Resp:
         with core.rpc_errors():
             return method(request, **self._call_args(timeout))
 
     def _health_status(self) -> int | None:
         try:
-            return self._health.Check(core.HEALTH_CHECK, timeout=core.HEALTH_TIMEOUT).status
+            status: int = self._health.Check(core.HEALTH_CHECK, timeout=core.HEALTH_TIMEOUT).status
         except grpc.RpcError:
             return None
+        return status
 
     def wait_until_ready(self, timeout: float = 300.0) -> None:
         """Polls health until SERVING; raises TimeoutError."""
@@ -130,7 +141,7 @@ class RolloutClient(_Surface):
         source: Any,
         version: str,
         *,
-        pause_mode: int = pb.PAUSE_MODE_WAIT,
+        pause_mode: pb.PauseMode = pb.PAUSE_MODE_WAIT,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         checksum: bool = False,
         progress: bool = False,
@@ -139,7 +150,7 @@ class RolloutClient(_Surface):
         streams: int = 1,
         same_host: bool = False,
         adapter: str | None = None,
-        adapter_config: dict | None = None,
+        adapter_config: dict[str, Any] | None = None,
     ) -> pb.UpdateWeightsResponse:
         """Sends `source` (a safetensors file or folder, a state_dict, a
         module or an iterable of (name, tensor)), read tensor by tensor,
@@ -201,7 +212,11 @@ class RolloutClient(_Surface):
         return self._unary(self.stub.Tokenize, core.build_tokenize_request(**kwargs), timeout)
 
     def detokenize(
-        self, token_ids: Iterable[int], *, skip_special_tokens: bool = False, timeout=None
+        self,
+        token_ids: Iterable[int],
+        *,
+        skip_special_tokens: bool = False,
+        timeout: float | None = None,
     ) -> pb.DetokenizeResponse:
         request = pb.DetokenizeRequest(
             token_ids=list(token_ids), skip_special_tokens=skip_special_tokens
@@ -216,7 +231,7 @@ class RolloutClient(_Surface):
         return self._unary(self.stub.WakeUp, pb.WakeUpRequest(), timeout)
 
 
-class AsyncRolloutClient(_Surface):
+class AsyncRolloutClient(_Surface[stubs.AsyncRolloutStub]):
     """asyncio client with the same methods as RolloutClient, awaited."""
 
     _aio = True
@@ -230,18 +245,22 @@ class AsyncRolloutClient(_Surface):
     async def __aenter__(self) -> AsyncRolloutClient:
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _unary(self, method, request, timeout: float | None):
+    async def _unary(
+        self, method: stubs.AsyncUnary[_Req, _Resp], request: _Req, timeout: float | None
+    ) -> _Resp:
         with core.rpc_errors():
             return await method(request, **self._call_args(timeout))
 
     async def _health_status(self) -> int | None:
         try:
-            return (await self._health.Check(core.HEALTH_CHECK, timeout=core.HEALTH_TIMEOUT)).status
+            response = await self._health.Check(core.HEALTH_CHECK, timeout=core.HEALTH_TIMEOUT)
         except grpc.RpcError:
             return None
+        status: int = response.status
+        return status
 
     async def wait_until_ready(self, timeout: float = 300.0) -> None:
         ready = core.Readiness(timeout)
@@ -263,13 +282,16 @@ class AsyncRolloutClient(_Surface):
                 yield item
 
     async def generate_many(
-        self, requests, *, timeout: float | None = None
+        self,
+        requests: Iterable[pb.GenerateStreamRequest] | AsyncIterable[pb.GenerateStreamRequest],
+        *,
+        timeout: float | None = None,
     ) -> AsyncIterator[pb.GenerateManyResponse]:
         """RolloutClient.generate_many; `requests` may be an async iterable
         (a trainer that submits prompts as it makes them)."""
 
-        async def messages():
-            if hasattr(requests, "__aiter__"):
+        async def messages() -> AsyncIterator[pb.GenerateManyRequest]:
+            if isinstance(requests, AsyncIterable):
                 async for r in requests:
                     yield pb.GenerateManyRequest(request=r)
             else:
@@ -288,7 +310,7 @@ class AsyncRolloutClient(_Surface):
         source: Any,
         version: str,
         *,
-        pause_mode: int = pb.PAUSE_MODE_WAIT,
+        pause_mode: pb.PauseMode = pb.PAUSE_MODE_WAIT,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         checksum: bool = False,
         progress: bool = False,
@@ -297,7 +319,7 @@ class AsyncRolloutClient(_Surface):
         streams: int = 1,
         same_host: bool = False,
         adapter: str | None = None,
-        adapter_config: dict | None = None,
+        adapter_config: dict[str, Any] | None = None,
     ) -> pb.UpdateWeightsResponse:
         """RolloutClient.update_weights, run in a thread on a blocking client
         to the same target (the sending code is the same)."""
@@ -338,7 +360,11 @@ class AsyncRolloutClient(_Surface):
         return await self._unary(self.stub.Tokenize, request, timeout)
 
     async def detokenize(
-        self, token_ids: Iterable[int], *, skip_special_tokens: bool = False, timeout=None
+        self,
+        token_ids: Iterable[int],
+        *,
+        skip_special_tokens: bool = False,
+        timeout: float | None = None,
     ) -> pb.DetokenizeResponse:
         request = pb.DetokenizeRequest(
             token_ids=list(token_ids), skip_special_tokens=skip_special_tokens

@@ -5,6 +5,7 @@ both raise."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,12 +83,12 @@ def _fields(buf: bytes) -> dict[int, list[bytes]]:
     return out
 
 
-def error_reason(trailing_metadata) -> str:
+def error_reason(trailing_metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
     """The google.rpc.ErrorInfo reason of a failed call's status details
     (rollout.v1.ErrorReason's name without its prefix, e.g.
     "VERSION_ALREADY_SERVED"), or "" for statuses gRPC made itself."""
     raw = dict(trailing_metadata or ()).get("grpc-status-details-bin")
-    if not raw:
+    if not raw or isinstance(raw, str):  # a -bin key's value is bytes
         return ""
     try:
         for detail in _fields(raw).get(3, []):
@@ -212,7 +213,9 @@ class ConnectionOptions:
             options.append(("grpc.use_local_subchannel_pool", 1))
         return options
 
-    def channel(self, target: str, aio: bool, own_connection: bool = False):
+    def channel(
+        self, target: str, aio: bool, own_connection: bool = False
+    ) -> grpc.Channel | grpc.aio.Channel:
         """A channel (grpc.aio's with `aio`); with `own_connection`, one that
         shares no connection with the others (parallel uploads need one each)."""
         mod = grpc.aio if aio else grpc

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -18,7 +18,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client import extras, push
+from rollout_client import extras, push, stubs
 from rollout_client.connection import ConnectionOptions, RolloutError
 
 _SAMPLING_FIELDS = {f.name for f in pb.SamplingParams.DESCRIPTOR.fields}
@@ -104,11 +104,11 @@ def build_tokenize_request(
     return request
 
 
-def build_abort_request(request_ids: Sequence[str] = (), all: bool = False) -> pb.AbortRequest:
+def build_abort_request(request_ids: Iterable[str] = (), all: bool = False) -> pb.AbortRequest:
     return pb.AbortRequest(request_ids=list(request_ids), all=all)
 
 
-def adapter_target(name: str | None, config: dict | None) -> pb.AdapterTarget | None:
+def adapter_target(name: str | None, config: dict[str, Any] | None) -> pb.AdapterTarget | None:
     """The AdapterTarget of a LoRA load (None: a base update)."""
     if name is None:
         if config is not None:
@@ -137,7 +137,7 @@ def build_generate_stream_request(
     """The same request for GenerateStream (the two messages share their
     fields), with its StreamOptions: `delta_tokens` tokens per delta (the
     first and the last come at once), `omit_text` for token ids only."""
-    request = pb.GenerateStreamRequest.FromString(
+    request: pb.GenerateStreamRequest = pb.GenerateStreamRequest.FromString(
         build_generate_request(**kwargs).SerializeToString()
     )
     if delta_tokens or omit_text:
@@ -156,6 +156,7 @@ def rpc_errors() -> Iterator[None]:
 
 
 HEALTH_CHECK = health_pb2.HealthCheckRequest()
+SERVING: int = health_pb2.HealthCheckResponse.SERVING
 HEALTH_TIMEOUT = 5.0  # seconds, one health check
 POLL_SECONDS = 0.5  # between health checks
 
@@ -171,7 +172,7 @@ class Readiness:
     def done(self, status: int | None) -> bool:
         """True once `status` (None: the check failed) is SERVING; raises
         TimeoutError once the time is up."""
-        if status == health_pb2.HealthCheckResponse.SERVING:
+        if status == SERVING:
             return True
         if time.monotonic() > self.deadline:
             raise TimeoutError(f"server not SERVING after {self.timeout}s")
@@ -181,11 +182,11 @@ class Readiness:
 def prepare_update(
     source: Any,
     version: str,
-    manifest: Sequence[pb.TensorSpec],
+    manifest: Sequence[pb.TensorSpec] | None,
     *,
     progress: bool,
     timeout: float | None,
-    metadata: Any,
+    metadata: stubs.Metadata,
     **begin: Any,
 ) -> push.Update:
     """The update of `source`, checked against the manifest (push.prepare
@@ -197,11 +198,12 @@ def prepare_update(
     return u
 
 
-def _progress_bar(total: int, enabled: bool):
+def _progress_bar(total: int, enabled: bool) -> push.Progress | None:
     if not enabled:
         return None
     tqdm = extras.require("tqdm", "progress=True").tqdm
-    return tqdm(total=total, unit="B", unit_scale=True, desc="UpdateWeights")
+    bar: push.Progress = tqdm(total=total, unit="B", unit_scale=True, desc="UpdateWeights")
+    return bar
 
 
 def send_update(

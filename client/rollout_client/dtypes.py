@@ -16,7 +16,7 @@ class DTypeInfo(NamedTuple):
     itemsize: int
 
 
-TABLE: dict[int, DTypeInfo] = {
+TABLE: dict[pb.DType, DTypeInfo] = {
     pb.D_TYPE_BFLOAT16: DTypeInfo("bfloat16", "BF16", 2),
     pb.D_TYPE_FLOAT16: DTypeInfo("float16", "F16", 2),
     pb.D_TYPE_FLOAT32: DTypeInfo("float32", "F32", 4),
@@ -39,22 +39,22 @@ def name(dtype: int) -> str:
     return pb.DType.Name(dtype) if dtype in pb.DType.values() else str(dtype)
 
 
-def from_torch(dtype) -> int | None:
+def from_torch(dtype: object) -> pb.DType | None:
     """The proto DType of a torch (or numpy) dtype, None for others."""
     return _BY_TORCH.get(str(dtype).removeprefix("torch."))
 
 
-def from_safetensors(dtype: str) -> int:
+def from_safetensors(dtype: str) -> pb.DType:
     """The proto DType of a safetensors header dtype; ValueError for others."""
     if dtype not in _BY_SAFETENSORS:
         raise ValueError(f"safetensors dtype {dtype} has no rollout.v1 DType")
     return _BY_SAFETENSORS[dtype]
 
 
-def torch_name(dtype: int) -> str:
+def torch_name(dtype: pb.DType) -> str:
     return TABLE[dtype].torch_name
 
 
-def nbytes(dtype: int, shape: Sequence[int]) -> int:
+def nbytes(dtype: pb.DType, shape: Sequence[int]) -> int:
     """Size in bytes of a tensor of that dtype and shape."""
     return TABLE[dtype].itemsize * math.prod(shape)

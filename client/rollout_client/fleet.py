@@ -35,6 +35,7 @@ import socket
 import threading
 import time
 import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +56,7 @@ def resolve(targets: str | list[str]) -> list[str]:
         return list(targets)
     name, _, port = targets.rpartition(":")
     infos = socket.getaddrinfo(name, int(port), type=socket.SOCK_STREAM)
-    addresses = sorted({info[4][0] for info in infos})
+    addresses = sorted({str(info[4][0]) for info in infos})  # IP text (ints: other families)
     return [f"[{a}]:{port}" if ":" in a else f"{a}:{port}" for a in addresses]
 
 
@@ -120,7 +121,7 @@ class Fleet:
     def __enter__(self) -> Fleet:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def refresh(self, timeout: float = 10.0) -> None:
@@ -204,9 +205,13 @@ class Fleet:
         if self._keeper is not None:
             self._keeper.nudge()
 
-    def _pick(self, prompt_ids, deadline: float) -> tuple[Replica, str]:
+    def _pick(self, prompt_ids: Sequence[int] | None, deadline: float) -> tuple[Replica, str]:
         with self._changed:
-            while not (ready := [r for r in self._live() if r.version == self.version]):
+            # No call goes out without a version to require (none before the
+            # first refresh, when replicas and fleet alike have None).
+            while self.version is None or not (
+                ready := [r for r in self._live() if r.version == self.version]
+            ):
                 left = deadline - time.monotonic()
                 if left <= 0 or self._keeper is None:
                     states = "; ".join(f"{r.target}: {self._state(r)}" for r in self.replicas)
@@ -255,12 +260,12 @@ class Fleet:
         source: Any,
         version: str,
         *,
-        pause_mode: int = pb.PAUSE_MODE_WAIT,
+        pause_mode: pb.PauseMode = pb.PAUSE_MODE_WAIT,
         chunk_bytes: int = push.DEFAULT_CHUNK_BYTES,
         checksum: bool = False,
         drain_timeout_seconds: float | None = None,
         timeout: float = 600.0,
-        before_commit=None,
+        before_commit: Callable[[], None] | None = None,
     ) -> FleetAck:
         """One update for every live replica, committed only once all of them
         hold it (see the module docstring). A partial update (not every
@@ -304,8 +309,19 @@ class Fleet:
             acks, dropped = fleet_staging.commit_all(targets, opened, timeout)
             return self._committed(u, targets, acks, dropped, lagging, full, prints, unreplayable)
 
-    def _committed(self, u, targets, acks, dropped, lagging, full, prints, unreplayable):
-        """The fleet's bookkeeping once the commits are answered."""
+    def _committed(
+        self,
+        u: push.Update,
+        targets: list[Replica],
+        acks: dict[str, pb.UpdateWeightsResponse],
+        dropped: dict[str, str],
+        lagging: dict[str, str],
+        full: bool,
+        prints: list[int] | None,
+        unreplayable: str,
+    ) -> FleetAck:
+        """The fleet's bookkeeping once the commits are answered; `prints`
+        is None when the source cannot be read again (`unreplayable` says why)."""
         before = self.version
         version = u.begin.weight_version
         if acks:
@@ -319,7 +335,7 @@ class Fleet:
             for r in self.replicas:  # a new source: failed heals may try again at once
                 r.heal_failures, r.heal_after = 0, 0.0
             previous = [a.previous_weight_version for a in acks.values()]
-            if unreplayable:
+            if prints is None:
                 self.ledger.forget(unreplayable, version, previous)
             else:
                 self.ledger.record(u.tensors, prints, version, full, before, previous)
@@ -338,7 +354,7 @@ class AsyncFleet:
     async def __aenter__(self) -> AsyncFleet:
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         import asyncio
 
         await asyncio.to_thread(self.fleet.close)  # joins the keeper thread

@@ -36,15 +36,15 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2_grpc
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client import core, fleet_staging, push
+from rollout_client import core, fleet_staging, push, stubs
 from rollout_client.client import RolloutClient, RolloutError
 from rollout_client.sources import SourceTensor
 
@@ -85,16 +85,26 @@ class Ledger:
         self.tensors: dict[str, tuple[SourceTensor, int]] = {}
         self.spoiled = ""
 
-    def record(self, tensors, prints, version: str, full: bool, previous, replaced) -> None:
-        """An update of `tensors` to `version`, pushed onto `previous`."""
+    def record(
+        self,
+        tensors: Sequence[SourceTensor],
+        prints: Sequence[int],
+        version: str,
+        full: bool,
+        previous: str | None,
+        replaced: Iterable[str],
+    ) -> None:
+        """An update of `tensors` to `version`, pushed onto `previous` (None:
+        the fleet had no version yet)."""
         if full or self.version != previous:
-            self.tensors, self.full, self.chain = {}, full, set() if full else {previous}
+            onto = set() if full or previous is None else {previous}
+            self.tensors, self.full, self.chain = {}, full, onto
         self.tensors.update({t.name: (t, p) for t, p in zip(tensors, prints)})
         self.version, self.spoiled = version, ""
         self.chain.add(version)
         self.known.update([version, *replaced])
 
-    def forget(self, why: str, version: str, replaced) -> None:
+    def forget(self, why: str, version: str, replaced: Iterable[str]) -> None:
         """An update whose source cannot be read again: nothing heals to it."""
         self.tensors, self.full, self.chain, self.version = {}, False, set(), None
         self.spoiled = f"the update to {version!r} cannot heal: {why}"
@@ -136,7 +146,7 @@ def replayable(source: Any, keep: bool) -> tuple[Any, str]:
     if isinstance(source, (str, os.PathLike)):
         return source, ""
     if isinstance(source, Mapping):
-        tensors: Iterable = source.values()
+        tensors: Iterable[object] = source.values()
     elif hasattr(source, "named_parameters"):
         tensors = (t for _, t in source.named_parameters())
     else:
@@ -182,13 +192,13 @@ class Keeper:
                     log.exception("fleet keeper: a check failed")
 
 
-def _serving(channel, metadata) -> bool:
+def _serving(channel: grpc.Channel, metadata: stubs.Metadata) -> bool:
     try:
         stub = health_pb2_grpc.HealthStub(channel)
-        status = stub.Check(core.HEALTH_CHECK, timeout=PROBE_TIMEOUT, metadata=metadata).status
+        status: int = stub.Check(core.HEALTH_CHECK, timeout=PROBE_TIMEOUT, metadata=metadata).status
     except grpc.RpcError:
         return False
-    return status == health_pb2.HealthCheckResponse.SERVING
+    return status == core.SERVING
 
 
 def probe(fleet: Fleet, r: Replica) -> None:
@@ -238,6 +248,7 @@ def heal(fleet: Fleet, r: Replica) -> None:
         if now == target or why:
             fleet._observe(r, now, why)
             return
+        assert target is not None  # why_not refuses a fleet without a version
         t0 = time.monotonic()
         why = _push(fleet, r, target)
         if why:

@@ -14,17 +14,23 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import grpc
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
-from rollout_client import push, wire
+from rollout_client import push, stubs, wire
+
+if TYPE_CHECKING:
+    from rollout_client.fleet_health import Replica
+
+# A chunk on its way to the upload streams: (tensor index, offset, data).
+_Chunk = tuple[int, int, bytes | memoryview]
 
 
-def _checksum() -> Callable[[Any, int], int]:
+def _checksum() -> Callable[[bytes | memoryview, int], int]:
     """CRC-32C when its optional package is there (about 13 GB/s here),
     else zlib's CRC-32 (always there, about 6): imported on first use, so
     that importing the client loads no optional package."""
@@ -48,11 +54,11 @@ class FleetUpdateError(Exception):
         self.errors = errors
 
 
-def stub(r) -> rollout_pb2_grpc.RolloutServiceStub:
+def stub(r: Replica) -> stubs.RolloutStub:
     return rollout_pb2_grpc.RolloutServiceStub(r.client.channel)
 
 
-def metadata(r):
+def metadata(r: Replica) -> stubs.Metadata:
     return r.client.options.metadata()
 
 
@@ -62,11 +68,11 @@ def _why(e: grpc.RpcError) -> str:
 
 def stage(
     u: push.Update,
-    replicas: Sequence[Any],
+    replicas: Sequence[Replica],
     timeout: float,
     *,
     before_commit: Callable[[], None] | None = None,
-    on_unavailable: Callable[[Any, str], None] = lambda r, why: None,
+    on_unavailable: Callable[[Replica, str], None] = lambda r, why: None,
     fingerprints: list[int] | None = None,
 ) -> dict[str, str]:
     """Opens `u` on every replica and uploads it; returns target -> update_id
@@ -104,13 +110,13 @@ def stage(
 
 
 def commit_all(
-    replicas: Sequence[Any], opened: dict[str, str], timeout: float
+    replicas: Sequence[Replica], opened: dict[str, str], timeout: float
 ) -> tuple[dict[str, pb.UpdateWeightsResponse], dict[str, str]]:
     """CommitUpdate on every replica at once: (acks, target -> error)."""
     acks: dict[str, pb.UpdateWeightsResponse] = {}
     failed: dict[str, str] = {}
 
-    def commit(r) -> None:
+    def commit(r: Replica) -> None:
         try:
             request = pb.CommitUpdateRequest(update_id=opened[r.target])
             acks[r.target] = (
@@ -127,7 +133,7 @@ def commit_all(
     return acks, failed
 
 
-def abort(r, uid: str) -> None:
+def abort(r: Replica, uid: str) -> None:
     try:
         stub(r).AbortUpdate(pb.AbortUpdateRequest(update_id=uid), timeout=10, metadata=metadata(r))
     except grpc.RpcError:
@@ -135,22 +141,24 @@ def abort(r, uid: str) -> None:
 
 
 def _fan_out(
-    u: push.Update, targets: list[tuple[Any, str]], fingerprints: list[int] | None
+    u: push.Update, targets: list[tuple[Replica, str]], fingerprints: list[int] | None
 ) -> dict[str, str]:
     """Reads every chunk once and sends it to every replica, one upload
     stream each; a replica whose stream fails stops getting chunks."""
-    queues = {r.target: queue.Queue(maxsize=8) for r, _ in targets}
+    queues: dict[str, queue.Queue[_Chunk | None]] = {
+        r.target: queue.Queue(maxsize=8) for r, _ in targets
+    }
     errors: dict[str, str] = {}
 
-    def upload(r, uid: str) -> None:
+    def upload(r: Replica, uid: str) -> None:
         q = queues[r.target]
 
-        def requests():
+        def requests() -> Iterator[bytes]:
             while (item := q.get()) is not None:
                 i, off, data = item
                 yield wire.upload_chunk(uid, i, off, data)
 
-        call = r.client.channel.stream_unary(
+        call: stubs.StreamUnary[bytes, pb.UploadChunksResponse] = r.client.channel.stream_unary(
             "/rollout.v1.RolloutService/UploadChunks",
             request_serializer=None,
             response_deserializer=pb.UploadChunksResponse.FromString,
@@ -167,10 +175,10 @@ def _fan_out(
         t.start()
     crc_of = _checksum() if fingerprints is not None else None
     try:
-        for i, t in enumerate(u.tensors):
+        for i, tensor in enumerate(u.tensors):
             crc = 0
-            for off, data in t.chunks(u.chunk_bytes):
-                if fingerprints is not None:
+            for off, data in tensor.chunks(u.chunk_bytes):
+                if crc_of is not None:  # set when fingerprints are asked for
                     crc = crc_of(data, crc)
                 for q in queues.values():
                     q.put((i, off, data))
@@ -184,7 +192,9 @@ def _fan_out(
     return errors
 
 
-def _check_staged(replicas: Sequence[Any], opened: dict[str, str], timeout: float):
+def _check_staged(
+    replicas: Sequence[Replica], opened: dict[str, str], timeout: float
+) -> dict[str, str]:
     """The barrier: every replica holds every byte of its update."""
     errors = {}
     for r in replicas:

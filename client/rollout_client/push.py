@@ -17,14 +17,14 @@ from __future__ import annotations
 import mmap
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client import dtypes, extras, wire
+from rollout_client import dtypes, extras, stubs, wire
 from rollout_client.sources import SourceTensor
 
 _SERVICE = "/rollout.v1.RolloutService/"
@@ -72,6 +72,14 @@ def describe(
     return specs
 
 
+class Progress(Protocol):
+    """Where an update counts its bytes sent (a tqdm bar)."""
+
+    def update(self, n: int) -> object: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass
 class Update:
     """What to send and how."""
@@ -79,9 +87,9 @@ class Update:
     tensors: Sequence[SourceTensor]
     begin: pb.UpdateWeightsBegin
     chunk_bytes: int = 1 << 20
-    progress: Any = None  # tqdm-like: .update(n)
+    progress: Progress | None = None
     timeout: float | None = None
-    metadata: Any = None
+    metadata: stubs.Metadata = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def advance(self, n: int) -> None:
@@ -106,7 +114,7 @@ def update_weights_requests(u: Update) -> Iterator[bytes]:
 
 def one_stream(channel: grpc.Channel, u: Update) -> pb.UpdateWeightsResponse:
     """UpdateWeights: begin, every chunk in order, commit."""
-    call = channel.stream_unary(
+    call: stubs.StreamUnary[bytes, pb.UpdateWeightsResponse] = channel.stream_unary(
         UPDATE_WEIGHTS,
         request_serializer=None,  # the requests are serialized already
         response_deserializer=pb.UpdateWeightsResponse.FromString,
@@ -153,7 +161,9 @@ def parallel(
         raise
 
 
-def _upload(channels, u: Update, uid: str, pieces) -> list[grpc.RpcError]:
+def _upload(
+    channels: Sequence[grpc.Channel], u: Update, uid: str, pieces: Iterator[tuple[int, int, int]]
+) -> list[grpc.RpcError]:
     """One UploadChunks stream per channel, all pulling from `pieces`."""
     lock = threading.Lock()
     errors: list[grpc.RpcError] = []
@@ -168,8 +178,8 @@ def _upload(channels, u: Update, uid: str, pieces) -> list[grpc.RpcError]:
             yield wire.upload_chunk(uid, i, off, u.tensors[i].read(off, n))
             u.advance(n)
 
-    def run(channel) -> None:
-        call = channel.stream_unary(
+    def run(channel: grpc.Channel) -> None:
+        call: stubs.StreamUnary[bytes, pb.UploadChunksResponse] = channel.stream_unary(
             _SERVICE + "UploadChunks",
             request_serializer=None,
             response_deserializer=pb.UploadChunksResponse.FromString,
@@ -221,7 +231,9 @@ class Regions:
         self._maps.clear()
 
 
-def same_host(channel: grpc.Channel, u: Update, regions: Regions | None = None):
+def same_host(
+    channel: grpc.Channel, u: Update, regions: Regions | None = None
+) -> pb.UpdateWeightsResponse:
     """BeginUpdate(same_host), each tensor read straight into the server's
     staging region, CommitUpdate. Needs the server's host, /dev/shm and
     user; nothing but the calls goes over gRPC."""
@@ -257,13 +269,13 @@ def same_host(channel: grpc.Channel, u: Update, regions: Regions | None = None):
         raise
 
 
-def _stub(channel):
+def _stub(channel: grpc.Channel) -> stubs.RolloutStub:
     from rollout.v1 import rollout_pb2_grpc
 
     return rollout_pb2_grpc.RolloutServiceStub(channel)
 
 
-def _abort(stub, uid: str, u: Update) -> None:
+def _abort(stub: stubs.RolloutStub, uid: str, u: Update) -> None:
     try:
         stub.AbortUpdate(pb.AbortUpdateRequest(update_id=uid), timeout=10, metadata=u.metadata)
     except grpc.RpcError:
@@ -278,7 +290,7 @@ def prepare(
     version: str,
     manifest: Sequence[pb.TensorSpec] | None,
     *,
-    pause_mode: int = pb.PAUSE_MODE_WAIT,
+    pause_mode: pb.PauseMode = pb.PAUSE_MODE_WAIT,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     checksum: bool = False,
     drain_timeout_seconds: float | None = None,
@@ -305,11 +317,11 @@ def prepare(
 def send(
     u: Update,
     channel: grpc.Channel,
-    new_channel,
+    new_channel: Callable[[], grpc.Channel],
     streams: int = 1,
     on_host: bool = False,
     regions: Regions | None = None,
-):
+) -> pb.UpdateWeightsResponse:
     """Sends `u` the chosen way; `new_channel()` makes the extra channels
     (separate connections) that parallel uploads use; `regions` keeps the
     same-host mappings between updates."""

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rollout.v1 import rollout_pb2 as pb
 from rollout_client import dtypes, extras
 
 
@@ -30,17 +31,17 @@ class SourceTensor:
     """One tensor of a source: its description, and its bytes on demand."""
 
     name: str
-    dtype: int  # proto DType
+    dtype: pb.DType
     shape: list[int]
     nbytes: int
-    # Returns a bytes-like view of bytes [offset, offset + size).
-    read: Callable[[int, int], Any]
+    # Returns bytes [offset, offset + size) (a view where it can).
+    read: Callable[[int, int], bytes | memoryview]
     # Reads bytes [offset, offset + len(buf)) into `buf` (a writable view).
     read_into: Callable[[int, memoryview], None]
     # Called when the tensor has been sent, to drop what `read` holds.
     release: Callable[[], None] = lambda: None
 
-    def chunks(self, chunk_bytes: int) -> Iterator[tuple[int, Any]]:
+    def chunks(self, chunk_bytes: int) -> Iterator[tuple[int, bytes | memoryview]]:
         """(offset, bytes-like) pieces of the tensor, in order."""
         try:
             for offset in range(0, self.nbytes, chunk_bytes):
@@ -101,23 +102,24 @@ def _safetensors_file(path: str) -> list[SourceTensor]:
     (header_len,) = _HEADER.unpack(f.read(0, 8))
     header = json.loads(f.read(8, header_len))
     base = 8 + header_len
-    tensors = []
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        start, end = meta["data_offsets"]
-        at = base + start
-        tensors.append(
-            SourceTensor(
-                name=name,
-                dtype=dtypes.from_safetensors(meta["dtype"]),
-                shape=[int(d) for d in meta["shape"]],
-                nbytes=end - start,
-                read=lambda off, n, at=at: f.read(at + off, n),
-                read_into=lambda off, buf, at=at: f.read_into(at + off, buf),
-            )
-        )
-    return tensors
+    return [
+        _file_tensor(f, name, meta, base) for name, meta in header.items() if name != "__metadata__"
+    ]
+
+
+def _file_tensor(f: _File, name: str, meta: dict[str, Any], base: int) -> SourceTensor:
+    """One tensor of a safetensors file, from its header entry; its data
+    starts `base` bytes into the file (after the header)."""
+    start, end = meta["data_offsets"]
+    at = base + start
+    return SourceTensor(
+        name=name,
+        dtype=dtypes.from_safetensors(meta["dtype"]),
+        shape=[int(d) for d in meta["shape"]],
+        nbytes=end - start,
+        read=lambda off, n: f.read(at + off, n),
+        read_into=lambda off, buf: f.read_into(at + off, buf),
+    )
 
 
 def _in_memory(name: str, tensor: Any) -> SourceTensor:

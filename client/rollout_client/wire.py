@@ -15,6 +15,7 @@ The layouts (rollout.proto):
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 _VARINT, _LEN = 0, 2
@@ -51,13 +52,17 @@ def _wrap(field: int, inner_header: bytes, size: int, prefix: bytes = b"") -> by
     return prefix + _tag(field, _LEN) + _varint(len(inner_header) + size) + inner_header
 
 
-def update_weights_chunk(tensor_index: int, offset: int, data) -> bytes:
+def update_weights_chunk(
+    tensor_index: int, offset: int, data: bytes | bytearray | memoryview
+) -> bytes:
     """A serialized UpdateWeightsRequest{chunk}; `data` is any bytes-like."""
     n = len(data)
     return b"".join((_wrap(2, _chunk_header(tensor_index, offset, n), n), data))
 
 
-def upload_chunk(update_id: str, tensor_index: int, offset: int, data) -> bytes:
+def upload_chunk(
+    update_id: str, tensor_index: int, offset: int, data: bytes | bytearray | memoryview
+) -> bytes:
     """A serialized UploadChunksRequest."""
     n = len(data)
     uid = update_id.encode()
@@ -92,13 +97,14 @@ def _read_varint(buf: memoryview, i: int) -> tuple[int, int]:
         shift += 7
 
 
-def _fields(buf: memoryview):
+def _fields(buf: memoryview) -> Iterator[tuple[int, int | memoryview]]:
     """(field number, value) of every field; varints as ints, LEN as views.
     Other wire types are not used by chunk messages: NotAChunk."""
     i = 0
     while i < len(buf):
         key, i = _read_varint(buf, i)
         field, wire_type = key >> 3, key & 7
+        value: int | memoryview
         if wire_type == _VARINT:
             value, i = _read_varint(buf, i)
         elif wire_type == _LEN:

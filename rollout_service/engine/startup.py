@@ -30,7 +30,7 @@ class EngineInfo:
     # Whether a KV connector is configured (its cache is reset with the rest).
     kv_connector: bool = False
     # Which distribution logprobs come from (vLLM's --logprobs-mode).
-    logprobs_mode: int = pb.LOGPROBS_MODE_RAW_LOGPROBS
+    logprobs_mode: pb.LogprobsMode = pb.LOGPROBS_MODE_RAW_LOGPROBS
 
     @property
     def model_bytes(self) -> int:
@@ -89,6 +89,8 @@ def _connector_resets_its_cache(name: str | None) -> bool:
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
+    if name is None:
+        return False  # no connector named: the factory would refuse it too
     try:
         cls = KVConnectorFactory.get_connector_class_by_name(name)
     except ValueError:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm import SamplingParams
+from vllm.logprobs import SampleLogprobs
 from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.sampling_params import RequestOutputKind
 
@@ -89,6 +90,7 @@ def sampling_params_from_proto(
     stream = stream or _NO_STREAM_OPTIONS
     f = "sampling_params."
     room = limits.max_model_len - (prompt_tokens or 0)
+    max_tokens: int | None
     if sp.HasField("max_tokens"):
         if sp.max_tokens == 0:
             raise InvalidArgument(f + "max_tokens", "must be at least 1")
@@ -133,12 +135,8 @@ def sampling_params_from_proto(
     )
     if repetition_penalty <= 0:
         raise InvalidArgument(f + "repetition_penalty", f"must be > 0, got {repetition_penalty}")
-    penalties = {}
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = _finite(f + name, getattr(sp, name)) if sp.HasField(name) else 0.0
-        if not -2 <= value <= 2:
-            raise InvalidArgument(f + name, f"must be in [-2, 2], got {value}")
-        penalties[name] = value
+    presence_penalty = _penalty(sp, "presence_penalty")
+    frequency_penalty = _penalty(sp, "frequency_penalty")
     min_tokens = sp.min_tokens if sp.HasField("min_tokens") else 0
     if max_tokens is not None and min_tokens > max_tokens:
         raise InvalidArgument(f + "min_tokens", f"{min_tokens} is over max_tokens ({max_tokens})")
@@ -177,8 +175,18 @@ def sampling_params_from_proto(
         # Deltas of several tokens: fewer outputs for vLLM to build and
         # fewer messages to send (the first and the last come at once).
         stream_interval=stream.delta_tokens if stream.delta_tokens > 1 else None,
-        **penalties,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
     )
+
+
+def _penalty(sp: pb.SamplingParams, name: str) -> float:
+    """presence_penalty or frequency_penalty: in [-2, 2], 0 when unset."""
+    field = "sampling_params." + name
+    value = _finite(field, getattr(sp, name)) if sp.HasField(name) else 0.0
+    if not -2 <= value <= 2:
+        raise InvalidArgument(field, f"must be in [-2, 2], got {value}")
+    return value
 
 
 def _decode_images(images: Sequence[pb.Image]) -> list[Any]:
@@ -265,7 +273,7 @@ _FINISH_REASONS = {
 }
 
 
-def finish_reason_to_proto(reason: str | None) -> int:
+def finish_reason_to_proto(reason: str | None) -> pb.FinishReason:
     """Maps vLLM's finish reason string to the proto enum."""
     if reason is None:
         return pb.FINISH_REASON_UNSPECIFIED
@@ -273,13 +281,16 @@ def finish_reason_to_proto(reason: str | None) -> int:
 
 
 def logprobs_to_proto(
-    token_ids: Sequence[int], logprobs: Sequence[dict[int, Any]] | None, top_k: int
+    token_ids: Sequence[int], logprobs: SampleLogprobs | None, top_k: int
 ) -> tuple[list[float], list[pb.TopLogprobs]]:
     """Splits vLLM's per-position logprob dicts into the sampled tokens'
     logprobs and, when `top_k` > 0, the top-k alternatives per position."""
     if not logprobs:
         return [], []
-    sampled = [float(position[token].logprob) for token, position in zip(token_ids, logprobs)]
+    # iter(): vLLM declares FlatLogprobs a sequence of `dict | None`, but it
+    # iterates as dicts (its __iter__), which is what zip would call.
+    positions = iter(logprobs)
+    sampled = [float(position[token].logprob) for token, position in zip(token_ids, positions)]
     top: list[pb.TopLogprobs] = []
     if top_k > 0:
         for position in logprobs:

@@ -5,8 +5,12 @@ metrics, tracing) make them alike."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import TypeVar
 
 import grpc
+
+_State = TypeVar("_State")
 
 _FACTORIES = {
     (False, False): grpc.unary_unary_rpc_method_handler,
@@ -36,7 +40,11 @@ def like(handler: grpc.RpcMethodHandler, behavior) -> grpc.RpcMethodHandler:
     )
 
 
-def around(handler: grpc.RpcMethodHandler, start, end) -> grpc.RpcMethodHandler:
+def around(
+    handler: grpc.RpcMethodHandler,
+    start: Callable[[], _State],
+    end: Callable[[_State, grpc.aio.ServicerContext, bool], None],
+) -> grpc.RpcMethodHandler:
     """`handler` with every call run between `state = start()` and
     `end(state, context, cancelled)` (the interceptors' shared shape; a
     streaming call ends when its last item is sent, or it is cancelled)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+from contextvars import Token
 
 import grpc
 from opentelemetry import context as otel_context
@@ -113,7 +114,9 @@ class TracingInterceptor(grpc.aio.ServerInterceptor):
             lambda started, context, cancelled: _end(*started, context, cancelled),
         )
 
-    def _start(self, name: str, attributes: dict, metadata: dict):
+    def _start(
+        self, name: str, attributes: dict, metadata: dict
+    ) -> tuple[trace.Span, Token[otel_context.Context]]:
         parent = _PROPAGATOR.extract(metadata)
         span = self.tracer.start_span(
             name, context=parent, kind=SpanKind.SERVER, attributes=attributes
@@ -121,7 +124,7 @@ class TracingInterceptor(grpc.aio.ServerInterceptor):
         return span, otel_context.attach(trace.set_span_in_context(span, parent))
 
 
-def _end(span, token, context, cancelled: bool) -> None:
+def _end(span: trace.Span, token: Token[otel_context.Context], context, cancelled: bool) -> None:
     otel_context.detach(token)
     code = call_code(context, cancelled)
     span.set_attribute("rpc.grpc.status_code", code.value[0])

@@ -103,7 +103,8 @@ class _Stream:
 
     def take(self) -> list[object]:
         """What is ready, up to one message's worth (at least one item)."""
-        items, size = [], 0
+        items: list[object] = []
+        size = 0
         while self.ready and (not items or size + self.ready[0][0] <= self.limits.batch_bytes):
             n, item = self.ready.popleft()
             size += n

@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from vllm.sampling_params import RequestOutputKind
 
@@ -32,6 +33,9 @@ from rollout_service.update.lora import Adapters
 from rollout_service.update.sessions import UpdateSessions
 from rollout_service.update.updates import WeightUpdater
 
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
 
 class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
     """Serves rollout.v1.RolloutService on one AsyncLLM."""
@@ -40,12 +44,12 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
         # Registered before the server starts (handlers cannot be added
         # later); the engine is attached once it is up.
         self.config = config
-        self.engine = None
+        self.engine: AsyncLLM | None = None
         self.calls = RunningCalls()
 
     def attach(
         self,
-        engine,
+        engine: AsyncLLM,
         info: EngineInfo,
         gate: AdmissionGate,
         updater: WeightUpdater,
@@ -64,13 +68,15 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
         self.sessions = sessions
         self.engine = engine
 
-    def _check_ready(self) -> None:
+    def _check_ready(self) -> AsyncLLM:
+        """The engine, once attached and alive; UNAVAILABLE before and after."""
         if self.engine is None:
             raise Unavailable(
                 "the engine is starting; wait for health SERVING", reason=pb.ERROR_REASON_STARTING
             )
         if self.engine.errored:
             raise Unavailable("the engine has died; the server is shutting down")
+        return self.engine
 
     def _decoder(self, params):
         """Token ids to text, when vLLM was asked not to detokenize."""
@@ -119,10 +125,12 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
             return
         # Resolved after admission: an adapter update that the call waited
         # for at the gate has replaced (or removed) it by now.
+        engine = self.engine
+        assert engine is not None  # _prepare checked it (_check_ready)
         lora = self.adapters.request_for(adapter) if adapter else None
         ticket.adapter_version = self.adapters.version_of(adapter) if adapter else ""
         ticket.engine_id = call.engine_id = f"{call.request_id}-{uuid.uuid4().hex[:8]}"
-        async for out in self.engine.generate(
+        async for out in engine.generate(
             prompt.prompt,
             params,
             ticket.engine_id,
@@ -133,15 +141,20 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
             ticket.started = True
             if call.aborted and not out.finished:
                 # Abort came before the engine knew the request: end it now.
-                await self.engine.abort(ticket.engine_id)
+                await engine.abort(ticket.engine_id)
             yield out
 
-    def _live_spans(self, engine_id: str, index: int, start: int, count: int, fallback: str):
+    def _live_spans(
+        self, engine_id: str | None, index: int, start: int, count: int, fallback: str
+    ) -> list[tuple[str, int, int]]:
         """Version spans of a running completion's tokens [start, start +
         count), from vLLM's own labels (the engine core tags each step's
         outputs with the weight version it ran on; only finished outputs
         carry the spans, so a stream reads them from the request's state)."""
-        spans = vllm_compat.weight_version_spans(self.engine, engine_id, index)
+        # engine_id is None only before the request reaches the engine (_run).
+        spans = (
+            vllm_compat.weight_version_spans(self.engine, engine_id, index) if engine_id else None
+        )
         return convert.version_spans(spans, start, count, fallback)
 
     @unary
@@ -269,13 +282,13 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
 
     @unary
     async def Abort(self, request, context):
-        self._check_ready()
+        engine = self._check_ready()
         if request.all and request.request_ids:
             raise InvalidArgument("request_ids", "must be empty when all is set")
         if not request.all and not request.request_ids:
             raise InvalidArgument("request_ids", "name at least one request, or set all")
         ids = None if request.all else list(request.request_ids)
-        found = await self.calls.abort(ids, self.engine.abort, CALLER.get())
+        found = await self.calls.abort(ids, engine.abort, CALLER.get())
         return pb.AbortResponse(request_ids=found)
 
     @unary
@@ -320,7 +333,7 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
 
     @unary
     async def GetServerInfo(self, request, context):
-        self._check_ready()
+        engine = self._check_ready()
         return pb.GetServerInfoResponse(
             model=self.info.model,
             max_model_len=self.info.limits.max_model_len,
@@ -334,7 +347,7 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
             max_logprobs=self.info.limits.max_logprobs,
             server_version=__version__,
             degraded=self.updater.degraded,
-            engine_requests=self.engine.get_num_unfinished_requests(),
+            engine_requests=engine.get_num_unfinished_requests(),
             parameter_groups=[
                 pb.ParameterGroup(module=m, names=names) for m, names in self.info.groups.items()
             ],

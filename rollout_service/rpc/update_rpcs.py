@@ -5,6 +5,7 @@ ResetCaches. Receiving is update_sessions.py's, applying updates.py's."""
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_client.wire import RawChunk
@@ -13,6 +14,9 @@ from rollout_service.rpc.handlers import unary
 from rollout_service.staging import SHM_DIR
 from rollout_service.update.sessions import UpdateSessions
 
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
 
 class UpdateRpcs:
     """Mixed into RolloutServicer; `self.sessions` is set on attach."""
@@ -20,7 +24,7 @@ class UpdateRpcs:
     sessions: UpdateSessions
     sleeper: Sleeper
 
-    def _check_ready(self) -> None:  # RolloutServicer's
+    def _check_ready(self) -> AsyncLLM:  # RolloutServicer's
         raise NotImplementedError
 
     @unary

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import TypeGuard
 
 from rollout_service import json_input
 from rollout_service.errors import InvalidArgument, short_repr
@@ -53,11 +54,11 @@ _JSON_TYPE = {
 }
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: object) -> bool:
+def _is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 

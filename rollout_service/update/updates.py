@@ -39,6 +39,7 @@ from rollout_service.ops import metrics
 from rollout_service.staged import BACKEND_NAME
 from rollout_service.staging import StagingRegion
 from rollout_service.update.assembler import StagedUpdate, UpdateAssembler
+from rollout_service.update.lora import Adapters
 from rollout_service.update.quiesce import Quiescer
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,7 @@ class WeightUpdater:
         self._last: _Applied | None = None
         # LoRA adapters (lora.py; set by the server), and the plan of each
         # open adapter update, by adapter name.
-        self.adapters = None
+        self.adapters: Adapters | None = None
         self._plans: dict = {}
 
     @property
@@ -139,6 +140,7 @@ class WeightUpdater:
         if last is not None and not last.content.done():
             await asyncio.shield(last.content)
         if begin is not None and begin.HasField("adapter"):
+            assert self.adapters is not None  # set by the server before it serves
             plan = self.adapters.plan(begin)
             self._plans[begin.adapter.name] = plan
             return UpdateAssembler(
@@ -183,6 +185,7 @@ class WeightUpdater:
         self.quiet.check_awake()
         if staged.adapter is not None:
             plan = self._plans.pop(staged.adapter.name)
+            assert self.adapters is not None  # set by the server before it serves
             return await asyncio.shield(self.adapters.apply(self.quiet, self.staging, staged, plan))
         if staged.weight_version == self.gate.version:
             return await self._replay(staged)

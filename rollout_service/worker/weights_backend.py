@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 from vllm.distributed.weight_transfer.base import (
@@ -47,6 +47,13 @@ class ShmUpdateInfo(WeightTransferUpdateInfo):
     # the others over the engine's own process group: what workers on other
     # hosts, which cannot open this host's /dev/shm, would need.
     broadcast: bool = False
+
+
+class _WeightLoader(Protocol):
+    """Every vLLM model has `load_weights` (vLLM's own loaders call it,
+    model_loader/default_loader.py, 0.32.0); torch's Module does not declare it."""
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> object: ...
 
 
 class ShmWeightTransferEngine(WeightTransferEngine[ShmInitInfo, ShmUpdateInfo]):
@@ -88,7 +95,7 @@ class ShmWeightTransferEngine(WeightTransferEngine[ShmInitInfo, ShmUpdateInfo]):
             mm = self._reader.view(update_info.shm_name, needed)
             tensors = (tensor_view(mm, t) for t in specs)
         try:
-            self.model.load_weights(_with_fault(tensors))
+            cast(_WeightLoader, self.model).load_weights(_with_fault(tensors))
         except BaseException:
             # Put unfinished layers back on the weights they were serving and
             # drop the buffered views; the server reports the engine degraded.
