@@ -102,7 +102,8 @@ def _add_port(server, config: ServerConfig) -> int:
 
 async def _watch_engine(engine, every: float) -> None:
     """Returns when the engine is dead (its processes gone or failed)."""
-    while not engine.errored:
+    # vLLM sets `errored` from its own threads and offers no event for it.
+    while not engine.errored:  # noqa: ASYNC110
         await asyncio.sleep(every)
 
 

@@ -97,7 +97,7 @@ def test_huge_offsets_and_unknown_enums_are_rejected():
 
 
 @pytest.mark.parametrize(
-    "ranges,ok",
+    ("ranges", "ok"),
     [
         ([(0, 4), (4, 8)], True),
         ([(4, 8), (0, 4)], True),

@@ -310,9 +310,9 @@ def test_fuzzed_generate_requests_never_break_the_server(client, channel, sp, id
     try:
         r = stub.Generate(req, timeout=60)
         assert r.completions and all(len(c.token_ids) <= 8 for c in r.completions)
-    except grpc.RpcError as e:
-        assert e.code() in (INV, EXH), (e.code(), e.details())
-        assert e.details()
+    except grpc.RpcError as e:  # either outcome is right: generated, or refused naming why
+        assert e.code() in (INV, EXH), (e.code(), e.details())  # noqa: PT017
+        assert e.details()  # noqa: PT017
 
 
 # -- JSON that nests too deep or holds non-finite numbers; odd adapter names --
@@ -430,7 +430,7 @@ CONFIG_CASES = {
 }
 
 
-@pytest.mark.parametrize("config, needle", CONFIG_CASES.values(), ids=CONFIG_CASES)
+@pytest.mark.parametrize(("config", "needle"), CONFIG_CASES.values(), ids=CONFIG_CASES)
 def test_malformed_adapter_configs_name_the_field(oc, config, needle):
     w = adapter_weights(oc.server_info(), 12)
     stream = adapter_stream("cfg", version(), w, config=config)

@@ -63,7 +63,7 @@ def test_zero_is_meaningful_where_optional():
 
 
 @pytest.mark.parametrize(
-    "kw,field",
+    ("kw", "field"),
     [
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_tokens": 55}, "max_tokens"),
@@ -112,7 +112,7 @@ PROMPT = "prompt_token_ids/prompt_text/messages"
 
 
 @pytest.mark.parametrize(
-    "req,field",
+    ("req", "field"),
     [
         (pb.GenerateRequest(), PROMPT),
         (pb.GenerateRequest(prompt_text="a", prompt_token_ids=[1]), PROMPT),

@@ -233,7 +233,7 @@ def test_cpp_trainer_generates_pushes_weights_and_resets_caches(trainer, secure,
 
 
 @pytest.mark.parametrize(
-    "case, step, code",
+    ("case", "step", "code"),
     [
         ("no token", "GetServerInfo", "UNAUTHENTICATED"),
         ("no TLS", "Health.Check", "UNAVAILABLE"),  # the server speaks only TLS

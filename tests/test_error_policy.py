@@ -36,7 +36,7 @@ PROMPT = "prompt_token_ids/prompt_text/messages"
 
 
 def raised_by(**kw) -> Exception:
-    with pytest.raises(Exception) as e:
+    with pytest.raises(Exception) as e:  # noqa: PT011 (vLLM raises several types; callers assert on them)
         SamplingParams(**kw)
     return e.value
 
@@ -49,7 +49,7 @@ def wrapped(cause: Exception) -> EngineGenerateError:
 
 
 @pytest.mark.parametrize(
-    "error, field, message",
+    ("error", "field", "message"),
     [
         # SamplingParams checks that set no parameter: named by their message.
         (raised_by(n=1_000_000), "sampling_params.n", "n must be at most 16384, got 1000000."),
@@ -110,7 +110,7 @@ def test_client_errors_are_invalid_argument_naming_the_field(error, field, messa
 
 
 @pytest.mark.parametrize(
-    "error, code",
+    ("error", "code"),
     [
         (EngineDeadError(), grpc.StatusCode.UNAVAILABLE),
         (QueueOverflowError(), grpc.StatusCode.RESOURCE_EXHAUSTED),
@@ -160,7 +160,7 @@ def test_abort_sends_a_field_violation_for_vllm_errors():
 
 
 @pytest.mark.parametrize(
-    "error,reason",
+    ("error", "reason"),
     [
         (FailedPrecondition("degraded"), "DEGRADED"),
         (

@@ -103,8 +103,8 @@ def test_engine_death_is_reported_and_the_server_exits_nonzero():
             while proc.proc.poll() is None and time.monotonic() < deadline:
                 try:
                     c.generate(prompt_token_ids=PROMPT, max_tokens=4)
-                except RolloutError as e:
-                    assert e.code == grpc.StatusCode.UNAVAILABLE, e
+                except RolloutError as e:  # calls may still succeed until the exit
+                    assert e.code == grpc.StatusCode.UNAVAILABLE, e  # noqa: PT017
                     saw_unavailable = True
                 time.sleep(0.1)
         assert proc.proc.wait(60) == 1

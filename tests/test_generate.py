@@ -127,7 +127,7 @@ INVALID = [
 ]
 
 
-@pytest.mark.parametrize("overrides,field", INVALID, ids=[f for _, f in INVALID])
+@pytest.mark.parametrize(("overrides", "field"), INVALID, ids=[f for _, f in INVALID])
 def test_invalid_requests_are_rejected_and_server_keeps_serving(client, overrides, field):
     kw = {"prompt_text": PROMPT, "max_tokens": 4, **overrides}
     for call in (client.generate, lambda **k: list(client.generate_stream(**k))):

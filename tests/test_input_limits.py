@@ -54,7 +54,7 @@ def test_nesting_is_measured_without_recursion():
 
 
 @pytest.mark.parametrize(
-    "text, problem",
+    ("text", "problem"),
     [
         ("[" * 50_000, "deeper than 64"),  # json.loads: RecursionError
         ('{"a": ' + nested(64) + "}", "deeper than 64"),  # parses, too deep
@@ -82,7 +82,7 @@ def test_good_json_is_returned():
 
 
 @pytest.mark.parametrize(
-    "so, field",
+    ("so", "field"),
     [
         (pb.StructuredOutput(json_schema="[" * 50_000), "json_schema"),
         (pb.StructuredOutput(json_schema='{"maximum": NaN}'), "json_schema"),
@@ -160,7 +160,7 @@ F = "begin.adapter.config_json"
 
 
 @pytest.mark.parametrize(
-    "config, field, problem",
+    ("config", "field", "problem"),
     [
         ("[" * 50_000, F, "deeper than 64"),
         ("[]", F, "PEFT's adapter_config.json"),

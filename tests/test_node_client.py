@@ -243,7 +243,7 @@ def test_packed_demo_with_a_token_and_mutual_tls(packed, secure_server, certs):
 
 
 @pytest.mark.parametrize(
-    "case, expected",
+    ("case", "expected"),
     [
         ("no token", "UNAUTHENTICATED"),
         ("no client certificate", "UNAVAILABLE"),

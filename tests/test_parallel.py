@@ -82,7 +82,7 @@ def test_a_tp2_replica_updates_and_returns_exactly_to_a_fresh_engines_output(tp2
 
 
 @pytest.mark.parametrize(
-    "flags, needle",
+    ("flags", "needle"),
     [
         (("--pipeline-parallel-size", "2"), "--pipeline-parallel-size"),
         (("--data-parallel-size", "2"), "Fleet"),

@@ -88,7 +88,7 @@ def test_nothing_moves_without_a_bound_process(tree):
 
 
 @pytest.mark.parametrize(
-    "workers, cpus, numa_nodes, expected",
+    ("workers", "cpus", "numa_nodes", "expected"),
     [
         (2, [0, 1], 1, "0|1"),  # this machine: a core each, none left over
         (2, list(range(8)), 1, "0,1,2|4,5,6"),  # a core each left to the rest

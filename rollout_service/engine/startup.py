@@ -146,7 +146,8 @@ async def engine_info(engine, max_prompt_tokens: int | None = None) -> EngineInf
     running engine."""
     mc = engine.model_config
     limits = model_limits(engine, max_prompt_tokens)
-    manifest = read_manifest(mc.model) if os.path.isdir(mc.model) else {}
+    # Once, at start-up, before serving: nothing else waits on the loop yet.
+    manifest = read_manifest(mc.model) if os.path.isdir(mc.model) else {}  # noqa: ASYNC240
     if not manifest:
         log.warning("no local safetensors found for %s: UpdateWeights accepts nothing", mc.model)
     # Every worker holds the same modules; the first one answers.
