@@ -12,13 +12,11 @@ then reads everything. Every token must arrive.
 from __future__ import annotations
 
 import argparse
-import threading
 import time
 
-import psutil
-
+from harness.many_load import PeakRss, waiting_load
 from harness.serverproc import ServerProcess
-from rollout_client import RolloutClient, core
+from rollout_client import RolloutClient
 
 UNBOUNDED = str(10**12)  # --max-stream-tokens that never holds a generation back
 
@@ -28,27 +26,8 @@ def run(count: int, tokens: int, logprobs: int, flags: list[str]) -> dict[str, f
     proc = ServerProcess(*flags)
     try:
         proc.wait_ready()
-        with RolloutClient(proc.target, timeout=1800) as client:
-            requests = [
-                core.build_generate_stream_request(
-                    request_id=f"w{i}",
-                    prompt_token_ids=[5 + i % 50, 6, 7],
-                    max_tokens=tokens,
-                    ignore_eos=True,
-                    logprobs=logprobs,
-                    omit_text=True,
-                )
-                for i in range(count)
-            ]
-            rss = psutil.Process(proc.proc.pid)
-            start, peak, done = rss.memory_info().rss, [0], threading.Event()
-
-            def sample() -> None:
-                while not done.wait(0.1):
-                    peak[0] = max(peak[0], rss.memory_info().rss)
-
-            sampler = threading.Thread(target=sample)
-            sampler.start()
+        requests = waiting_load(count, tokens, logprobs)
+        with PeakRss(proc.proc.pid) as rss, RolloutClient(proc.target, timeout=1800) as client:
             t0 = time.monotonic()
             responses = client.generate_many(iter(requests))
             first = next(responses)  # the stream is open; read nothing more until idle
@@ -56,13 +35,7 @@ def run(count: int, tokens: int, logprobs: int, flags: list[str]) -> dict[str, f
                 time.sleep(0.1)
             got = sum(len(d.token_ids) for r in [first, *responses] for d in r.deltas)
             seconds = time.monotonic() - t0
-            done.set()
-            sampler.join()
-        return {
-            "tokens": got,
-            "grew_mib": (peak[0] - start) / (1 << 20),
-            "seconds": seconds,
-        }
+        return {"tokens": got, "grew_mib": rss.grown_mib, "seconds": seconds}
     finally:
         proc.stop()
 

@@ -13,6 +13,7 @@ import time
 import grpc
 import pytest
 
+from harness.many_load import PeakRss, waiting_load
 from harness.weights_util import random_weights, version
 from rollout_client import RolloutClient, RolloutError, core, pb
 from tests.test_keep_mode import PROMPT, fresh_continuation, merged_spans
@@ -223,33 +224,11 @@ def test_a_reader_that_waits_gets_every_token_and_the_server_holds_little(server
     starts generations only while what they may hold fits the stream's
     budget). All at once they grew it by 943 MiB, within the budget by 378;
     the issue's 384 of them made an 82 MB message and lost every rollout."""
-    import psutil
-
     count, tokens = 96, 1900
-    requests = [
-        core.build_generate_stream_request(
-            request_id=f"w{i}",
-            prompt_token_ids=[5 + i % 50, 6, 7],
-            max_tokens=tokens,
-            ignore_eos=True,
-            logprobs=min(20, info.max_logprobs),
-            omit_text=True,
-        )
-        for i in range(count)
-    ]
-    proc = psutil.Process(server.proc.pid)
-    start_rss, peak = proc.memory_info().rss, [0]
-    done = threading.Event()
-
-    def sample():
-        while not done.wait(0.1):
-            peak[0] = max(peak[0], proc.memory_info().rss)
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
+    requests = waiting_load(count, tokens, min(20, info.max_logprobs))
     got: dict[str, int] = {}
     biggest = 0
-    try:
+    with PeakRss(server.proc.pid) as rss:
         with RolloutClient(server.target, timeout=600) as client:
             responses = client.generate_many(iter(requests))
             first = next(responses)  # the stream is open; then stop reading
@@ -260,11 +239,8 @@ def test_a_reader_that_waits_gets_every_token_and_the_server_holds_little(server
                 for d in r.deltas:
                     got[d.request_id] = got.get(d.request_id, 0) + len(d.token_ids)
                     assert len(d.top_logprobs) == len(d.token_ids)
-    finally:
-        done.set()
-        sampler.join()
     assert got == {r.request_id: tokens for r in requests}
     assert biggest <= 4 << 20
-    grown = (peak[0] - start_rss) / (1 << 20)
-    print(f"server RSS {start_rss / (1 << 20):.0f} MiB, grew {grown:.0f} MiB at its peak")
+    grown = rss.grown_mib
+    print(f"server RSS {rss.start / (1 << 20):.0f} MiB, grew {grown:.0f} MiB at its peak")
     assert grown < 600, grown

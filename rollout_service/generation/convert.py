@@ -59,10 +59,28 @@ def check_prompt_length(n: int, field: str, limits: ModelLimits, at_least: bool 
         )
 
 
-def chat_chars(messages: Sequence[pb.ChatMessage]) -> int:
+def _chat_chars(messages: Sequence[pb.ChatMessage]) -> int:
     """Characters of the messages' roles and text: the rendered prompt has at
     least as many."""
     return sum(len(m.role) + sum(len(p.text) for p in m.content) for m in messages)
+
+
+def render_within(
+    tok, messages: Sequence[pb.ChatMessage], options: pb.ChatOptions, limits: ModelLimits
+):
+    """Chat messages rendered with the template (Generate and Tokenize alike);
+    a chat whose text alone cannot fit is refused before it is rendered."""
+    check_prompt_length(tok.min_tokens(_chat_chars(messages)), "messages", limits, True)
+    return tok.render(messages, options)
+
+
+def encode_within(
+    tok, text: str, field: str, limits: ModelLimits, add_special_tokens: bool = True
+) -> list[int]:
+    """Text to token ids (Generate and Tokenize alike); a text that cannot
+    fit is refused before it is tokenized."""
+    check_prompt_length(tok.min_tokens(len(text)), field, limits, at_least=True)
+    return tok.encode(text, field, add_special_tokens=add_special_tokens)
 
 
 def check_vocabulary(ids: Sequence[int], vocab_size: int, field: str) -> None:
@@ -231,8 +249,7 @@ def prompt_from_request(request: pb.GenerateRequest, limits: ModelLimits, tok) -
     if field == "messages":
         if images:
             raise InvalidArgument("images", "with messages, images go inside the messages")
-        check_prompt_length(tok.min_tokens(chat_chars(request.messages)), field, limits, True)
-        rendered = tok.render(request.messages, request.chat_options)
+        rendered = render_within(tok, request.messages, request.chat_options, limits)
         images, text = rendered.images, rendered.text
     elif request.HasField("chat_options"):
         raise InvalidArgument("chat_options", "applies to messages only")
@@ -255,8 +272,7 @@ def prompt_from_request(request: pb.GenerateRequest, limits: ModelLimits, tok) -
     elif field == "messages":
         ids = tok.chat_ids(rendered)
     else:
-        check_prompt_length(tok.min_tokens(len(text)), field, limits, at_least=True)
-        ids = tok.encode(text, field)
+        ids = encode_within(tok, text, field, limits)
     check_prompt_length(len(ids), field, limits)
     check_vocabulary(ids, limits.vocab_size, "prompt_token_ids")
     if not ids:

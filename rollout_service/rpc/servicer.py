@@ -307,17 +307,17 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
                 raise InvalidArgument(
                     "add_special_tokens", "applies to text only (the template places them)"
                 )
-            chars = convert.chat_chars(request.messages)
-            convert.check_prompt_length(self.tok.min_tokens(chars), "messages", limits, True)
-            rendered = self.tok.render(request.messages, request.chat_options)
+            rendered = convert.render_within(
+                self.tok, request.messages, request.chat_options, limits
+            )
             if rendered.images:
                 raise InvalidArgument(
                     "messages", "images expand in the engine's processor; tokenize text only"
                 )
             return pb.TokenizeResponse(token_ids=self.tok.chat_ids(rendered), text=rendered.text)
-        min_tokens = self.tok.min_tokens(len(request.text))
-        convert.check_prompt_length(min_tokens, "text", limits, at_least=True)
-        ids = self.tok.encode(request.text, "text", add_special_tokens=request.add_special_tokens)
+        ids = convert.encode_within(
+            self.tok, request.text, "text", limits, request.add_special_tokens
+        )
         return pb.TokenizeResponse(token_ids=ids)
 
     @unary
