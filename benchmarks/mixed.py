@@ -130,7 +130,7 @@ class UpdatePusher:
             try:
                 await asyncio.wait_for(self._stop.wait(), max(due - time.perf_counter(), 0))
                 break
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             self.updates.append(await self.push_one())
             due = max(due + self.every, time.perf_counter())

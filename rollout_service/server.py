@@ -18,22 +18,17 @@ from grpc_reflection.v1alpha import reflection
 
 from rollout.v1 import rollout_pb2
 from rollout_service import parent_watch
+from rollout_service.app import App, build_app
 from rollout_service.config import ServerConfig
 from rollout_service.engine import placement
-from rollout_service.engine.sleep import Sleeper
-from rollout_service.engine.startup import build_engine, engine_info, settle, warm_up
-from rollout_service.gate import AdmissionGate
-from rollout_service.generation.tokenizing import Tokenizing, eos_token_ids, image_placeholder
+from rollout_service.engine.startup import build_engine, settle
 from rollout_service.ops import metrics, tracing
 from rollout_service.ops.auth import AuthInterceptor, Tokens
 from rollout_service.ops.metrics import MetricsInterceptor
 from rollout_service.rpc.handlers import add_to_server
 from rollout_service.rpc.servicer import RolloutServicer
 from rollout_service.staging import StagingRegion, StagingSpaceError, remove_stale_segments
-from rollout_service.update.lora import Adapters
-from rollout_service.update.reservation import region_bytes, reserve_for_checkpoint
-from rollout_service.update.sessions import UpdateSessions
-from rollout_service.update.updates import WeightUpdater
+from rollout_service.update.reservation import reserve_for_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +182,7 @@ async def serve(config: ServerConfig, engine_args) -> int:
         loop.add_signal_handler(sig, stop.set)
 
     engine = None
-    updater = None
+    app: App | None = None
     try:
         # The engine's constructor blocks while it spawns and loads; a thread
         # keeps health answering meanwhile.
@@ -201,60 +196,21 @@ async def serve(config: ServerConfig, engine_args) -> int:
             return 0
         engine = start.result()
         placement.apply(config.cpu_placement)
-        info = await engine_info(engine, config.max_prompt_tokens)
-        gate = AdmissionGate(config.initial_weight_version, config.max_queued_generate)
-        max_update = config.max_update_bytes or (
-            info.model_bytes + info.model_bytes // 4 + (64 << 20)
-        )
-        updater = WeightUpdater(
-            engine,
-            gate,
-            info.manifest,
-            max_update,
-            on_degraded=lambda degraded: _set_health(health_servicer, serving=not degraded),
-            groups=info.groups,
-            kv_connector=info.kv_connector,
-            drain_timeout_seconds=config.drain_timeout_seconds,
-            staging=staging,
-            broadcast=config.weight_broadcast,
-            keep_refusal=(
-                "PAUSE_MODE_KEEP is not supported on multimodal models yet: a kept request's "
-                "image inputs would be recomputed from the multimodal cache the update resets"
-                if info.limits.supports_images
-                else None
-            ),
-        )
         try:
-            if nbytes := region_bytes(info.manifest, max_update):
-                staging.ensure(nbytes, prefault=config.prefault_staging)
+            app = await build_app(
+                engine,
+                config,
+                staging,
+                on_degraded=lambda degraded: _set_health(health_servicer, serving=not degraded),
+            )
         except StagingSpaceError as e:
             log.error("cannot start: %s", e)
             return 1
-        await updater.start()
-        # vLLM labels every output with its engine core's weight version
-        # (per-token version spans); it starts as "default".
-        await engine.update_weight_version(config.initial_weight_version)
-        await warm_up(engine)
-        sessions = UpdateSessions(updater, config.update_idle_timeout_seconds)
-        tokenizer = engine.get_tokenizer()
-        tokenizing = Tokenizing(
-            tokenizer, eos_token_ids(engine, tokenizer), image_placeholder(engine)
-        )
-        updater.adapters = Adapters(engine, info.manifest)
-        servicer.attach(
-            engine,
-            info,
-            gate,
-            updater,
-            sessions,
-            tokenizing,
-            updater.adapters,
-            Sleeper(engine, updater),
-        )
-        metrics.bind(gate, updater)
+        servicer.attach(app)
+        metrics.bind(app.gate, app.updater)
         settle()
         await _set_health(health_servicer, serving=True)
-        log.info("SERVING %s on %s:%d", info.model, config.host, port)
+        log.info("SERVING %s on %s:%d", app.info.model, config.host, port)
         watchdog = asyncio.ensure_future(_watch_engine(engine, config.watchdog_seconds))
         await asyncio.wait(
             [watchdog, asyncio.ensure_future(stop.wait())], return_when="FIRST_COMPLETED"
@@ -271,12 +227,10 @@ async def serve(config: ServerConfig, engine_args) -> int:
     finally:
         await _set_health(health_servicer, serving=False)
         await server.stop(config.grace_seconds)
-        if updater is not None:
-            updater.close()
-        staging.close()
         if engine is not None:
             engine.shutdown(timeout=10)
-        # After the engine: its workers load adapters from that folder.
-        if updater is not None and updater.adapters is not None:
-            updater.adapters.close()
+        # After the engine: its workers read the region and the adapters' folder.
+        if app is not None:
+            app.close()
+        staging.close()
         log.info("shutdown complete")

@@ -10,28 +10,23 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from vllm.sampling_params import RequestOutputKind
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
 from rollout_service import __version__, vllm_compat
-from rollout_service.engine.sleep import Sleeper
-from rollout_service.engine.startup import EngineInfo
+from rollout_service.app import App
 from rollout_service.errors import FailedPrecondition, InvalidArgument, Unavailable
-from rollout_service.gate import AdmissionGate, Ticket
+from rollout_service.gate import Ticket
 from rollout_service.generation import convert
-from rollout_service.generation.tokenizing import Tokenizing
 from rollout_service.ops import logs, metrics, tracing
 from rollout_service.ops.auth import CALLER
 from rollout_service.rpc import many
 from rollout_service.rpc.calls import Call, RunningCalls
 from rollout_service.rpc.handlers import streaming, unary
 from rollout_service.rpc.update_rpcs import UpdateRpcs
-from rollout_service.update.lora import Adapters
-from rollout_service.update.sessions import UpdateSessions
-from rollout_service.update.updates import WeightUpdater
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -47,26 +42,16 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
         self.engine: AsyncLLM | None = None
         self.calls = RunningCalls()
 
-    def attach(
-        self,
-        engine: AsyncLLM,
-        info: EngineInfo,
-        gate: AdmissionGate,
-        updater: WeightUpdater,
-        sessions: UpdateSessions,
-        tokenizing: Tokenizing,
-        adapters: Adapters,
-        sleeper: Sleeper,
-    ) -> None:
-        """Starts serving on a running engine."""
-        self.tok = tokenizing
-        self.adapters = adapters
-        self.sleeper = sleeper
-        self.info = info
-        self.gate = gate
-        self.updater = updater
-        self.sessions = sessions
-        self.engine = engine
+    def attach(self, app: App) -> None:
+        """Starts serving on a running engine (app.py built what it holds)."""
+        self.tok = app.tokenizing
+        self.adapters = app.adapters
+        self.sleeper = app.sleeper
+        self.info = app.info
+        self.gate = app.gate
+        self.updater = app.updater
+        self.sessions = app.sessions
+        self.engine = cast("AsyncLLM", app.engine)
 
     def _check_ready(self) -> AsyncLLM:
         """The engine, once attached and alive; UNAVAILABLE before and after."""

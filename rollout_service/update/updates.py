@@ -77,6 +77,7 @@ class WeightUpdater:
         staging: StagingRegion | None = None,
         broadcast: bool = False,
         keep_refusal: str | None = None,
+        adapters: Adapters | None = None,
     ) -> None:
         self.engine = engine
         # Called with True when an update fails inside the engine, False when
@@ -99,9 +100,9 @@ class WeightUpdater:
         # Why PAUSE_MODE_KEEP is refused on this server (None: accepted).
         self.keep_refusal = keep_refusal
         self._last: _Applied | None = None
-        # LoRA adapters (lora.py; set by the server), and the plan of each
-        # open adapter update, by adapter name.
-        self.adapters: Adapters | None = None
+        # LoRA adapters (lora.py; None only in unit tests of base updates),
+        # and the plan of each open adapter update, by adapter name.
+        self.adapters = adapters
         self._plans: dict = {}
 
     @property
@@ -140,7 +141,7 @@ class WeightUpdater:
         if last is not None and not last.content.done():
             await asyncio.shield(last.content)
         if begin is not None and begin.HasField("adapter"):
-            assert self.adapters is not None  # set by the server before it serves
+            assert self.adapters is not None, "app.build_app gives every server its Adapters"
             plan = self.adapters.plan(begin)
             self._plans[begin.adapter.name] = plan
             return UpdateAssembler(
@@ -185,7 +186,7 @@ class WeightUpdater:
         self.quiet.check_awake()
         if staged.adapter is not None:
             plan = self._plans.pop(staged.adapter.name)
-            assert self.adapters is not None  # set by the server before it serves
+            assert self.adapters is not None  # as in assembler(): it made the plan
             return await asyncio.shield(self.adapters.apply(self.quiet, self.staging, staged, plan))
         if staged.weight_version == self.gate.version:
             return await self._replay(staged)

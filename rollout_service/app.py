@@ -1,0 +1,95 @@
+"""Wiring: every object that serves one running engine, built in one place.
+
+`server.py` runs the process (port, health, signals, shutdown) and calls
+`build_app` once the engine is up; the servicer is handed the result. Nothing
+else constructs these objects, so who holds what is read here, top to bottom.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rollout_service.config import ServerConfig
+from rollout_service.engine.sleep import Sleeper
+from rollout_service.engine.startup import EngineInfo, engine_info, warm_up
+from rollout_service.gate import AdmissionGate
+from rollout_service.generation.tokenizing import Tokenizing, eos_token_ids, image_placeholder
+from rollout_service.staging import StagingRegion
+from rollout_service.update.lora import Adapters
+from rollout_service.update.reservation import region_bytes
+from rollout_service.update.sessions import UpdateSessions
+from rollout_service.update.updates import WeightUpdater
+
+# Why PAUSE_MODE_KEEP is refused on a model that takes images.
+KEEP_REFUSAL_MULTIMODAL = (
+    "PAUSE_MODE_KEEP is not supported on multimodal models yet: a kept request's "
+    "image inputs would be recomputed from the multimodal cache the update resets"
+)
+
+
+@dataclass
+class App:
+    """What the servicer serves with (rpc/servicer.py `attach`)."""
+
+    engine: object  # vllm AsyncLLM
+    info: EngineInfo
+    gate: AdmissionGate
+    updater: WeightUpdater
+    sessions: UpdateSessions
+    tokenizing: Tokenizing
+    adapters: Adapters
+    sleeper: Sleeper
+
+    def close(self) -> None:
+        """After the engine has shut down (its workers read the staging
+        region and load adapters from the adapters' folder until then)."""
+        self.updater.close()
+        self.adapters.close()
+
+
+async def build_app(
+    engine,
+    config: ServerConfig,
+    staging: StagingRegion,
+    on_degraded: Callable[[bool], object],
+) -> App:
+    """Builds the app on a started engine and warms it up. Raises
+    staging.StagingSpaceError when /dev/shm cannot hold the staging region."""
+    info = await engine_info(engine, config.max_prompt_tokens)
+    gate = AdmissionGate(config.initial_weight_version, config.max_queued_generate)
+    max_update = config.max_update_bytes or (info.model_bytes + info.model_bytes // 4 + (64 << 20))
+    adapters = Adapters(engine, info.manifest)
+    updater = WeightUpdater(
+        engine,
+        gate,
+        info.manifest,
+        max_update,
+        on_degraded=on_degraded,
+        groups=info.groups,
+        kv_connector=info.kv_connector,
+        drain_timeout_seconds=config.drain_timeout_seconds,
+        staging=staging,
+        broadcast=config.weight_broadcast,
+        keep_refusal=KEEP_REFUSAL_MULTIMODAL if info.limits.supports_images else None,
+        adapters=adapters,
+    )
+    if nbytes := region_bytes(info.manifest, max_update):
+        staging.ensure(nbytes, prefault=config.prefault_staging)
+    await updater.start()
+    # vLLM labels every output with its engine core's weight version
+    # (per-token version spans); it starts as "default".
+    await engine.update_weight_version(config.initial_weight_version)
+    await warm_up(engine)
+    tokenizer = engine.get_tokenizer()
+    tokenizing = Tokenizing(tokenizer, eos_token_ids(engine, tokenizer), image_placeholder(engine))
+    return App(
+        engine=engine,
+        info=info,
+        gate=gate,
+        updater=updater,
+        sessions=UpdateSessions(updater, config.update_idle_timeout_seconds),
+        tokenizing=tokenizing,
+        adapters=adapters,
+        sleeper=Sleeper(engine, updater),
+    )
