@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 
 import grpc
@@ -29,6 +30,7 @@ from rollout_service.rpc.handlers import add_to_server
 from rollout_service.rpc.servicer import RolloutServicer
 from rollout_service.staging import StagingRegion, StagingSpaceError, remove_stale_segments
 from rollout_service.update.reservation import reserve_for_checkpoint
+from rollout_service.worker.weights_backend import FAULT_FILE_ENV
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +113,8 @@ async def serve(config: ServerConfig, engine_args) -> int:
         log.error("cannot start: %s", e)
         return 1
     remove_stale_segments()
+    if fault_file := os.environ.get(FAULT_FILE_ENV):
+        log.warning("fault injection armed (%s=%s): for tests only", FAULT_FILE_ENV, fault_file)
     # Engine processes end if this one is killed (parent_watch.py).
     parent_watch.arm()
     # Before anything slow: a /dev/shm too small fails now (reservation.py).

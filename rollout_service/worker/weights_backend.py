@@ -95,7 +95,8 @@ class ShmWeightTransferEngine(WeightTransferEngine[ShmInitInfo, ShmUpdateInfo]):
             mm = self._reader.view(update_info.shm_name, needed)
             tensors = (tensor_view(mm, t) for t in specs)
         try:
-            cast(_WeightLoader, self.model).load_weights(_with_fault(tensors))
+            loading = tensors if _FAULT_FILE is None else _with_fault(tensors, _FAULT_FILE)
+            cast(_WeightLoader, self.model).load_weights(loading)
         except BaseException:
             # Put unfinished layers back on the weights they were serving and
             # drop the buffered views; the server reports the engine degraded.
@@ -138,18 +139,19 @@ def tensor_view(buf, t: StagedTensor) -> tuple[str, torch.Tensor]:
     return t.name, flat.view(dtype).reshape(t.shape)
 
 
-# Tests set this to a path. While a file exists there, loading fails inside
-# `load_weights` after as many tensors as the file's content says (0 when
-# empty): the only way to exercise a failure half-way through a real load.
-# A file saying "stall" holds the load instead (rewritten to "stalled" once
-# it does) until the test changes or removes it: an apply that lasts exactly
-# as long as a test needs.
+# Fault testing only: a server started with this set to a path (its workers
+# read it once, at import; unset, a load never looks at it). While a file
+# exists there, loading fails inside `load_weights` after as many tensors as
+# the file's content says (0 when empty): the only way to exercise a failure
+# half-way through a real load. A file saying "stall" holds the load instead
+# (rewritten to "stalled" once it does) until the test changes or removes it:
+# an apply that lasts exactly as long as a test needs.
 FAULT_FILE_ENV = "ROLLOUT_SERVICE_FAULT_FILE"
+_FAULT_FILE = os.environ.get(FAULT_FILE_ENV) or None
 
 
-def _with_fault(named: Iterator[tuple[str, torch.Tensor]]) -> Iterator:
-    path = os.environ.get(FAULT_FILE_ENV)
-    text = _stall(path) if path else None
+def _with_fault(named: Iterator[tuple[str, torch.Tensor]], path: str) -> Iterator:
+    text = _stall(path)
     if text is None:
         yield from named
         return
