@@ -1,19 +1,24 @@
-"""Shared fixtures (the session's real-engine server on the default flags),
-and the suite's order: tests that need no engine run first, so a broken
-converter fails in seconds, not after the engine tests; `-m "not engine"`
-(`scripts/test --fast`) runs only those.
+"""Shared fixtures (the session's real-engine servers: the default one, a
+secure one, a LoRA one; the packed Node client), and the suite's order: tests
+that need no engine run first, so a broken converter fails in seconds, not
+after the engine tests; `-m "not engine"` (`scripts/test --fast`) runs only
+those.
 
-A test needs an engine when it uses the session's `server` (directly or
-through `client`/`info`), or its module starts servers of its own (imports
+A test needs an engine when it uses a server fixture of this file (directly
+or through another fixture), or its module starts servers of its own (imports
 harness.serverproc's ServerProcess or running). It is marked `engine` here, so
 the marker cannot go stale.
+
+Helpers that are not fixtures live in tests/support/; no test module imports
+another test module or this file (tests/test_layout.py).
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -22,6 +27,18 @@ from harness.certs import make_certs, python_tls, server_tls_args
 from harness.serverproc import ServerProcess
 from rollout_client import RolloutClient
 from rollout_service.worker.weights_backend import FAULT_FILE_ENV
+from tests.support import lora
+from tests.support.node import Packed, pack_and_install
+from tests.support.served_weights import (
+    Fingerprint,
+    fingerprint,
+    restore,
+    served_checkpoint,
+    update_left_open,
+)
+from tests.support.tokens import ADMIN, GENERATE, GENERATE_B
+
+log = logging.getLogger(__name__)
 
 
 @pytest.fixture(scope="session")
@@ -31,25 +48,46 @@ def fault_file(tmp_path_factory):
     return tmp_path_factory.mktemp("fault") / "fail-next-load"
 
 
-_shared: list[ServerProcess] = []  # the session server, once started
+@dataclass
+class Shared:
+    """A server every module may use, as it was when it became ready: what a
+    module must leave it as (`_left_clean`)."""
+
+    name: str
+    proc: ServerProcess
+    client_options: dict  # RolloutClient's: a token, TLS files
+    start: Fingerprint = field(init=False)
+    checkpoint: Path = field(init=False)
+    fault_file: Path | None = None
+
+    def __post_init__(self) -> None:
+        with self.client() as c:
+            self.start = fingerprint(c)
+            self.checkpoint = served_checkpoint(c)
+
+    def client(self, **kw) -> RolloutClient:
+        return RolloutClient(self.proc.target, **{"timeout": 120, **self.client_options, **kw})
+
+
+_shared: list[Shared] = []  # the shared servers started so far, while they run
 
 
 @pytest.fixture(scope="session")
 def server(fault_file):
     """The embedded tiny-qwen2 model on a real vLLM engine, shared by every
-    module on the default flags (each must leave it as `_left_clean` checks)."""
+    module on the default flags: each module finds it on its original weights
+    and must leave it as `_left_clean` checks."""
     proc = ServerProcess(env={FAULT_FILE_ENV: str(fault_file)})
+    shared = None
     try:
         proc.wait_ready()
-        _shared.append(proc)
+        shared = Shared("session server", proc, {}, fault_file=fault_file)
+        _shared.append(shared)
         yield proc
     finally:
-        _shared.clear()
+        if shared in _shared:
+            _shared.remove(shared)
         proc.stop(wait=False)
-
-
-# The shared secure server's tokens: an admin, and two generate callers.
-ADMIN, GENERATE, GENERATE_B = "admin-token", "gen-token", "gen-token-b"
 
 
 @dataclass(frozen=True)
@@ -65,44 +103,140 @@ class Secure:
 @pytest.fixture(scope="session")
 def shared_secure(tmp_path_factory):
     """One tokens-and-mutual-TLS server for every module that needs one on
-    these flags (the C++ and Node clients, the role table)."""
+    these flags (the C++ and Node clients, the role table); tokens in
+    tests/support/tokens.py."""
     tmp = tmp_path_factory.mktemp("secure")
     certs = make_certs(tmp)
     tokens = tmp / "tokens"
     tokens.write_text(f"admin:{ADMIN}\ngenerate:{GENERATE}\ngenerate:{GENERATE_B}\n")
     proc = ServerProcess("--tokens-file", str(tokens), *server_tls_args(certs))
     tls = python_tls(certs)
+    shared = None
     try:
         proc.wait_ready(token=ADMIN, **tls)
+        shared = Shared("secure server", proc, {"token": ADMIN, **tls})
+        _shared.append(shared)
         yield Secure(proc, certs, tls)
     finally:
+        if shared in _shared:
+            _shared.remove(shared)
         proc.stop(wait=False)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _left_clean(fault_file):
-    """After each module: the shared server is not degraded, not asleep, and
-    runs no request the module left behind, or the module fails here, loudly,
-    instead of a later module failing for a reason of this one's."""
-    yield
-    if not _shared or _shared[0].proc.poll() is not None:
-        return
-    with RolloutClient(_shared[0].target, timeout=30, retries=0) as c:
+class _LoraServer:
+    """The LoRA server, started at its first use, and again at the next use
+    after a test stopped it."""
+
+    def __init__(self) -> None:
+        self.proc: ServerProcess | None = None
+
+    def ready(self) -> ServerProcess:
+        if self.proc is None or self.proc.proc.poll() is not None:
+            self.proc = None
+            proc = ServerProcess(*lora.SERVER_FLAGS)
+            try:
+                proc.wait_ready()
+            except BaseException:
+                proc.stop(wait=False)
+                raise
+            self.proc = proc
+        return self.proc
+
+
+@pytest.fixture(scope="session")
+def _lora_server():
+    holder = _LoraServer()
+    try:
+        yield holder
+    finally:
+        if holder.proc is not None:
+            holder.proc.stop(wait=False)
+
+
+@pytest.fixture
+def lora_server(_lora_server) -> ServerProcess:
+    """The session's server with LoRA on and the other engine options of
+    tests/support/lora.py's SERVER_FLAGS, for test_engine_options and
+    test_bad_inputs' adapter cases (one engine start for both)."""
+    return _lora_server.ready()
+
+
+@pytest.fixture
+def lora_client(lora_server):
+    with RolloutClient(lora_server.target, timeout=120) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def packed(tmp_path_factory) -> Packed:
+    """client/node packed and installed into an empty folder (tests/support/node.py),
+    for the Node client's tests and the keepalive test."""
+    return pack_and_install(
+        tmp_path_factory.mktemp("node-pack"), tmp_path_factory.mktemp("node-app")
+    )
+
+
+_restored: list[tuple[str, str]] = []  # (module, server) whose weights were put back
+
+
+def _problems(shared: Shared, module: str) -> list[str]:
+    """What a module left wrong on `shared`; its weights restored if they
+    were all that was wrong."""
+    with shared.client(timeout=30, retries=0) as c:
         deadline = time.monotonic() + 15
         while (info := c.server_info()).engine_requests and time.monotonic() < deadline:
             time.sleep(0.1)
-    problems = [
-        what
-        for what, bad in (
-            ("degraded (an update failed inside the engine)", info.degraded),
-            ("asleep", info.sleeping),
-            (f"{info.engine_requests} engine requests still running", info.engine_requests),
-            ("its fault file in place (the next update would fail)", fault_file.exists()),
-        )
-        if bad
-    ]
-    if problems:
-        pytest.fail("this module left the shared server " + "; ".join(problems), pytrace=False)
+        fault_file = shared.fault_file
+        problems = [
+            what
+            for what, bad in (
+                ("degraded (an update failed inside the engine)", info.degraded),
+                ("asleep", info.sleeping),
+                (f"{info.engine_requests} engine requests still running", info.engine_requests),
+                (
+                    "its fault file in place (the next update would fail)",
+                    fault_file is not None and fault_file.exists(),
+                ),
+            )
+            if bad
+        ]
+        if problems:
+            return problems
+        if (why := update_left_open(c)) is not None:
+            return [f"holding a staged update open (a new one is refused: {why})"]
+        now = fingerprint(c)
+    if now.matches(shared.start):
+        return []
+    log.info("restoring the %s's weights: %s (started on %s)", shared.name, now, shared.start)
+    try:
+        with shared.client(timeout=120) as c:
+            restore(c, shared.start, shared.checkpoint)
+            now = fingerprint(c)
+    except Exception as e:  # whatever it is, this module's report says it
+        return [f"on other weights ({now}); restoring {shared.checkpoint} failed: {e!r}"]
+    _restored.append((module, shared.name))
+    if not now.matches(shared.start):
+        return [f"on other weights, not its own after a restore: {now}, not {shared.start}"]
+    return []
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _left_clean(request):
+    """After each module, each shared server running: not degraded, not
+    asleep, running no request and holding no staged update the module left
+    behind, or the module fails here, loudly, instead of a later module
+    failing for a reason of this one's. Weights the module pushed and left
+    are put back (the checkpoint it started on, under its first version) and
+    checked: every module starts on the same weights, whatever ran before."""
+    yield
+    left = []
+    for shared in list(_shared):
+        if shared.proc.proc.poll() is None and (
+            problems := _problems(shared, request.module.__name__)
+        ):
+            left.append(f"the {shared.name} " + "; ".join(problems))
+    if left:
+        pytest.fail("this module left " + ", and ".join(left), pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -111,12 +245,16 @@ def client(server):
         yield c
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def info(client):
+    """The session server's info as this module first asks for it (each
+    module starts on the same weights and version: `_left_clean`)."""
     return client.server_info()
 
 
 _STARTS_SERVERS = ("ServerProcess", "running")
+# This file's fixtures that start servers; the others start none.
+_SERVER_FIXTURES = {"server", "shared_secure", "_lora_server"}
 
 
 def _starts_servers(module) -> bool:
@@ -127,17 +265,26 @@ def _starts_servers(module) -> bool:
 
 
 def _needs_engine(item) -> bool:
-    """The item's module, or the module of any fixture it uses, starts servers."""
-    if {"server", "shared_secure"} & set(getattr(item, "fixturenames", ())):
+    """The item uses a server fixture of this file, or its module, or the
+    module of any fixture it uses, starts servers."""
+    if _SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
         return True
     modules = {getattr(item, "module", None)}
     info = getattr(item, "_fixtureinfo", None)
     for defs in info.name2fixturedefs.values() if info else ():
-        # This file's fixtures start the session server only through `server`.
+        # This file's fixtures start servers only through _SERVER_FIXTURES.
         modules.update(
             sys.modules.get(d.func.__module__) for d in defs if d.func.__module__ != __name__
         )
     return any(_starts_servers(m) for m in modules if m is not None)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Which modules left other weights on a shared server (put back by
+    `_left_clean`): each costs a full update, and none may count on another's."""
+    if _restored:
+        lines = [f"{module} (the {name})" for module, name in _restored]
+        terminalreporter.write_line("weights restored after: " + ", ".join(lines))
 
 
 def pytest_collection_modifyitems(config, items):

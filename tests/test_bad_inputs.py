@@ -8,7 +8,6 @@ Then hypothesis fuzzes the request messages.
 
 from __future__ import annotations
 
-import json
 import math
 import tempfile
 import uuid
@@ -23,9 +22,8 @@ from hypothesis import strategies as st
 from harness.weights_util import COMMIT, begin, chunk, version
 from rollout.v1 import rollout_pb2_grpc
 from rollout_client import pb
-from tests import test_engine_options as lora_options
-from tests.test_engine_options import CONFIG, adapter_stream, adapter_weights, greedy
-from tests.test_rl_features import refused
+from tests.support.lora import CONFIG, adapter_stream, adapter_weights, greedy
+from tests.support.refusals import refused
 
 INV = grpc.StatusCode.INVALID_ARGUMENT
 EXH = grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -358,9 +356,8 @@ def test_a_huge_echoed_value_gets_a_bounded_message(channel, info):
     assert healthy(channel)
 
 
-# LoRA cases run on test_engine_options' server (--enable-lora, float32):
-# its fixtures, reused (pytest gives this module an instance of its own).
-options_server, oc = lora_options.options_server, lora_options.oc
+# LoRA cases run on the session's LoRA server (conftest's `lora_server`,
+# test_engine_options' too).
 LORA_NAMES = {
     "parent path": "../../../tmp/{tag}",
     "absolute path": "/tmp/{tag}",
@@ -382,19 +379,19 @@ def outside(tag: str) -> list[Path]:
 
 
 @pytest.mark.parametrize("pattern", LORA_NAMES.values(), ids=LORA_NAMES)
-def test_bad_adapter_names_are_refused_and_write_nothing(oc, pattern):
+def test_bad_adapter_names_are_refused_and_write_nothing(lora_client, pattern):
     tag = f"adapter-{uuid.uuid4().hex[:8]}"
     name = pattern.format(tag=tag)
-    w = adapter_weights(oc.server_info(), 11)
-    details = refused(lambda: oc.stub.UpdateWeights(adapter_stream(name, version(), w)))
+    w = adapter_weights(lora_client.server_info(), 11)
+    details = refused(lambda: lora_client.stub.UpdateWeights(adapter_stream(name, version(), w)))
     assert details.startswith("begin.adapter.name: "), details
     assert "letters, digits" in details, details
     assert not outside(tag)
-    assert name not in [a.name for a in oc.server_info().lora_adapters]
+    assert name not in [a.name for a in lora_client.server_info().lora_adapters]
     removal = adapter_stream(name, version(), {}, action=pb.ADAPTER_ACTION_REMOVE, config="")
-    details = refused(lambda: oc.stub.UpdateWeights(removal))
+    details = refused(lambda: lora_client.stub.UpdateWeights(removal))
     assert details.startswith("begin.adapter.name: ") and "letters, digits" in details
-    assert refused(lambda: greedy(oc, name)).startswith("lora_adapter: ")
+    assert refused(lambda: greedy(lora_client, name)).startswith("lora_adapter: ")
 
 
 LORA_RULE = '"target_modules": ["q_proj", "v_proj"]'
@@ -431,42 +428,33 @@ CONFIG_CASES = {
 
 
 @pytest.mark.parametrize(("config", "needle"), CONFIG_CASES.values(), ids=CONFIG_CASES)
-def test_malformed_adapter_configs_name_the_field(oc, config, needle):
-    w = adapter_weights(oc.server_info(), 12)
+def test_malformed_adapter_configs_name_the_field(lora_client, config, needle):
+    w = adapter_weights(lora_client.server_info(), 12)
     stream = adapter_stream("cfg", version(), w, config=config)
-    details = refused(lambda: oc.stub.UpdateWeights(stream))
+    details = refused(lambda: lora_client.stub.UpdateWeights(stream))
     assert needle in details, details
-    assert "cfg" not in [a.name for a in oc.server_info().lora_adapters]
+    assert "cfg" not in [a.name for a in lora_client.server_info().lora_adapters]
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
-def test_non_finite_adapter_values_are_refused_before_the_engine(oc, value):
-    info = oc.server_info()
+def test_non_finite_adapter_values_are_refused_before_the_engine(lora_client, value):
+    info = lora_client.server_info()
     w = adapter_weights(info, 13)
     names = list(w)
     w[names[1]][3, 0] = value
-    details = refused(lambda: oc.stub.UpdateWeights(adapter_stream("nonfinite", version(), w)))
+    details = refused(
+        lambda: lora_client.stub.UpdateWeights(adapter_stream("nonfinite", version(), w))
+    )
     assert details.startswith("begin.tensors[1]: ") and "finite" in details, details
-    assert "nonfinite" not in [a.name for a in oc.server_info().lora_adapters]
+    assert "nonfinite" not in [a.name for a in lora_client.server_info().lora_adapters]
 
 
-def test_a_huge_adapter_name_gets_a_bounded_message(oc):
+def test_a_huge_adapter_name_gets_a_bounded_message(lora_client):
     name = "a" * 12_000
     for call in (
-        lambda: greedy(oc, name),
-        lambda: oc.stub.UpdateWeights(adapter_stream(name, version(), {}, config=CONFIG)),
+        lambda: greedy(lora_client, name),
+        lambda: lora_client.stub.UpdateWeights(adapter_stream(name, version(), {}, config=CONFIG)),
     ):
         details = refused(call)
         assert details.startswith(("lora_adapter: ", "begin.adapter.name: ")), details[:200]
         assert len(details.encode()) <= 1024, len(details)
-
-
-def test_the_adapter_folder_is_removed_at_shutdown(oc, options_server):
-    """Last in the module: it stops the LoRA server."""
-    name = f"kept-{uuid.uuid4().hex[:8]}"
-    w = adapter_weights(oc.server_info(), 14)
-    oc.update_weights(w, version(), adapter=name, adapter_config=json.loads(CONFIG))
-    written = list(Path(tempfile.gettempdir()).glob(f"rollout-lora-*/{name}-*"))
-    assert len(written) == 1 and any(written[0].iterdir())
-    assert options_server.stop() == 0
-    assert not written[0].parent.exists()

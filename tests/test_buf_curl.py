@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.shell_tools import README, rollout_methods, run, venv_tool
+from tests.support.shell import README, rollout_methods, run, venv_tool
 
 BUF = venv_tool("buf")
 

@@ -3,24 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 from safetensors.torch import save_file
 
 from harness.weights_util import random_weights, version
-
-CLI = str(Path(sys.executable).with_name("rollout-client"))
-
-
-def run(server, *args, check=True):
-    p = subprocess.run(
-        [CLI, "--target", server.target, *args], capture_output=True, text=True, timeout=120
-    )
-    if check:
-        assert p.returncode == 0, p.stderr
-    return p
+from tests.support.cli import run
 
 
 def test_info_json(server, info):

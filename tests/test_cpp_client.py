@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from rollout_client import RolloutClient, dtypes, pb
-from tests.conftest import ADMIN, GENERATE
+from tests.support.tokens import ADMIN, GENERATE
 
 CPP_DIR = Path(__file__).resolve().parents[1] / "client" / "cpp"
 BUILD_DIR = CPP_DIR / "build"

@@ -4,19 +4,9 @@ start, with a message saying why (no engine is started for them)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 from rollout_service.engine.startup import _connector_resets_its_cache
-
-SERVE = str(Path(sys.executable).with_name("rollout-service"))
-
-
-def serve(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [SERVE, "serve", "--port", "0", *args], capture_output=True, text=True, timeout=120
-    )
+from tests.support.serve_command import serve
 
 
 def test_a_kv_connector_that_cannot_reset_its_cache_is_refused():

@@ -9,7 +9,7 @@ import logging
 
 import grpc
 import pytest
-from google.rpc import error_details_pb2, status_pb2
+from google.rpc import error_details_pb2
 from vllm import SamplingParams
 from vllm.exceptions import (
     LoRAAdapterNotFoundError,
@@ -30,6 +30,7 @@ from rollout_service.errors import (
     from_exception,
 )
 from rollout_service.rpc.handlers import streaming, unary
+from tests.support.aborts import Context, aborted
 
 INV = grpc.StatusCode.INVALID_ARGUMENT
 PROMPT = "prompt_token_ids/prompt_text/messages"
@@ -127,27 +128,6 @@ def test_engine_state_errors(error, code):
 )
 def test_the_unexpected_maps_to_nothing(error):
     assert from_exception(error) is None  # abort makes it INTERNAL
-
-
-class Context:
-    """Records what the policy aborts with; aborting raises, as in grpc.aio."""
-
-    def __init__(self) -> None:
-        self.aborted = None
-
-    async def abort(self, code, details, trailing_metadata=()):
-        self.aborted = (code, details, dict(trailing_metadata))
-        raise grpc.aio.AbortError()
-
-
-def aborted(error: Exception, rpc: str = "Generate"):
-    context = Context()
-    with pytest.raises(grpc.aio.AbortError):
-        asyncio.run(abort(context, error, rpc))
-    code, details, trailers = context.aborted
-    status = status_pb2.Status.FromString(trailers["grpc-status-details-bin"])
-    assert (status.code, status.message) == (code.value[0], details)
-    return code, details, status
 
 
 def test_abort_sends_a_field_violation_for_vllm_errors():

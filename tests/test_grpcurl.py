@@ -10,7 +10,7 @@ import pytest
 from google.protobuf import json_format
 
 from rollout_client import pb
-from tests.shell_tools import README, rollout_methods, run, venv_tool
+from tests.support.shell import README, rollout_methods, run, venv_tool
 
 GRPCURL = venv_tool("grpcurl")
 README_TARGET = "127.0.0.1:50051"

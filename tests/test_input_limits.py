@@ -26,7 +26,7 @@ from rollout_service.generation.structured import structured_outputs_from_proto
 from rollout_service.staged import StagedTensor
 from rollout_service.update.lora import Adapters
 from rollout_service.update.lora_config import check_name, peft_config
-from tests.test_error_policy import aborted
+from tests.support.aborts import aborted
 
 
 def nested(depth: int, open_: str = "[", close: str = "]") -> str:

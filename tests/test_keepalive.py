@@ -33,7 +33,7 @@ from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
 from rollout_client.connection import MIN_KEEPALIVE_SECONDS, ConnectionOptions
 from rollout_service.server import KEEPALIVE_OPTIONS
-from tests.test_node_client import PACKAGE, packed  # noqa: F401  (the fixture)
+from tests.support.node import PACKAGE
 
 PING_MS = 10_000
 # The calls are held this long, and must outlive the 40 to 50 s gRPC's
@@ -46,7 +46,7 @@ DEAD_CLIENT_DROPPED_WITHIN = 75.0
 REQUEST_JSON = {"prompt_token_ids": [1, 2, 3], "sampling_params": {"max_tokens": 4}}
 REQUEST = json_format.ParseDict(REQUEST_JSON, pb.GenerateRequest())
 
-# The Node client (client/node), as packed and installed by test_node_client,
+# The Node client (client/node), as packed and installed (conftest's `packed`),
 # pinging every 10 s through its channelOptions, with no retry: a retried
 # call would hide the failure.
 NODE_CALL = f"""
@@ -136,7 +136,7 @@ def _wait_until_hung_up(proc: psutil.Process, port: int, timeout: float) -> floa
     return None
 
 
-def test_long_calls_survive_10s_pings_and_a_dead_client_is_dropped(server, packed):  # noqa: F811
+def test_long_calls_survive_10s_pings_and_a_dead_client_is_dropped(server, packed):
     script = packed.app / "long_call.js"
     script.write_text(NODE_CALL)
     dead = subprocess.Popen(

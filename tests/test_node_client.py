@@ -17,10 +17,7 @@ folder, and everything below runs from there, never from client/node:
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import subprocess
 import threading
 import time
 import uuid
@@ -34,88 +31,10 @@ from harness.serverproc import ServerProcess
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
 from rollout_client import RolloutClient
-from tests.conftest import ADMIN, GENERATE
+from tests.support.node import NODE_DIR, PACKAGE, REPO, Packed, run
+from tests.support.tokens import ADMIN, GENERATE
 
-REPO = Path(__file__).resolve().parents[1]
-NODE_DIR = REPO / "client" / "node"
 PROTO_DIR = REPO / "proto" / "rollout"
-PACKAGE = "@rollout/client-node"
-# Quiet, non-interactive npm.
-NPM_ENV = {
-    **{k: v for k, v in os.environ.items() if k != "ROLLOUT_TOKEN"},
-    "npm_config_fund": "false",
-    "npm_config_audit": "false",
-    "npm_config_update_notifier": "false",
-}
-
-
-def _run(cmd: list[str], cwd: Path, timeout: float, env=None, check=True):
-    p = subprocess.run(
-        cmd, cwd=cwd, env=env or NPM_ENV, capture_output=True, text=True, timeout=timeout
-    )
-    if check:
-        assert p.returncode == 0, (
-            f"`{' '.join(cmd)}` exited {p.returncode} in {cwd}\n"
-            f"--- stdout\n{p.stdout[-4000:]}\n--- stderr\n{p.stderr[-4000:]}"
-        )
-    return p
-
-
-def _require_node() -> None:
-    missing = [tool for tool in ("node", "npm") if shutil.which(tool) is None]
-    if missing:
-        pytest.fail(
-            f"{' and '.join(missing)} not found on PATH: the Node client test needs "
-            "Node.js >= 18 with npm (install Node.js 20, e.g. from nodejs.org or the "
-            "distribution's nodejs package)",
-            pytrace=False,
-        )
-
-
-def _install_build_deps() -> None:
-    """`npm ci` in client/node when node_modules is missing or older than
-    package-lock.json (typescript and proto-loader-gen-types build the package)."""
-    installed = NODE_DIR / "node_modules" / ".package-lock.json"
-    lock = NODE_DIR / "package-lock.json"
-    if not installed.exists() or installed.stat().st_mtime < lock.stat().st_mtime:
-        _run(["npm", "ci"], NODE_DIR, timeout=600)
-
-
-class Packed:
-    """The packed tarball and the empty folder it was installed into."""
-
-    def __init__(self, tarball: Path, files: list[str], app: Path) -> None:
-        self.tarball = tarball
-        self.files = files
-        self.app = app
-        self.root = app / "node_modules" / Path(*PACKAGE.split("/"))
-        self.demo = app / "node_modules" / ".bin" / "rollout-node-demo"
-
-    def demo_run(self, *args: str, token: str | None = None, timeout: float = 600):
-        """Runs the installed demo command from the install folder."""
-        env = dict(NPM_ENV)
-        if token is not None:
-            env["ROLLOUT_TOKEN"] = token
-        return _run([str(self.demo), *args], self.app, timeout, env=env, check=False)
-
-
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory) -> Packed:
-    _require_node()
-    _install_build_deps()
-    dest = tmp_path_factory.mktemp("node-pack")
-    # prepack builds: proto copied in, types generated from it, tsc.
-    p = _run(["npm", "pack", "--json", "--pack-destination", str(dest)], NODE_DIR, 600)
-    (entry,) = json.loads(p.stdout)
-    tarball = dest / entry["filename"]
-    assert re.fullmatch(r"rollout-client-node-.+\.tgz", tarball.name), tarball.name
-    assert tarball.is_file()
-
-    app = tmp_path_factory.mktemp("node-app")  # an empty folder outside the repository
-    assert not any(app.iterdir())
-    _run(["npm", "init", "-y"], app, 120)
-    _run(["npm", "install", "--no-audit", "--no-fund", str(tarball)], app, 600)
-    return Packed(tarball, [f["path"] for f in entry["files"]], app)
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +76,7 @@ def test_the_tarball_holds_the_built_client_and_its_proto(packed):
     assert (packed.root / meta["main"]).is_file() and (packed.root / meta["types"]).is_file()
 
     # The installed client loads the proto from its own files.
-    p = _run(["node", "-p", f"require({PACKAGE!r}).DEFAULT_PROTO_PATH"], packed.app, 60)
+    p = run(["node", "-p", f"require({PACKAGE!r}).DEFAULT_PROTO_PATH"], packed.app, 60)
     assert Path(p.stdout.strip()) == packed.root / "proto" / "rollout" / "v1" / "rollout.proto"
 
     # A TypeScript consumer type-checks against the package's declarations.
@@ -195,7 +114,7 @@ export async function use(): Promise<[string, boolean, number]> {{
         )
     )
     tsc = NODE_DIR / "node_modules" / "typescript" / "bin" / "tsc"
-    _run(["node", str(tsc), "-p", "tsconfig.json"], packed.app, 300)
+    run(["node", str(tsc), "-p", "tsconfig.json"], packed.app, 300)
 
 
 def _demo_args(server: ServerProcess, certs, *, ca=True, client_cert=True) -> list[str]:
@@ -372,7 +291,7 @@ def _fake_server(fail_first: int, certs=None):
 def _probe(packed: Packed, **cfg) -> dict:
     script = packed.app / "probe.js"
     script.write_text(PROBE)
-    p = _run(["node", str(script), json.dumps(cfg)], packed.app, 120)
+    p = run(["node", str(script), json.dumps(cfg)], packed.app, 120)
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 

@@ -14,8 +14,8 @@ from harness.serverproc import running
 from harness.weights_util import random_weights, version
 from rollout_client import RolloutClient
 from rollout_service.engine.placement import BIND_ENV
-from tests.test_engine_config import SERVE, serve
-from tests.test_placement import _thread_cpus
+from tests.support.cpus import thread_cpus
+from tests.support.serve_command import SERVE, serve
 
 PROMPT = [random.Random(3).randrange(10, 500) for _ in range(200)]
 
@@ -53,7 +53,7 @@ def _workers_mapping_the_region(server) -> int:
 
 
 def test_a_tp2_replicas_workers_compute_on_cores_of_their_own(tp2):
-    first, second = (_thread_cpus(w) for w in _workers(tp2))
+    first, second = (thread_cpus(w) for w in _workers(tp2))
     assert first and second and not first & second, (first, second)
     assert first | second <= os.sched_getaffinity(0)
 

@@ -18,14 +18,7 @@ from rollout_service.engine.placement import (
     keep_off_worker_cores,
     worker_binding,
 )
-
-
-def _thread_cpus(proc: psutil.Process) -> set[int]:
-    """The union of every thread's CPU mask."""
-    cpus: set[int] = set()
-    for t in proc.threads():
-        cpus |= os.sched_getaffinity(t.id)
-    return cpus
+from tests.support.cpus import thread_cpus
 
 
 def _vllm_process(root: psutil.Process, title: str) -> psutil.Process:
@@ -37,10 +30,10 @@ def _vllm_process(root: psutil.Process, title: str) -> psutil.Process:
 def test_server_and_engine_core_run_off_the_worker_cores(server, client):
     client.generate(prompt_token_ids=[1, 2, 3], max_tokens=2)  # a serving server
     root = psutil.Process(server.proc.pid)
-    worker_cpus = _thread_cpus(_vllm_process(root, "VLLM::Worker"))
+    worker_cpus = thread_cpus(_vllm_process(root, "VLLM::Worker"))
     assert worker_cpus < os.sched_getaffinity(0), "vLLM bound its worker to every CPU"
     for proc in (root, _vllm_process(root, "VLLM::EngineCore")):
-        assert not _thread_cpus(proc) & worker_cpus, " ".join(proc.cmdline())
+        assert not thread_cpus(proc) & worker_cpus, " ".join(proc.cmdline())
 
 
 # A stand-in for the engine's process tree: a parent with one child bound to
@@ -72,16 +65,16 @@ def test_moves_the_root_and_floating_processes_off_bound_cpus(tree):
     allowed = os.sched_getaffinity(0)
     first = min(allowed)
     assert keep_off_worker_cores(root.pid) == ({first}, allowed - {first})
-    assert _thread_cpus(root) == allowed - {first}
-    assert _thread_cpus(floating) == allowed - {first}
-    assert _thread_cpus(bound) == {first}
+    assert thread_cpus(root) == allowed - {first}
+    assert thread_cpus(floating) == allowed - {first}
+    assert thread_cpus(bound) == {first}
 
 
 def test_nothing_moves_without_a_bound_process(tree):
     root, bound, floating = tree
     os.sched_setaffinity(bound.pid, os.sched_getaffinity(0))
     assert keep_off_worker_cores(root.pid) is None
-    assert _thread_cpus(root) == os.sched_getaffinity(0)
+    assert thread_cpus(root) == os.sched_getaffinity(0)
 
 
 # --- binding several CPU workers (tests/test_parallel.py starts one) --------

@@ -14,6 +14,8 @@ from transformers import AutoTokenizer
 
 from rollout_client import pb
 from rollout_service.tiny_models import ensure_model
+from tests.support.refusals import refused
+from tests.support.structured import constrained
 
 PROMPT = [5, 17, 42, 99, 7, 250, 31, 8, 64, 12]
 
@@ -38,15 +40,8 @@ def gen(stub, **kw) -> pb.GenerateResponse:
     )
 
 
-def refused(call, code=grpc.StatusCode.INVALID_ARGUMENT) -> str:
-    with pytest.raises(grpc.RpcError) as e:
-        call()
-    assert e.value.code() == code, e.value.details()
-    return e.value.details()
-
-
 def test_logprobs_come_from_the_reported_distribution(info):
-    # vLLM's default: the raw model distribution (tests/test_lora.py runs a
+    # vLLM's default: the raw model distribution (tests/test_engine_options.py runs a
     # server with --logprobs-mode processed_logprobs).
     assert info.logprobs_mode == pb.LOGPROBS_MODE_RAW_LOGPROBS
 
@@ -205,16 +200,6 @@ def test_server_info_gives_the_tokenizers_facts(info, hf_tokenizer):
     assert t.pad_token_id == hf_tokenizer.pad_token_id
     assert t.has_chat_template
     assert t.image_placeholder == "" and not t.HasField("image_token_id")  # a text model
-
-
-def constrained(stub, seed: int, **so) -> pb.Completion:
-    sampling = {
-        "max_tokens": 60,
-        "temperature": 1.0,
-        "seed": seed,
-        "structured_output": pb.StructuredOutput(**so),
-    }
-    return gen(stub, prompt_text="Answer:", sampling=sampling).completions[0]
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

@@ -15,7 +15,7 @@ import pytest
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
 from rollout_service.ops.auth import ROLE_OF
-from tests.conftest import ADMIN, GENERATE, GENERATE_B
+from tests.support.tokens import ADMIN, GENERATE, GENERATE_B
 
 PROTO = Path(__file__).parents[1] / "proto/rollout/v1/rollout.proto"
 SERVICE = pb.DESCRIPTOR.services_by_name["RolloutService"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rollout_client import pb
 
-README = Path(__file__).resolve().parents[1] / "docs" / "shell.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "shell.md"
 
 
 def venv_tool(name: str) -> str:

@@ -1,0 +1,93 @@
+"""The TypeScript client (client/node) packed with `npm pack` and installed
+into an empty folder, as a user installs it (conftest's `packed`), and npm
+run quietly."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+NODE_DIR = REPO / "client" / "node"
+PACKAGE = "@rollout/client-node"
+# Quiet, non-interactive npm.
+NPM_ENV = {
+    **{k: v for k, v in os.environ.items() if k != "ROLLOUT_TOKEN"},
+    "npm_config_fund": "false",
+    "npm_config_audit": "false",
+    "npm_config_update_notifier": "false",
+}
+
+
+def run(cmd: list[str], cwd: Path, timeout: float, env=None, check=True):
+    p = subprocess.run(
+        cmd, cwd=cwd, env=env or NPM_ENV, capture_output=True, text=True, timeout=timeout
+    )
+    if check:
+        assert p.returncode == 0, (
+            f"`{' '.join(cmd)}` exited {p.returncode} in {cwd}\n"
+            f"--- stdout\n{p.stdout[-4000:]}\n--- stderr\n{p.stderr[-4000:]}"
+        )
+    return p
+
+
+def _require_node() -> None:
+    missing = [tool for tool in ("node", "npm") if shutil.which(tool) is None]
+    if missing:
+        pytest.fail(
+            f"{' and '.join(missing)} not found on PATH: the Node client test needs "
+            "Node.js >= 18 with npm (install Node.js 20, e.g. from nodejs.org or the "
+            "distribution's nodejs package)",
+            pytrace=False,
+        )
+
+
+def _install_build_deps() -> None:
+    """`npm ci` in client/node when node_modules is missing or older than
+    package-lock.json (typescript and proto-loader-gen-types build the package)."""
+    installed = NODE_DIR / "node_modules" / ".package-lock.json"
+    lock = NODE_DIR / "package-lock.json"
+    if not installed.exists() or installed.stat().st_mtime < lock.stat().st_mtime:
+        run(["npm", "ci"], NODE_DIR, timeout=600)
+
+
+class Packed:
+    """The packed tarball and the empty folder it was installed into."""
+
+    def __init__(self, tarball: Path, files: list[str], app: Path) -> None:
+        self.tarball = tarball
+        self.files = files
+        self.app = app
+        self.root = app / "node_modules" / Path(*PACKAGE.split("/"))
+        self.demo = app / "node_modules" / ".bin" / "rollout-node-demo"
+
+    def demo_run(self, *args: str, token: str | None = None, timeout: float = 600):
+        """Runs the installed demo command from the install folder."""
+        env = dict(NPM_ENV)
+        if token is not None:
+            env["ROLLOUT_TOKEN"] = token
+        return run([str(self.demo), *args], self.app, timeout, env=env, check=False)
+
+
+def pack_and_install(dest: Path, app: Path) -> Packed:
+    """client/node packed into `dest`, and installed into `app`, an empty
+    folder outside the repository."""
+    _require_node()
+    _install_build_deps()
+    # prepack builds: proto copied in, types generated from it, tsc.
+    p = run(["npm", "pack", "--json", "--pack-destination", str(dest)], NODE_DIR, 600)
+    (entry,) = json.loads(p.stdout)
+    tarball = dest / entry["filename"]
+    assert re.fullmatch(r"rollout-client-node-.+\.tgz", tarball.name), tarball.name
+    assert tarball.is_file()
+
+    assert not any(app.iterdir())
+    run(["npm", "init", "-y"], app, 120)
+    run(["npm", "install", "--no-audit", "--no-fund", str(tarball)], app, 600)
+    return Packed(tarball, [f["path"] for f in entry["files"]], app)

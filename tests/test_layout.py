@@ -1,0 +1,85 @@
+"""The suite's layout: no file under tests/ imports a test module or the
+conftest. Shared helpers live in tests/support/, shared fixtures in
+conftest.py (pytest provides them). ruff bans `tests.conftest` by name
+(tests/ruff.toml) but cannot ban a pattern like tests.test_*; this does both."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _banned(module: str) -> bool:
+    """tests.test_x, tests.test_x.y, tests.conftest (absolute names)."""
+    parts = module.split(".")
+    return (
+        len(parts) >= 2
+        and parts[0] == "tests"
+        and (parts[1] == "conftest" or parts[1].startswith("test_"))
+    )
+
+
+def _imported(node: ast.AST, package: str) -> list[str]:
+    """The absolute module names an import statement imports from: for
+    `from a import b`, a, or a.b when a is a package (b may be a module)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    if node.level:
+        parts = package.split(".")
+        base = parts[: len(parts) - node.level + 1]
+        module = ".".join([*base, *([node.module] if node.module else [])])
+    else:
+        module = node.module or ""
+    if _banned(module):
+        return [module]
+    return [f"{module}.{alias.name}" for alias in node.names]
+
+
+def bad_imports(root: Path) -> list[str]:
+    """`file:line: module` for every import of a test module or the conftest
+    in the Python files under `root` (a tests/ folder)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        package = ".".join(["tests", *rel.parent.parts])
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            for module in _imported(node, package):
+                if _banned(module):
+                    found.append(f"tests/{rel.as_posix()}:{node.lineno}: {module}")
+    return found
+
+
+def test_no_test_module_or_conftest_is_imported():
+    found = bad_imports(TESTS)
+    assert not found, (
+        "test modules and the conftest are not imported (helpers go to tests/support/, "
+        "fixtures to conftest.py):\n" + "\n".join(found)
+    )
+
+
+def test_every_kind_of_such_import_is_caught(tmp_path):
+    (tmp_path / "support").mkdir()
+    (tmp_path / "test_a.py").write_text(
+        "import tests.test_b\n"
+        "from tests import test_b, support\n"
+        "from tests.test_b import X\n"
+        "from . import test_b as b\n"
+        "from .conftest import ADMIN\n"
+        "def f():\n"
+        "    from tests.conftest import Y\n"
+        "from tests.support.lora import CONFIG\n"  # allowed
+    )
+    (tmp_path / "support" / "x.py").write_text("from ..test_b import X\nfrom . import lora\n")
+    assert bad_imports(tmp_path) == [
+        "tests/support/x.py:1: tests.test_b",
+        "tests/test_a.py:1: tests.test_b",
+        "tests/test_a.py:2: tests.test_b",
+        "tests/test_a.py:3: tests.test_b",
+        "tests/test_a.py:4: tests.test_b",
+        "tests/test_a.py:5: tests.conftest",
+        "tests/test_a.py:7: tests.conftest",
+    ]
