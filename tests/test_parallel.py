@@ -10,7 +10,7 @@ import subprocess
 import psutil
 import pytest
 
-from harness.serverproc import running
+from harness.serverproc import ServerProcess
 from harness.weights_util import random_weights, version
 from rollout_client import RolloutClient
 from rollout_service.engine.placement import BIND_ENV
@@ -25,17 +25,33 @@ def greedy(c):
     return r.weight_version, list(r.completions[0].token_ids), list(r.completions[0].logprobs)
 
 
-@pytest.fixture(scope="module", params=["every rank reads", "rank 0 broadcasts"])
-def tp2(request):
-    # Two CPU workers on one NUMA node: vLLM's own binding fails, the server
-    # binds a core to each (nothing set by hand).
-    extra = ["--weight-broadcast"] if request.param == "rank 0 broadcasts" else []
-    flags = ("--tensor-parallel-size", "2", *extra)
+LAYOUTS = {"every rank reads": (), "rank 0 broadcasts": ("--weight-broadcast",)}
+
+
+@pytest.fixture(scope="module")
+def tp2_servers():
+    """Both layouts' servers, started at once (a start is mostly imports, one
+    core each). Two CPU workers on one NUMA node: vLLM's own binding fails,
+    the server binds a core to each (nothing set by hand)."""
     with pytest.MonkeyPatch.context() as env:
         env.delenv(BIND_ENV, raising=False)
-        with running(*flags) as proc:
-            proc.broadcast = bool(extra)
-            yield proc
+        procs = {
+            name: ServerProcess("--tensor-parallel-size", "2", *extra)
+            for name, extra in LAYOUTS.items()
+        }
+    try:
+        for name, proc in procs.items():
+            proc.wait_ready()
+            proc.broadcast = bool(LAYOUTS[name])
+        yield procs
+    finally:
+        for proc in procs.values():
+            proc.stop(wait=False)
+
+
+@pytest.fixture(params=list(LAYOUTS))
+def tp2(request, tp2_servers):
+    return tp2_servers[request.param]
 
 
 def _workers(server) -> list[psutil.Process]:
