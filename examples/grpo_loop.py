@@ -6,8 +6,8 @@ What it shows, in the order a step runs (`Loop.run`):
 - Overlap: the rollouts of step k+1 start while the trainer computes step k's
   update (one step off-policy).
 - Updates with PAUSE_MODE_KEEP: the push does not wait for those rollouts nor
-  abort them; they keep their KV cache and go on with the new weights, and
-  their tokens say which version produced them (`version_spans`).
+  abort them; they go on with the new weights (their KV cache recomputed on
+  them), and their tokens say which version produced them (`version_spans`).
 - The behaviour policy of a token is the version that produced it: the
   service's logprob of the token is the behaviour logprob, so importance
   ratios exp(logp_trainer - logp_service) need no second forward pass. The
@@ -114,12 +114,18 @@ class Loop:
         # sampled from (after temperature); in raw mode the model's own.
         self.processed = info.logprobs_mode == pb.LOGPROBS_MODE_PROCESSED_LOGPROBS
         self.scorer.to(self.dtype)
+        eos = self.policy.generation_config.eos_token_id
+        self.eos_ids = sorted(
+            {self.tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
+        )
         # Start from the trainer's own weights: version 0 is exactly what it holds.
         await self.push(f"{self.run_id}-0")
 
     async def push(self, version: str) -> None:
         """Pushes the policy as the served dtype; rollouts in flight go on."""
-        weights = {n: p.detach().to(self.dtype) for n, p in self.policy.named_parameters()}
+        # A copy (clone: `.to` of a float32 tensor to float32 would alias the
+        # parameters the optimizer goes on changing), kept to score tokens.
+        weights = {n: p.detach().to(self.dtype).clone() for n, p in self.policy.named_parameters()}
         await self.client.update_weights(weights, version, pause_mode=pb.PAUSE_MODE_KEEP)
         self.served[version] = weights
 
@@ -176,39 +182,35 @@ class Loop:
 
     def logprobs(self, model, x: Rollout) -> torch.Tensor:
         """`model`'s logprobs of x's tokens at their positions, as the
-        service defines them (tempered in processed_logprobs mode)."""
+        service defines them (see `processed`)."""
         ids = torch.tensor([x.prompt_ids + x.token_ids])
         logits = model(ids).logits[0, len(x.prompt_ids) - 1 : -1].float()
         if self.processed:
+            # What the sampler drew from: min_tokens forbids end-of-sequence
+            # before the `tokens`-th token, then the temperature.
+            logits[: self.args.tokens, self.eos_ids] = -math.inf
             logits = logits / self.args.temperature
         return torch.log_softmax(logits, -1).gather(1, torch.tensor(x.token_ids)[:, None])[:, 0]
 
     @torch.no_grad()
-    def score(self, batch: list[Rollout], version_of) -> list[float]:
-        """Every token's logprob on the weights of version_of(rollout, i)."""
-        out: list[float] = []
-        for x in batch:
-            per_version: dict[str, list[float]] = {}
-            for v in set(version_of(x, i) for i in range(len(x.token_ids))):
-                self.scorer.load_state_dict(self.served[v], strict=False)
-                per_version[v] = self.logprobs(self.scorer, x).tolist()
-            out.extend(per_version[version_of(x, i)][i] for i in range(len(x.token_ids)))
-        return out
+    def score(self, x: Rollout, versions: list[str]) -> list[float]:
+        """x's tokens' logprobs when token i came from weights `versions[i]`.
+        A KEEP update drops a kept request's KV cache and recomputes it on
+        the new weights before its next token, so each token is a plain
+        forward pass over prompt and tokens on its own version's weights."""
+        per_version = {}
+        for v in set(versions):
+            self.scorer.load_state_dict(self.served[v], strict=False)
+            per_version[v] = self.logprobs(self.scorer, x).tolist()
+        return [per_version[v][i] for i, v in enumerate(versions)]
 
     def check(self, batch: list[Rollout]) -> dict:
         """The training-inference mismatch on each token's own version, and
-        on the previous version for the tokens produced after an update."""
+        on the rollout's first version for the tokens produced after an update."""
         service = [lp for x in batch for lp in x.logprobs]
-        tagged = self.score(batch, lambda x, i: x.versions[i])
-        order = list(self.served)
-        stale = self.score(
-            batch,
-            lambda x, i: (
-                order[max(0, order.index(x.versions[i]) - 1)]
-                if x.versions[i] != x.versions[0]
-                else x.versions[i]
-            ),
-        )
+        tagged = [lp for x in batch for lp in self.score(x, x.versions)]
+        # A trainer that ignored version_spans: every token on the first version.
+        stale = [lp for x in batch for lp in self.score(x, [x.versions[0]] * len(x.versions))]
         after = [
             k
             for k, (x, i) in enumerate((x, i) for x in batch for i in range(len(x.token_ids)))

@@ -1,8 +1,8 @@
 """Shared fixtures (the session's real-engine servers: the default one, a
-secure one, a LoRA one; the packed Node client), and the suite's order: tests
-that need no engine run first, so a broken converter fails in seconds, not
-after the engine tests; `-m "not engine"` (`scripts/test --fast`) runs only
-those.
+secure one, a LoRA one, a float32 one; the packed Node client), and the
+suite's order: tests that need no engine run first, so a broken converter
+fails in seconds, not after the engine tests; `-m "not engine"`
+(`scripts/test --fast`) runs only those.
 
 A test needs an engine when it uses a server fixture of this file (directly
 or through another fixture), or its module starts servers of its own (imports
@@ -28,6 +28,7 @@ from harness.serverproc import ServerProcess
 from rollout_client import RolloutClient
 from rollout_service.worker.weights_backend import FAULT_FILE_ENV
 from tests.support import lora
+from tests.support.fp32_model import build_fp32_tiny_qwen2
 from tests.support.node import Packed, pack_and_install
 from tests.support.served_weights import (
     Fingerprint,
@@ -117,6 +118,38 @@ def shared_secure(tmp_path_factory):
         shared = Shared("secure server", proc, {"token": ADMIN, **tls})
         _shared.append(shared)
         yield Secure(proc, certs, tls)
+    finally:
+        if shared in _shared:
+            _shared.remove(shared)
+        proc.stop(wait=False)
+
+
+@dataclass(frozen=True)
+class Fp32Server:
+    """The float32 server: the process, its address and the float32
+    checkpoint it serves (a trainer loads the same one)."""
+
+    proc: ServerProcess
+    target: str
+    model: Path
+
+
+@pytest.fixture(scope="session")
+def fp32_server(tmp_path_factory):
+    """A float32 copy of tiny-qwen2 (tests/support/fp32_model.py) served in
+    float32 with processed logprobs (after temperature, what a trainer
+    scores): for the training-inference mismatch at float32 precision. Shared
+    like `server`: each module finds it on its original weights."""
+    model = build_fp32_tiny_qwen2(tmp_path_factory.mktemp("fp32") / "tiny-qwen2-f32")
+    proc = ServerProcess(
+        "--model", str(model), "--dtype", "float32", "--logprobs-mode", "processed_logprobs"
+    )
+    shared = None
+    try:
+        proc.wait_ready()
+        shared = Shared("float32 server", proc, {})
+        _shared.append(shared)
+        yield Fp32Server(proc, proc.target, model)
     finally:
         if shared in _shared:
             _shared.remove(shared)
@@ -254,7 +287,7 @@ def info(client):
 
 _STARTS_SERVERS = ("ServerProcess", "running")
 # This file's fixtures that start servers; the others start none.
-_SERVER_FIXTURES = {"server", "shared_secure", "_lora_server"}
+_SERVER_FIXTURES = {"server", "shared_secure", "_lora_server", "fp32_server"}
 
 
 def _starts_servers(module) -> bool:
