@@ -15,8 +15,11 @@ another test module or this file (tests/test_layout.py).
 
 from __future__ import annotations
 
+import atexit
 import logging
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,11 +45,72 @@ from tests.support.tokens import ADMIN, GENERATE, GENERATE_B
 log = logging.getLogger(__name__)
 
 
+# The session's files (certificates, the fault file, the float32 checkpoint),
+# made before any fixture runs: the shared servers start at collection.
+_TMP = Path(tempfile.mkdtemp(prefix="rollout-tests-"))
+atexit.register(shutil.rmtree, _TMP, ignore_errors=True)
+FAULT_FILE = _TMP / "fail-next-load"
+
+
 @pytest.fixture(scope="session")
-def fault_file(tmp_path_factory):
+def fault_file():
     """While this file exists, the session server's engine fails to load
     weights (see weights_backend.FAULT_FILE_ENV)."""
-    return tmp_path_factory.mktemp("fault") / "fail-next-load"
+    return FAULT_FILE
+
+
+def _start_server():
+    return ServerProcess(env={FAULT_FILE_ENV: str(FAULT_FILE)})
+
+
+def _start_secure():
+    tmp = _TMP / "secure"
+    tmp.mkdir()
+    certs = make_certs(tmp)
+    tokens = tmp / "tokens"
+    tokens.write_text(f"admin:{ADMIN}\ngenerate:{GENERATE}\ngenerate:{GENERATE_B}\n")
+    return ServerProcess("--tokens-file", str(tokens), *server_tls_args(certs)), certs
+
+
+def _start_fp32():
+    model = build_fp32_tiny_qwen2(_TMP / "tiny-qwen2-f32")
+    flags = ("--model", str(model), "--dtype", "float32", "--logprobs-mode", "processed_logprobs")
+    return ServerProcess(*flags), model
+
+
+def _start_lora():
+    return ServerProcess(*lora.SERVER_FLAGS)
+
+
+# Each shared server's fixture and how it starts. All that the collected
+# tests use start at once, as soon as they are collected (pytest_collection_finish):
+# a start is ~20 s of mostly single-threaded imports, which then overlap each
+# other and the engine-free tests that run first.
+_STARTERS = {
+    "server": _start_server,
+    "shared_secure": _start_secure,
+    "fp32_server": _start_fp32,
+    "_lora_server": _start_lora,
+}
+_early: dict = {}
+
+
+def _started(fixture: str):
+    """The server started early for `fixture`, or one started now."""
+    return _early.pop(fixture, None) or _STARTERS[fixture]()
+
+
+def pytest_collection_finish(session):
+    used = set()
+    for item in session.items:
+        used.update(getattr(item, "fixturenames", ()))
+    for fixture in _STARTERS.keys() & used:
+        _early[fixture] = _STARTERS[fixture]()
+
+
+def pytest_sessionfinish(session):
+    for started in _early.values():  # never used (a run stopped early)
+        (started[0] if isinstance(started, tuple) else started).stop(wait=False)
 
 
 @dataclass
@@ -78,7 +142,7 @@ def server(fault_file):
     """The embedded tiny-qwen2 model on a real vLLM engine, shared by every
     module on the default flags: each module finds it on its original weights
     and must leave it as `_left_clean` checks."""
-    proc = ServerProcess(env={FAULT_FILE_ENV: str(fault_file)})
+    proc = _started("server")
     shared = None
     try:
         proc.wait_ready()
@@ -102,15 +166,11 @@ class Secure:
 
 
 @pytest.fixture(scope="session")
-def shared_secure(tmp_path_factory):
+def shared_secure():
     """One tokens-and-mutual-TLS server for every module that needs one on
     these flags (the C++ and Node clients, the role table); tokens in
     tests/support/tokens.py."""
-    tmp = tmp_path_factory.mktemp("secure")
-    certs = make_certs(tmp)
-    tokens = tmp / "tokens"
-    tokens.write_text(f"admin:{ADMIN}\ngenerate:{GENERATE}\ngenerate:{GENERATE_B}\n")
-    proc = ServerProcess("--tokens-file", str(tokens), *server_tls_args(certs))
+    proc, certs = _started("shared_secure")
     tls = python_tls(certs)
     shared = None
     try:
@@ -135,15 +195,12 @@ class Fp32Server:
 
 
 @pytest.fixture(scope="session")
-def fp32_server(tmp_path_factory):
+def fp32_server():
     """A float32 copy of tiny-qwen2 (tests/support/fp32_model.py) served in
     float32 with processed logprobs (after temperature, what a trainer
     scores): for the training-inference mismatch at float32 precision. Shared
     like `server`: each module finds it on its original weights."""
-    model = build_fp32_tiny_qwen2(tmp_path_factory.mktemp("fp32") / "tiny-qwen2-f32")
-    proc = ServerProcess(
-        "--model", str(model), "--dtype", "float32", "--logprobs-mode", "processed_logprobs"
-    )
+    proc, model = _started("fp32_server")
     shared = None
     try:
         proc.wait_ready()
@@ -166,7 +223,7 @@ class _LoraServer:
     def ready(self) -> ServerProcess:
         if self.proc is None or self.proc.proc.poll() is not None:
             self.proc = None
-            proc = ServerProcess(*lora.SERVER_FLAGS)
+            proc = _started("_lora_server")
             try:
                 proc.wait_ready()
             except BaseException:
