@@ -83,6 +83,7 @@ class StepReport:
     stale_mismatch_mean: float | None
     tagged_mismatch_after_update: float | None  # the same tokens, on their own version
     aborted_groups: int
+    caches_reset: list[str]  # by the push after this step
     seconds: float
     extra: dict = field(default_factory=dict)
 
@@ -126,8 +127,10 @@ class Loop:
         # A copy (clone: `.to` of a float32 tensor to float32 would alias the
         # parameters the optimizer goes on changing), kept to score tokens.
         weights = {n: p.detach().to(self.dtype).clone() for n, p in self.policy.named_parameters()}
-        await self.client.update_weights(weights, version, pause_mode=pb.PAUSE_MODE_KEEP)
+        ack = await self.client.update_weights(weights, version, pause_mode=pb.PAUSE_MODE_KEEP)
         self.served[version] = weights
+        # The caches the update reset before the kept rollouts went on.
+        self.caches_reset = [pb.CacheKind.Name(c.cache) for c in ack.caches_reset if c.reset]
 
     def start_rollouts(self, step: int) -> tuple[asyncio.Task, list[str]]:
         """One Generate per prompt (a group of n); the last prompt's group is
@@ -275,6 +278,7 @@ class Loop:
                     stale_mismatch_mean=stale.mean_abs if stale else None,
                     tagged_mismatch_after_update=after.mean_abs if after else None,
                     aborted_groups=aborted,
+                    caches_reset=self.caches_reset,
                     seconds=time.perf_counter() - t0,
                 )
             )

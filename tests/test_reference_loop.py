@@ -61,6 +61,12 @@ def check(steps: list[dict], kind: str) -> None:
         assert math.isfinite(s["loss"])
         # The straggler was still running when the rest were back: aborted.
         assert s["aborted_groups"] == 1
+        # Every push reset every cache before the kept rollouts went on.
+        assert s["caches_reset"] == [
+            "CACHE_KIND_PREFIX",
+            "CACHE_KIND_MULTIMODAL",
+            "CACHE_KIND_ENCODER",
+        ]
         if s["stale_mismatch_mean"] is not None:
             # Tokens produced after a KEEP update, scored on the weights
             # before it, are far off; on their tagged version they match:
