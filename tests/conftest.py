@@ -21,6 +21,7 @@ import shutil
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,7 +61,7 @@ def fault_file():
 
 
 def _start_server():
-    return ServerProcess(env={FAULT_FILE_ENV: str(FAULT_FILE)})
+    return ServerProcess(env={FAULT_FILE_ENV: str(FAULT_FILE)}), None
 
 
 def _start_secure():
@@ -79,10 +80,11 @@ def _start_fp32():
 
 
 def _start_lora():
-    return ServerProcess(*lora.SERVER_FLAGS)
+    return ServerProcess(*lora.SERVER_FLAGS), None
 
 
-# Each shared server's fixture and how it starts. All that the collected
+# Each shared server's fixture and how it starts: (the process, what else
+# its fixture needs). All that the collected
 # tests use start at once, as soon as they are collected (pytest_collection_finish):
 # a start is ~20 s of mostly single-threaded imports, which then overlap each
 # other and the engine-free tests that run first.
@@ -109,8 +111,8 @@ def pytest_collection_finish(session):
 
 
 def pytest_sessionfinish(session):
-    for started in _early.values():  # never used (a run stopped early)
-        (started[0] if isinstance(started, tuple) else started).stop(wait=False)
+    for proc, _ in _early.values():  # never used (a run stopped early)
+        proc.stop(wait=False)
 
 
 @dataclass
@@ -137,22 +139,31 @@ class Shared:
 _shared: list[Shared] = []  # the shared servers started so far, while they run
 
 
+@contextmanager
+def _serving(name: str, proc: ServerProcess, client_options=None, fault_file=None):
+    """`proc` once ready, shared (checked and restored by `_left_clean`)
+    while the block runs, stopped after it."""
+    options = client_options or {}
+    shared = None
+    try:
+        proc.wait_ready(**options)
+        shared = Shared(name, proc, options, fault_file=fault_file)
+        _shared.append(shared)
+        yield
+    finally:
+        if shared in _shared:
+            _shared.remove(shared)
+        proc.stop(wait=False)
+
+
 @pytest.fixture(scope="session")
 def server(fault_file):
     """The embedded tiny-qwen2 model on a real vLLM engine, shared by every
     module on the default flags: each module finds it on its original weights
     and must leave it as `_left_clean` checks."""
-    proc = _started("server")
-    shared = None
-    try:
-        proc.wait_ready()
-        shared = Shared("session server", proc, {}, fault_file=fault_file)
-        _shared.append(shared)
+    proc, _ = _started("server")
+    with _serving("session server", proc, fault_file=fault_file):
         yield proc
-    finally:
-        if shared in _shared:
-            _shared.remove(shared)
-        proc.stop(wait=False)
 
 
 @dataclass(frozen=True)
@@ -172,16 +183,8 @@ def shared_secure():
     tests/support/tokens.py."""
     proc, certs = _started("shared_secure")
     tls = python_tls(certs)
-    shared = None
-    try:
-        proc.wait_ready(token=ADMIN, **tls)
-        shared = Shared("secure server", proc, {"token": ADMIN, **tls})
-        _shared.append(shared)
+    with _serving("secure server", proc, {"token": ADMIN, **tls}):
         yield Secure(proc, certs, tls)
-    finally:
-        if shared in _shared:
-            _shared.remove(shared)
-        proc.stop(wait=False)
 
 
 @dataclass(frozen=True)
@@ -201,16 +204,8 @@ def fp32_server():
     scores): for the training-inference mismatch at float32 precision. Shared
     like `server`: each module finds it on its original weights."""
     proc, model = _started("fp32_server")
-    shared = None
-    try:
-        proc.wait_ready()
-        shared = Shared("float32 server", proc, {})
-        _shared.append(shared)
+    with _serving("float32 server", proc):
         yield Fp32Server(proc, proc.target, model)
-    finally:
-        if shared in _shared:
-            _shared.remove(shared)
-        proc.stop(wait=False)
 
 
 class _LoraServer:
@@ -223,7 +218,7 @@ class _LoraServer:
     def ready(self) -> ServerProcess:
         if self.proc is None or self.proc.proc.poll() is not None:
             self.proc = None
-            proc = _started("_lora_server")
+            proc, _ = _started("_lora_server")
             try:
                 proc.wait_ready()
             except BaseException:

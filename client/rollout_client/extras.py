@@ -8,12 +8,12 @@ import importlib
 from types import ModuleType
 
 
-def require(module: str, feature: str) -> ModuleType:
+def require(module: str, feature: str, extra: str = "weights") -> ModuleType:
     """`module`, or an ImportError that names the extra to install."""
     try:
         return importlib.import_module(module)
     except ImportError as e:
         raise ImportError(
             f"{feature} needs the {module.split('.')[0]} package: "
-            "pip install 'rollout-client[weights]'"
+            f"pip install 'rollout-client[{extra}]'"
         ) from e

@@ -27,7 +27,6 @@ imported by `import rollout_client`. docs/trl.md has the details and limits.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import math
 import time
 import uuid
@@ -39,7 +38,7 @@ from types import ModuleType
 from typing import Any
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client import dtypes
+from rollout_client import dtypes, extras
 from rollout_client.client import RolloutClient
 from rollout_client.mismatch import Mismatch, mismatch
 
@@ -56,14 +55,7 @@ METRICS = ("rollout/logp_diff/mean", "rollout/logp_diff/max", "rollout/kl")
 
 
 def _require(module: str) -> ModuleType:
-    """`module`, or an ImportError that names the extra to install."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        raise ImportError(
-            f"rollout_client.trl needs the {module.split('.')[0]} package: "
-            "pip install 'rollout-client[trl]'"
-        ) from e
+    return extras.require(module, "rollout_client.trl", extra="trl")
 
 
 def prompt_key(prompt_ids: Sequence[int]) -> str:
