@@ -27,6 +27,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_REASON_UPDATE_IDLE_TIMEOUT: _ClassVar[ErrorReason]
     ERROR_REASON_INTERNAL_ERROR: _ClassVar[ErrorReason]
     ERROR_REASON_WRONG_WEIGHT_VERSION: _ClassVar[ErrorReason]
+    ERROR_REASON_DELTA_BASE_MISMATCH: _ClassVar[ErrorReason]
 
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -50,6 +51,13 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     D_TYPE_INT64: _ClassVar[DType]
     D_TYPE_BOOL: _ClassVar[DType]
     D_TYPE_FLOAT64: _ClassVar[DType]
+
+class TensorEncoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TENSOR_ENCODING_UNSPECIFIED: _ClassVar[TensorEncoding]
+    TENSOR_ENCODING_RAW: _ClassVar[TensorEncoding]
+    TENSOR_ENCODING_SPARSE_XOR16: _ClassVar[TensorEncoding]
+    TENSOR_ENCODING_SPARSE_XOR16_ZSTD: _ClassVar[TensorEncoding]
 
 class PauseMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -98,6 +106,7 @@ ERROR_REASON_ADAPTER_REMOVED: ErrorReason
 ERROR_REASON_UPDATE_IDLE_TIMEOUT: ErrorReason
 ERROR_REASON_INTERNAL_ERROR: ErrorReason
 ERROR_REASON_WRONG_WEIGHT_VERSION: ErrorReason
+ERROR_REASON_DELTA_BASE_MISMATCH: ErrorReason
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -115,6 +124,10 @@ D_TYPE_INT32: DType
 D_TYPE_INT64: DType
 D_TYPE_BOOL: DType
 D_TYPE_FLOAT64: DType
+TENSOR_ENCODING_UNSPECIFIED: TensorEncoding
+TENSOR_ENCODING_RAW: TensorEncoding
+TENSOR_ENCODING_SPARSE_XOR16: TensorEncoding
+TENSOR_ENCODING_SPARSE_XOR16_ZSTD: TensorEncoding
 PAUSE_MODE_UNSPECIFIED: PauseMode
 PAUSE_MODE_WAIT: PauseMode
 PAUSE_MODE_ABORT: PauseMode
@@ -401,16 +414,20 @@ class GenerateStreamResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., top_logprobs: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., weight_version: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., stop_reason: _Optional[str] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_logprobs: _Optional[_Iterable[float]] = ..., prompt_top_logprobs: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ..., lora_adapter_version: _Optional[str] = ...) -> None: ...
 
 class TensorSpec(_message.Message):
-    __slots__ = ("name", "dtype", "shape", "crc32c")
+    __slots__ = ("name", "dtype", "shape", "crc32c", "encoding", "encoded_bytes")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     CRC32C_FIELD_NUMBER: _ClassVar[int]
+    ENCODING_FIELD_NUMBER: _ClassVar[int]
+    ENCODED_BYTES_FIELD_NUMBER: _ClassVar[int]
     name: str
     dtype: DType
     shape: _containers.RepeatedScalarFieldContainer[int]
     crc32c: int
-    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., crc32c: _Optional[int] = ...) -> None: ...
+    encoding: TensorEncoding
+    encoded_bytes: int
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., crc32c: _Optional[int] = ..., encoding: _Optional[_Union[TensorEncoding, str]] = ..., encoded_bytes: _Optional[int] = ...) -> None: ...
 
 class AdapterTarget(_message.Message):
     __slots__ = ("name", "action", "config_json")
@@ -423,18 +440,20 @@ class AdapterTarget(_message.Message):
     def __init__(self, name: _Optional[str] = ..., action: _Optional[_Union[AdapterAction, str]] = ..., config_json: _Optional[str] = ...) -> None: ...
 
 class UpdateWeightsBegin(_message.Message):
-    __slots__ = ("weight_version", "tensors", "pause_mode", "drain_timeout_seconds", "adapter")
+    __slots__ = ("weight_version", "tensors", "pause_mode", "drain_timeout_seconds", "adapter", "base_version")
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     PAUSE_MODE_FIELD_NUMBER: _ClassVar[int]
     DRAIN_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
     weight_version: str
     tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
     pause_mode: PauseMode
     drain_timeout_seconds: float
     adapter: AdapterTarget
-    def __init__(self, weight_version: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., pause_mode: _Optional[_Union[PauseMode, str]] = ..., drain_timeout_seconds: _Optional[float] = ..., adapter: _Optional[_Union[AdapterTarget, _Mapping]] = ...) -> None: ...
+    base_version: str
+    def __init__(self, weight_version: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., pause_mode: _Optional[_Union[PauseMode, str]] = ..., drain_timeout_seconds: _Optional[float] = ..., adapter: _Optional[_Union[AdapterTarget, _Mapping]] = ..., base_version: _Optional[str] = ...) -> None: ...
 
 class TensorChunk(_message.Message):
     __slots__ = ("tensor_index", "offset", "data")
@@ -619,7 +638,7 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetServerInfoResponse(_message.Message):
-    __slots__ = ("model", "max_model_len", "vocab_size", "weight_version", "supports_images", "parameters", "max_message_bytes", "recommended_chunk_bytes", "max_update_bytes", "max_logprobs", "server_version", "degraded", "engine_requests", "parameter_groups", "drain_timeout_seconds", "logprobs_mode", "tokenizer", "lora_adapters", "lora_limits", "supports_sleep", "sleeping", "max_generations_per_stream", "max_stream_tokens")
+    __slots__ = ("model", "max_model_len", "vocab_size", "weight_version", "supports_images", "parameters", "max_message_bytes", "recommended_chunk_bytes", "max_update_bytes", "max_logprobs", "server_version", "degraded", "engine_requests", "parameter_groups", "drain_timeout_seconds", "logprobs_mode", "tokenizer", "lora_adapters", "lora_limits", "supports_sleep", "sleeping", "max_generations_per_stream", "max_stream_tokens", "delta_base_version", "delta_base_bytes")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -643,6 +662,8 @@ class GetServerInfoResponse(_message.Message):
     SLEEPING_FIELD_NUMBER: _ClassVar[int]
     MAX_GENERATIONS_PER_STREAM_FIELD_NUMBER: _ClassVar[int]
     MAX_STREAM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DELTA_BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DELTA_BASE_BYTES_FIELD_NUMBER: _ClassVar[int]
     model: str
     max_model_len: int
     vocab_size: int
@@ -666,7 +687,9 @@ class GetServerInfoResponse(_message.Message):
     sleeping: bool
     max_generations_per_stream: int
     max_stream_tokens: int
-    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., weight_version: _Optional[str] = ..., supports_images: bool = ..., parameters: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., max_message_bytes: _Optional[int] = ..., recommended_chunk_bytes: _Optional[int] = ..., max_update_bytes: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., server_version: _Optional[str] = ..., degraded: bool = ..., engine_requests: _Optional[int] = ..., parameter_groups: _Optional[_Iterable[_Union[ParameterGroup, _Mapping]]] = ..., drain_timeout_seconds: _Optional[float] = ..., logprobs_mode: _Optional[_Union[LogprobsMode, str]] = ..., tokenizer: _Optional[_Union[TokenizerInfo, _Mapping]] = ..., lora_adapters: _Optional[_Iterable[_Union[LoraAdapter, _Mapping]]] = ..., lora_limits: _Optional[_Union[LoraLimits, _Mapping]] = ..., supports_sleep: bool = ..., sleeping: bool = ..., max_generations_per_stream: _Optional[int] = ..., max_stream_tokens: _Optional[int] = ...) -> None: ...
+    delta_base_version: str
+    delta_base_bytes: int
+    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., weight_version: _Optional[str] = ..., supports_images: bool = ..., parameters: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., max_message_bytes: _Optional[int] = ..., recommended_chunk_bytes: _Optional[int] = ..., max_update_bytes: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., server_version: _Optional[str] = ..., degraded: bool = ..., engine_requests: _Optional[int] = ..., parameter_groups: _Optional[_Iterable[_Union[ParameterGroup, _Mapping]]] = ..., drain_timeout_seconds: _Optional[float] = ..., logprobs_mode: _Optional[_Union[LogprobsMode, str]] = ..., tokenizer: _Optional[_Union[TokenizerInfo, _Mapping]] = ..., lora_adapters: _Optional[_Iterable[_Union[LoraAdapter, _Mapping]]] = ..., lora_limits: _Optional[_Union[LoraLimits, _Mapping]] = ..., supports_sleep: bool = ..., sleeping: bool = ..., max_generations_per_stream: _Optional[int] = ..., max_stream_tokens: _Optional[int] = ..., delta_base_version: _Optional[str] = ..., delta_base_bytes: _Optional[int] = ...) -> None: ...
 
 class TokenizerInfo(_message.Message):
     __slots__ = ("eos_token_ids", "bos_token_id", "pad_token_id", "has_chat_template", "image_placeholder", "image_token_id")
