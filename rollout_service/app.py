@@ -7,6 +7,8 @@ else constructs these objects, so who holds what is read here, top to bottom.
 
 from __future__ import annotations
 
+import asyncio
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -76,6 +78,12 @@ async def build_app(
     )
     if nbytes := region_bytes(info.manifest, max_update):
         staging.ensure(nbytes, prefault=config.prefault_staging)
+    checkpoint = engine.model_config.model
+    if os.path.isdir(checkpoint):  # noqa: ASYNC240 (once, before serving)
+        # The delta base: the served bytes, from the checkpoint (delta_base.py).
+        await asyncio.to_thread(
+            updater.base.load_checkpoint, checkpoint, config.initial_weight_version
+        )
     await updater.start()
     # vLLM labels every output with its engine core's weight version
     # (per-token version spans); it starts as "default".

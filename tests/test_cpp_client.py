@@ -4,7 +4,12 @@ runs it against a real server over mutual TLS with a bearer token, and checks
 what it did through the Python client.
 
 The server is the test's own (TLS and tokens on), so the weights the program
-pushes do not reach the session server that other tests share."""
+pushes do not reach the session server that other tests share.
+
+Its delta mode (--base-seed) is checked twice: without a server, its
+SPARSE_XOR16 bytes (--encode-only) against rollout_client.delta's encoder, and
+against the server, where a delta must give the outputs a full push of the
+same bytes gives, and a refused base must end in a full push."""
 
 from __future__ import annotations
 
@@ -17,10 +22,11 @@ import uuid
 from pathlib import Path
 
 import crc32c
+import numpy as np
 import pytest
 import torch
 
-from rollout_client import RolloutClient, dtypes, pb
+from rollout_client import RolloutClient, delta, dtypes, pb
 from tests.support.tokens import ADMIN, GENERATE
 
 CPP_DIR = Path(__file__).resolve().parents[1] / "client" / "cpp"
@@ -100,7 +106,8 @@ def _trainer(trainer, secure, *args, token: str | None = ADMIN, tls: bool = True
 
 
 # The program's new tensor values, recomputed here from its documented rule
-# (client/cpp/rollout_trainer.cc, NewValues): a second implementation.
+# (client/cpp/rollout_trainer.cc, NewValues and ChangedValues): a second
+# implementation.
 _M = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 
@@ -112,21 +119,44 @@ def _fnv1a64(s: str) -> int:
     return h
 
 
-def _new_tensor(spec: pb.TensorSpec, seed: int) -> torch.Tensor:
-    name = spec.name
+def _splitmix64(state: int, n: int) -> np.ndarray:
+    """Outputs 0..n-1 of splitmix64 from `state`: mix(state + (i + 1) * golden)."""
+    u = np.uint64
+    z = u(state & _M) + np.arange(1, n + 1, dtype=u) * u(_GOLDEN)  # wraps modulo 2^64
+    z = (z ^ (z >> u(30))) * u(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> u(27))) * u(0x94D049BB133111EB)
+    return z ^ (z >> u(31))
+
+
+def _values(name: str, n: int, seed: int) -> np.ndarray:
     norm = name.endswith("norm.weight") or "layernorm" in name or "layer_norm" in name
-    state = (seed * _GOLDEN + _fnv1a64(name)) & _M
-    values = []
-    for _ in range(math.prod(spec.shape)):
-        state = (state + _GOLDEN) & _M
-        z = state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M
-        z ^= z >> 31
-        k = z % 97 - 48
-        values.append(1 + k / 64 if norm else k / 1024)
-    dtype = getattr(torch, dtypes.torch_name(spec.dtype))
-    return torch.tensor(values, dtype=torch.float64).to(dtype).reshape(list(spec.shape))
+    k = (_splitmix64(seed * _GOLDEN + _fnv1a64(name), n) % np.uint64(97)).astype(np.int64) - 48
+    return 1 + k / 64 if norm else k / 1024
+
+
+def _picked(name: str, n: int, seed: int, percent: float) -> np.ndarray:
+    """Delta mode's rule: which elements take seed's value."""
+    h = _splitmix64((seed + (1 << 32)) * _GOLDEN + _fnv1a64(name), n)
+    return h % np.uint64(1_000_000) < np.uint64(round(percent * 10_000))
+
+
+def _changed_values(name: str, n: int, base_seed: int, seed: int, percent: float) -> np.ndarray:
+    pick = _picked(name, n, seed, percent)
+    return np.where(pick, _values(name, n, seed), _values(name, n, base_seed))
+
+
+def _as_tensor(values: np.ndarray, dtype: pb.DType, shape) -> torch.Tensor:
+    t = torch.from_numpy(values).to(getattr(torch, dtypes.torch_name(dtype)))
+    return t.reshape(list(shape))
+
+
+def _new_tensor(spec: pb.TensorSpec, seed: int) -> torch.Tensor:
+    return _as_tensor(_values(spec.name, math.prod(spec.shape), seed), spec.dtype, spec.shape)
+
+
+def _delta_tensor(spec: pb.TensorSpec, base_seed: int, seed: int, percent: float) -> torch.Tensor:
+    values = _changed_values(spec.name, math.prod(spec.shape), base_seed, seed, percent)
+    return _as_tensor(values, spec.dtype, spec.shape)
 
 
 def _tensor_bytes(t: torch.Tensor) -> bytes:
@@ -157,6 +187,126 @@ def _tokens_logprobs(r: pb.GenerateResponse) -> tuple[list[int], list[float]]:
 
 
 CACHES = ["CACHE_KIND_PREFIX", "CACHE_KIND_MULTIMODAL", "CACHE_KIND_ENCODER"]
+
+
+# --------------------------------------------- the delta encoding, no server
+
+
+def _encode_only(trainer: Path, out: Path, *args) -> tuple[bytes, dict]:
+    """`rollout_trainer --encode-only OUT ...`: (its SPARSE_XOR16 bytes, its summary)."""
+    p = _run([trainer, "--encode-only", out, *args], timeout=120)
+    return out.read_bytes(), json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def _python_payload(base: bytes, new: bytes) -> bytes:
+    """rollout_client.delta's bytes, the compiled and the numpy loops agreeing."""
+    b, n = delta.words(base), delta.words(new)
+    payload = delta.encode_sparse(b, n).tobytes()
+    assert delta.encode_sparse(b, n, compiled=False).tobytes() == payload
+    return payload
+
+
+def _entries(payload: bytes) -> tuple[np.ndarray, np.ndarray]:
+    k = int.from_bytes(payload[:4], "little")
+    words = np.frombuffer(payload, dtype="<u2", offset=4)
+    return words[:k], words[k:]
+
+
+def _words_changed(words: int, at: list[int]) -> tuple[bytes, bytes]:
+    """Random base words, and the same with the words `at` changed."""
+    rng = np.random.default_rng(len(at) * 1000 + words)
+    base = rng.integers(0, 1 << 16, size=words, dtype=np.uint16)
+    new = base.copy()
+    for j in at:
+        new[j] ^= 1 + j % 0xFFFF  # never 0
+    return base.astype("<u2").tobytes(), new.astype("<u2").tobytes()
+
+
+@pytest.mark.parametrize(
+    ("words", "at"),
+    [
+        (200_000, [3, 150_000]),  # two changes far apart: bridged by entries with x = 0
+        (200_000, [65_534, 131_070, 131_071, 199_999]),  # gaps of exactly 65535 and 65536
+        (70_000, [0, 65_536]),  # the first word, then a gap of 65536
+        (100_000, []),  # nothing changed: K = 0
+        (0, []),  # an empty tensor
+        (1000, list(range(1000))),  # every word
+    ],
+    ids=["far-apart", "gap-edges", "first-word", "no-change", "empty", "every-word"],
+)
+def test_cpp_sparse_xor16_bytes_match_python(trainer, tmp_path, words, at):
+    base, new = _words_changed(words, at)
+    (tmp_path / "base.bin").write_bytes(base)
+    (tmp_path / "new.bin").write_bytes(new)
+    payload, out = _encode_only(
+        trainer, tmp_path / "out.bin",
+        "--base-file", tmp_path / "base.bin", "--new-file", tmp_path / "new.bin",
+    )  # fmt: skip
+    assert payload == _python_payload(base, new)
+    values, gaps = _entries(payload)
+    assert out["entries"] == len(values) and out["changed_words"] == len(at)
+    assert out["encoded_bytes"] == len(payload) <= delta.sparse_bound(len(new))
+    assert (out["raw_bytes"], out["words"]) == (len(new), words)
+    assert (out["base_crc32c"], out["crc32c"]) == (crc32c.crc32c(base), crc32c.crc32c(new))
+    # Decoded, the bytes give the new tensor back.
+    target = np.frombuffer(base, dtype="<u2").copy()
+    delta.apply_sparse(target, payload)
+    assert target.tobytes() == new
+    if at:  # one entry per change, plus one bridge per 65535 words beyond the first
+        assert len(values) == len(at) + sum((b - a - 1) // 0xFFFF for a, b in zip([-1, *at], at))
+        assert list(values[gaps == 0xFFFF]).count(0) >= len(values) - len(at)
+    else:
+        assert payload == b"\0\0\0\0"
+
+
+_DTYPES = {
+    "bf16": pb.D_TYPE_BFLOAT16,
+    "fp16": pb.D_TYPE_FLOAT16,
+    "fp32": pb.D_TYPE_FLOAT32,
+    "fp64": pb.D_TYPE_FLOAT64,
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype", "elements", "base_seed", "seed", "percent"),
+    [
+        ("model.norm.weight", "bf16", 128, 1, 2, 5),
+        ("model.layers.0.mlp.down_proj.weight", "bf16", 32_768, 1, 2, 3),
+        ("model.layers.0.mlp.down_proj.weight", "bf16", 400_000, 7, 8, 0.001),  # far apart
+        ("model.layers.1.input_layernorm.weight", "fp16", 5000, 3, 4, 50),
+        ("lm_head.weight", "fp32", 3000, 11, 12, 100),
+        ("model.norm.weight", "bf16", 128, 1, 2, 0),  # nothing picked: K = 0
+        ("model.norm.weight", "fp64", 128, 9, 9, 7),  # the same seed: nothing changes
+    ],
+)
+def test_cpp_delta_rule_and_encoding_match_python(
+    trainer, tmp_path, name, dtype, elements, base_seed, seed, percent
+):
+    """The delta-mode bytes the program derives (the documented rule), and
+    their encoding, as this file recomputes them and rollout_client encodes them."""
+    payload, out = _encode_only(
+        trainer, tmp_path / "out.bin", "--tensor", name, "--dtype", dtype,
+        "--elements", elements, "--base-seed", base_seed, "--seed", seed,
+        "--change-percent", percent,
+    )  # fmt: skip
+    pb_dtype = _DTYPES[dtype]
+    base = _tensor_bytes(_as_tensor(_values(name, elements, base_seed), pb_dtype, [elements]))
+    values = _changed_values(name, elements, base_seed, seed, percent)
+    new = _tensor_bytes(_as_tensor(values, pb_dtype, [elements]))
+    assert out["base_crc32c"] == crc32c.crc32c(base)
+    assert out["crc32c"] == crc32c.crc32c(new)
+    assert out["picked_elements"] == int(_picked(name, elements, seed, percent).sum())
+    assert payload == _python_payload(base, new)
+    values_, gaps = _entries(payload)
+    if percent == 0 or seed == base_seed:
+        assert payload == b"\0\0\0\0" and out["changed_words"] == 0
+    elif percent < 1:
+        assert 0 < out["changed_words"] < 10 and 0 in values_[gaps == 0xFFFF], "no bridge"
+    elif percent < 100:  # about `percent` of the elements picked
+        assert abs(out["picked_elements"] / elements - percent / 100) < 0.25 * percent / 100 + 0.01
+
+
+# --------------------------------------------- against the server
 
 
 def test_cpp_trainer_generates_pushes_weights_and_resets_caches(trainer, secure, admin):
@@ -274,3 +424,105 @@ def test_cpp_trainer_sends_a_whole_parameter_group(trainer, secure, admin):
     assert [t["name"] for t in out["update"]["tensors"]] == list(group.names)
     assert out["update"]["ack"]["tensors_loaded"] == len(group.names)
     assert out["after"]["weight_version"] == version == admin.server_info().weight_version
+
+
+DELTA_TENSOR = "model.layers.1.mlp.down_proj.weight"  # a weight matrix: a realistic delta
+
+
+def _python_push(
+    admin, out: dict, manifest: dict, version: str, base_seed: int, seed: int, percent: float
+) -> dict[str, torch.Tensor]:
+    """The program's delta-mode tensors, recomputed here and pushed by the
+    Python client as a full update (checked against the crc32c it declared)."""
+    tensors = {}
+    for t in out["update"]["tensors"]:
+        new = _delta_tensor(manifest[t["name"]], base_seed, seed, percent)
+        assert t["crc32c"] == crc32c.crc32c(_tensor_bytes(new)), t["name"]
+        tensors[t["name"]] = new
+    assert admin.update_weights(tensors, version).weight_version == version
+    return tensors
+
+
+def _same_output(admin, prompt: list[int], generation: dict) -> None:
+    tokens, logprobs = _tokens_logprobs(_greedy(admin, prompt))
+    assert tokens == generation["token_ids"]
+    assert logprobs == pytest.approx(generation["logprobs"], abs=1e-5)
+
+
+def test_cpp_trainer_pushes_a_delta(trainer, secure, admin):
+    """A full push of seed 1, then a delta of a few percent of its elements
+    to seed 2 against it: acknowledged, the new base, and the outputs a full
+    push of the same bytes gives."""
+    info = admin.server_info()
+    manifest = {p.name: p for p in info.parameters}
+    version = f"cpp-{uuid.uuid4().hex[:12]}"
+    common = ["--tensor", DELTA_TENSOR, "--prompt-len", PROMPT_LEN, "--max-tokens", MAX_TOKENS]
+    _, full = _trainer(trainer, secure, "--version", f"{version}-1", "--seed", 1, *common)
+    assert full["update"]["delta"] is False and full["update"]["fallback"] == ""
+    assert admin.server_info().delta_base_version == f"{version}-1"
+
+    _, out = _trainer(
+        trainer, secure, "--version", f"{version}-2", "--base-seed", 1, "--seed", 2,
+        "--change-percent", 3, "--chunk-bytes", 1000, *common,
+    )  # fmt: skip
+    update = out["update"]
+    assert update["delta"] is True, update["fallback"]
+    assert (update["base_version"], update["fallback"]) == (f"{version}-1", "")
+    assert out["before"]["token_ids"] == full["after"]["token_ids"]  # on seed 1's bytes
+    names = [t["name"] for t in update["tensors"]]
+    assert DELTA_TENSOR in names
+    for t in update["tensors"]:
+        spec = manifest[t["name"]]
+        assert t["bytes"] == dtypes.nbytes(spec.dtype, spec.shape)
+        assert t["encoding"] == "TENSOR_ENCODING_SPARSE_XOR16"
+        # A few percent of the words (no gap over 65535 words in these tensors).
+        assert 0 < t["changed_words"] <= t["picked_elements"] < t["bytes"] // 2 // 10
+        assert t["encoded_bytes"] == 4 + 4 * t["changed_words"] < t["bytes"] // 5
+    assert update["raw_bytes"] == sum(t["bytes"] for t in update["tensors"])
+    assert update["encoded_bytes"] == sum(t["encoded_bytes"] for t in update["tensors"])
+    assert update["chunks"] == sum(math.ceil(t["encoded_bytes"] / 1000) for t in update["tensors"])
+    ack = update["ack"]
+    assert (ack["weight_version"], ack["previous_weight_version"]) == (
+        f"{version}-2",
+        f"{version}-1",
+    )
+    assert ack["tensors_loaded"] == len(names)
+    now = admin.server_info()
+    assert (now.weight_version, now.delta_base_version) == (f"{version}-2", f"{version}-2")
+    assert out["after"]["weight_version"] == f"{version}-2"
+    # The change is visible: not the output of seed 1's bytes.
+    assert out["after"]["logprobs"] != full["after"]["logprobs"]
+    _same_output(admin, out["prompt_token_ids"], out["after"])
+
+    # The same bytes, recomputed here and pushed in full by the Python client.
+    _python_push(admin, out, manifest, f"{version}-python", 1, 2, 3)
+    _same_output(admin, out["prompt_token_ids"], out["after"])
+
+
+def test_cpp_trainer_delta_falls_back_when_the_base_is_refused(trainer, secure, admin):
+    """A delta naming a base the server does not hold is refused
+    (DELTA_BASE_MISMATCH); the program pushes the same new bytes in full."""
+    manifest = {p.name: p for p in admin.server_info().parameters}
+    version = f"cpp-{uuid.uuid4().hex[:12]}"
+    _, out = _trainer(
+        trainer, secure, "--version", version, "--tensor", DELTA_TENSOR,
+        "--base-seed", 2, "--seed", 3, "--change-percent", 3,
+        "--base-version", f"{version}-never-served",
+        "--prompt-len", PROMPT_LEN, "--max-tokens", MAX_TOKENS,
+    )  # fmt: skip
+    update = out["update"]
+    assert update["delta"] is False and update["base_version"] == ""
+    assert (
+        "DELTA_BASE_MISMATCH" in update["fallback"] and "FAILED_PRECONDITION" in update["fallback"]
+    )
+    assert f"{version}-never-served" in update["fallback"]
+    for t in update["tensors"]:
+        assert t["encoding"] == "TENSOR_ENCODING_RAW" and t["encoded_bytes"] == t["bytes"]
+    assert update["encoded_bytes"] == update["raw_bytes"] == update["ack"]["bytes_received"]
+    assert update["ack"]["weight_version"] == version
+    now = admin.server_info()
+    assert (now.weight_version, now.delta_base_version) == (version, version)
+    _same_output(admin, out["prompt_token_ids"], out["after"])
+    # The weights are the delta rule's: base seed 2 with seed 3's picked elements.
+    _python_push(admin, out, manifest, f"{version}-python", 2, 3, 3)
+    _same_output(admin, out["prompt_token_ids"], out["after"])

@@ -17,6 +17,7 @@ from harness.serverproc import ServerProcess
 from harness.weights_util import random_weights, version
 from rollout_client import RolloutClient, RolloutError
 from rollout_client.fleet import Fleet, FleetUpdateError, resolve
+from tests.support.early import early
 
 PROMPT = list(range(7, 60))
 
@@ -25,8 +26,8 @@ class Restartable:
     """replica2's server; `restart()` starts it again at the same address
     on its initial weights, as Kubernetes restarts a pod after an OOM kill."""
 
-    def __init__(self) -> None:
-        self.server = ServerProcess()
+    def __init__(self, server: ServerProcess) -> None:
+        self.server = server
         self._wait_ready()
 
     def _wait_ready(self) -> None:
@@ -54,9 +55,15 @@ class Restartable:
         self._wait_ready()
 
 
+@early(stop=lambda server: server.stop(wait=False))
+def _start_replica2():
+    """Begun before this module runs (tests/support/early.py)."""
+    return ServerProcess()
+
+
 @pytest.fixture(scope="module")
 def replica2():
-    r = Restartable()
+    r = Restartable(_start_replica2.take())
     try:
         yield r
     finally:

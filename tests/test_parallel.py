@@ -15,6 +15,7 @@ from harness.weights_util import random_weights, version
 from rollout_client import RolloutClient
 from rollout_service.engine.placement import BIND_ENV
 from tests.support.cpus import thread_cpus
+from tests.support.early import early
 from tests.support.serve_command import SERVE, serve
 
 PROMPT = [random.Random(3).randrange(10, 500) for _ in range(200)]
@@ -28,25 +29,36 @@ def greedy(c):
 LAYOUTS = {"every rank reads": (), "rank 0 broadcasts": ("--weight-broadcast",)}
 
 
-@pytest.fixture(scope="module")
-def tp2_servers():
+def _stop(procs) -> None:
+    for proc in procs.values():
+        proc.stop(wait=False)
+
+
+@early(stop=_stop)
+def _start_tp2() -> dict[str, ServerProcess]:
     """Both layouts' servers, started at once (a start is mostly imports, one
-    core each). Two CPU workers on one NUMA node: vLLM's own binding fails,
-    the server binds a core to each (nothing set by hand)."""
+    core each), before this module runs (tests/support/early.py). Two CPU
+    workers on one NUMA node: vLLM's own binding fails, the server binds a
+    core to each (nothing set by hand)."""
     with pytest.MonkeyPatch.context() as env:
         env.delenv(BIND_ENV, raising=False)
-        procs = {
+        return {
             name: ServerProcess("--tensor-parallel-size", "2", *extra)
             for name, extra in LAYOUTS.items()
         }
+
+
+@pytest.fixture(scope="module")
+def tp2_servers():
+    """Both layouts' servers (`_start_tp2`)."""
+    procs = _start_tp2.take()
     try:
         for name, proc in procs.items():
             proc.wait_ready()
             proc.broadcast = bool(LAYOUTS[name])
         yield procs
     finally:
-        for proc in procs.values():
-            proc.stop(wait=False)
+        _stop(procs)
 
 
 @pytest.fixture(params=list(LAYOUTS))

@@ -20,6 +20,40 @@
 // weight, k/1024 otherwise, with k = splitmix64 output % 97 - 48 from the state
 // seed * 0x9E3779B97F4A7C15 + fnv1a64(NAME) (see NewValues). Every value is
 // exact in bf16, fp16, fp32 and fp64, so any language can recompute the bytes.
+// (splitmix64 output i from state x: mix(x + (i + 1) * 0x9E3779B97F4A7C15),
+// mix(z) = z ^= z >> 30, z *= 0xBF58476D1CE4E5B9, z ^= z >> 27,
+// z *= 0x94D049BB133111EB, z ^= z >> 31; all arithmetic modulo 2^64.)
+//
+// Delta mode, --base-seed S0 [--change-percent P] [--base-version V]: the
+// tensors were last pushed with --seed S0, so the server holds S0's values,
+// and the update sends them as a change against those (ChangedValues):
+// element i takes seed S's value (S: --seed) when splitmix64 output i from the
+// state (S + 2^32) * 0x9E3779B97F4A7C15 + fnv1a64(NAME), modulo 1000000, is
+// below round(P * 10000), and keeps S0's value otherwise: about P percent of
+// the elements change (P in [0, 100], default 3). The update names as
+// UpdateWeightsBegin.base_version V, or by default GetServerInfo's
+// delta_base_version (which must be the version the S0 push created), and
+// sends each tensor as TENSOR_ENCODING_SPARSE_XOR16 (the proto's
+// TensorEncoding) of S0's bytes to the new bytes, with encoded_bytes and the
+// crc32c of the new bytes; chunk offsets count inside the encoded bytes. A
+// tensor whose encoding is not smaller than its bytes travels raw in the same
+// update. When the server offers no delta base, or refuses the base
+// (FAILED_PRECONDITION, reason DELTA_BASE_MISMATCH), the program pushes the
+// same new bytes as a full update and says why in its summary
+// ("delta": false, "fallback": "..."). The summary's update reports
+// "raw_bytes" (the new tensors' bytes) and "encoded_bytes" (what travelled).
+//
+//   rollout_trainer --target HOST:PORT --version step-2 --base-seed 1 --seed 2
+//       [--change-percent 3] [--base-version step-1] [the options above]
+//
+// Without a server, --encode-only OUT writes one tensor's SPARSE_XOR16 bytes
+// to OUT and prints a JSON summary (for tests of the encoding), either of the
+// delta-mode change of a tensor NAME of N elements, or of two files of raw
+// bytes (the same even length):
+//
+//   rollout_trainer --encode-only OUT --tensor NAME --dtype bf16|fp16|fp32|fp64
+//       --elements N --base-seed S0 [--seed S] [--change-percent P]
+//   rollout_trainer --encode-only OUT --base-file BASE.bin --new-file NEW.bin
 
 #include <grpcpp/grpcpp.h>
 
@@ -73,6 +107,14 @@ struct Options {
   std::string tls_ca, tls_cert, tls_key;
   double wait_seconds = 300;
   double timeout_seconds = 600;
+  // Delta mode (--base-seed): the seed the server's bytes came from.
+  std::optional<uint64_t> base_seed;
+  double change_percent = 3;
+  std::string base_version;  // "": GetServerInfo.delta_base_version
+  // --encode-only: no server.
+  std::string encode_only, base_file, new_file, dtype;
+  uint64_t elements = 0;
+  bool elements_set = false;
 };
 
 [[noreturn]] void Usage(const std::string& why) {
@@ -81,7 +123,11 @@ struct Options {
             << "  [--tensor NAME] [--prompt-len N] [--max-tokens N] [--chunk-bytes N]\n"
             << "  [--token T (or env ROLLOUT_TOKEN)] [--tls-ca CA.pem [--tls-cert CERT.pem "
                "--tls-key KEY.pem]]\n"
-            << "  [--wait-seconds S] [--timeout-seconds S]\n";
+            << "  [--wait-seconds S] [--timeout-seconds S]\n"
+            << "  [--base-seed S0 [--change-percent P] [--base-version V]]   (delta mode)\n"
+            << "   or: rollout_trainer --encode-only OUT (--tensor NAME --dtype bf16|fp16|fp32|fp64\n"
+            << "  --elements N --base-seed S0 [--seed S] [--change-percent P]\n"
+            << "  | --base-file BASE --new-file NEW)\n";
   std::exit(2);
 }
 
@@ -90,6 +136,14 @@ uint64_t ParseUint(const std::string& flag, const std::string& s) {
   errno = 0;
   unsigned long long v = std::strtoull(s.c_str(), &end, 10);
   if (s.empty() || *end != '\0' || errno != 0 || s[0] == '-') Usage(flag + ": not a number: " + s);
+  return v;
+}
+
+double ParsePercent(const std::string& flag, const std::string& s) {
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || *end != '\0' || !(v >= 0 && v <= 100))
+    Usage(flag + ": not a percentage in [0, 100]: " + s);
   return v;
 }
 
@@ -103,6 +157,7 @@ double ParseSeconds(const std::string& flag, const std::string& s) {
 Options ParseArgs(int argc, char** argv) {
   Options o;
   if (const char* t = std::getenv("ROLLOUT_TOKEN")) o.token = t;
+  std::vector<std::string> seen;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "-h" || a == "--help") Usage("help");
@@ -128,8 +183,41 @@ Options ParseArgs(int argc, char** argv) {
     else if (a == "--tls-key") o.tls_key = value;
     else if (a == "--wait-seconds") o.wait_seconds = ParseSeconds(a, value);
     else if (a == "--timeout-seconds") o.timeout_seconds = ParseSeconds(a, value);
+    else if (a == "--base-seed") o.base_seed = ParseUint(a, value);
+    else if (a == "--change-percent") o.change_percent = ParsePercent(a, value);
+    else if (a == "--base-version") o.base_version = value;
+    else if (a == "--encode-only") o.encode_only = value;
+    else if (a == "--base-file") o.base_file = value;
+    else if (a == "--new-file") o.new_file = value;
+    else if (a == "--dtype") o.dtype = value;
+    else if (a == "--elements") {
+      o.elements = ParseUint(a, value);
+      o.elements_set = true;
+    }
     else Usage("unknown option " + a);
+    seen.push_back(a);
   }
+  auto given = [&](const char* flag) {
+    return std::find(seen.begin(), seen.end(), flag) != seen.end();
+  };
+  bool files = given("--base-file") || given("--new-file");
+  if (!o.encode_only.empty()) {
+    if (files) {
+      if (!given("--base-file") || !given("--new-file"))
+        Usage("--base-file and --new-file go together");
+      for (const char* f : {"--tensor", "--dtype", "--elements", "--base-seed", "--seed",
+                            "--change-percent"})
+        if (given(f)) Usage(std::string(f) + " does not go with --base-file/--new-file");
+    } else if (o.tensor.empty() || o.dtype.empty() || !o.elements_set || !o.base_seed) {
+      Usage("--encode-only needs --tensor, --dtype, --elements and --base-seed "
+            "(or --base-file and --new-file)");
+    }
+    return o;
+  }
+  if (files || given("--dtype") || given("--elements"))
+    Usage("--base-file, --new-file, --dtype and --elements go with --encode-only");
+  if (!o.base_seed && (given("--change-percent") || given("--base-version")))
+    Usage("--change-percent and --base-version go with --base-seed");
   if (o.tls_cert.empty() != o.tls_key.empty()) Usage("--tls-cert and --tls-key go together");
   if (!o.tls_cert.empty() && o.tls_ca.empty()) Usage("--tls-cert/--tls-key need --tls-ca");
   if (o.prompt_len == 0) Usage("--prompt-len must be at least 1");
@@ -369,20 +457,86 @@ bool IsNorm(const std::string& name) {
          name.find("layer_norm") != std::string::npos;
 }
 
+constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ULL;
+
+// splitmix64 from a state: output i is mix(state + (i + 1) * kGolden).
+class SplitMix64 {
+ public:
+  explicit SplitMix64(uint64_t state) : state_(state) {}
+  uint64_t Next() {
+    state_ += kGolden;
+    uint64_t z = state_;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+  }
+
+ private:
+  uint64_t state_;
+};
+
 // The element values documented at the top of this file.
 std::vector<double> NewValues(const std::string& name, uint64_t count, uint64_t seed) {
   std::vector<double> out;
   out.reserve(count);
-  uint64_t state = seed * 0x9E3779B97F4A7C15ULL + Fnv1a64(name);
+  SplitMix64 gen(seed * kGolden + Fnv1a64(name));
   bool norm = IsNorm(name);
   for (uint64_t i = 0; i < count; ++i) {
-    state += 0x9E3779B97F4A7C15ULL;
-    uint64_t z = state;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    z ^= z >> 31;
-    double k = static_cast<double>(static_cast<int64_t>(z % 97) - 48);
+    double k = static_cast<double>(static_cast<int64_t>(gen.Next() % 97) - 48);
     out.push_back(norm ? 1.0 + k / 64.0 : k / 1024.0);
+  }
+  return out;
+}
+
+// Delta mode's values (top of this file): base_seed's, except the elements
+// the rule picks, which take seed's. `picked`: how many it picked.
+std::vector<double> ChangedValues(const std::string& name, uint64_t count, uint64_t base_seed,
+                                  uint64_t seed, double percent, uint64_t* picked) {
+  std::vector<double> out = NewValues(name, count, base_seed);
+  std::vector<double> next = NewValues(name, count, seed);
+  const uint64_t below = static_cast<uint64_t>(std::llround(percent * 10000));
+  SplitMix64 pick((seed + (1ULL << 32)) * kGolden + Fnv1a64(name));
+  *picked = 0;
+  for (uint64_t i = 0; i < count; ++i) {
+    if (pick.Next() % 1000000 < below) {
+      out[i] = next[i];
+      ++*picked;
+    }
+  }
+  return out;
+}
+
+// TENSOR_ENCODING_SPARSE_XOR16 of `next` against `base` (the same even
+// number of bytes), as the proto's comment on TensorEncoding defines it.
+// `changed`: how many 16-bit words differ.
+std::string SparseXor16(const std::string& base, const std::string& next, uint64_t* changed) {
+  const uint64_t words = base.size() / 2;
+  std::vector<uint16_t> xs, gaps;
+  int64_t prev = -1;  // the last word an entry named
+  *changed = 0;
+  for (uint64_t j = 0; j < words; ++j) {
+    uint16_t b, n;
+    std::memcpy(&b, base.data() + 2 * j, 2);
+    std::memcpy(&n, next.data() + 2 * j, 2);
+    if (b == n) continue;
+    ++*changed;
+    uint64_t gap = static_cast<uint64_t>(static_cast<int64_t>(j) - prev);
+    while (gap > 0xFFFF) {  // bridge: an entry with x = 0 names the word 65535 on
+      xs.push_back(0);
+      gaps.push_back(0xFFFF);
+      gap -= 0xFFFF;
+    }
+    xs.push_back(static_cast<uint16_t>(b ^ n));
+    gaps.push_back(static_cast<uint16_t>(gap));
+    prev = static_cast<int64_t>(j);
+  }
+  if (xs.size() > 0xFFFFFFFFULL) FailLocal("encode", "over 2^32 - 1 entries");
+  const uint32_t k = static_cast<uint32_t>(xs.size());
+  std::string out(4 + 4 * static_cast<size_t>(k), '\0');
+  std::memcpy(out.data(), &k, 4);  // little-endian hosts only (checked above)
+  if (k) {
+    std::memcpy(out.data() + 4, xs.data(), 2 * static_cast<size_t>(k));
+    std::memcpy(out.data() + 4 + 2 * static_cast<size_t>(k), gaps.data(), 2 * static_cast<size_t>(k));
   }
   return out;
 }
@@ -419,6 +573,17 @@ uint64_t Elements(const pb::TensorSpec& t) {
   uint64_t n = 1;
   for (uint64_t d : t.shape()) n *= d;
   return n;
+}
+
+// --dtype's value: bf16, fp16, fp32, fp64 (or the proto's D_TYPE_ names).
+pb::DType ParseDType(const std::string& s) {
+  if (s == "bf16" || s == "bfloat16") return pb::D_TYPE_BFLOAT16;
+  if (s == "fp16" || s == "float16") return pb::D_TYPE_FLOAT16;
+  if (s == "fp32" || s == "float32") return pb::D_TYPE_FLOAT32;
+  if (s == "fp64" || s == "float64") return pb::D_TYPE_FLOAT64;
+  pb::DType d;
+  if (pb::DType_Parse(s, &d) && IsFloat(d)) return d;
+  Usage("--dtype: not a floating dtype: " + s);
 }
 
 // float32 -> bfloat16, rounding to nearest even (exact for our values).
@@ -565,10 +730,96 @@ pb::GenerateResponse Generate(Session& s, const std::vector<uint32_t>& prompt, u
   return resp;
 }
 
+// One UpdateWeights call: begin (base_version set for a delta), every
+// tensor's bytes as they travel (`wire`) in chunks, commit.
+struct Pushed {
+  grpc::Status status;
+  pb::UpdateWeightsResponse ack;
+  uint64_t chunks = 0;
+  bool stream_ok = false;
+};
+
+Pushed Push(Session& s, const std::string& version, const std::string& base_version,
+            const std::vector<pb::TensorSpec>& specs, const std::vector<std::string>& wire,
+            uint64_t chunk) {
+  Pushed out;
+  auto ctx = s.Context();
+  std::unique_ptr<grpc::ClientWriter<pb::UpdateWeightsRequest>> w(
+      s.stub().UpdateWeights(ctx.get(), &out.ack));
+  pb::UpdateWeightsRequest req;
+  auto* begin = req.mutable_begin();
+  begin->set_weight_version(version);
+  begin->set_pause_mode(pb::PAUSE_MODE_WAIT);
+  if (!base_version.empty()) begin->set_base_version(base_version);
+  for (const auto& t : specs) *begin->add_tensors() = t;
+  bool ok = w->Write(req);
+  for (size_t i = 0; ok && i < wire.size(); ++i) {
+    for (uint64_t off = 0; ok && off < wire[i].size(); off += chunk) {
+      req.Clear();
+      auto* c = req.mutable_chunk();
+      c->set_tensor_index(static_cast<uint32_t>(i));
+      c->set_offset(off);
+      c->set_data(wire[i].data() + off, std::min<uint64_t>(chunk, wire[i].size() - off));
+      ok = w->Write(req);
+      out.chunks += ok;
+    }
+  }
+  if (ok) {
+    req.Clear();
+    req.mutable_commit();
+    ok = w->Write(req);
+  }
+  w->WritesDone();  // if a Write failed, Finish has the server's reason
+  out.status = w->Finish();
+  out.stream_ok = ok;
+  return out;
+}
+
+// --encode-only: one tensor's SPARSE_XOR16 bytes to a file, no server.
+int EncodeOnly(const Options& o) {
+  std::string base, next;
+  uint64_t picked = 0;
+  bool seeded = o.base_file.empty();
+  if (seeded) {
+    pb::DType dtype = ParseDType(o.dtype);
+    base = Encode(NewValues(o.tensor, o.elements, *o.base_seed), dtype);
+    next = Encode(ChangedValues(o.tensor, o.elements, *o.base_seed, o.seed, o.change_percent, &picked),
+                  dtype);
+  } else {
+    base = ReadFile(o.base_file);
+    next = ReadFile(o.new_file);
+    if (base.size() != next.size()) Usage("--base-file and --new-file differ in length");
+  }
+  if (base.size() % 2) Usage("an odd number of bytes (such a tensor is sent raw)");
+  uint64_t changed = 0;
+  std::string payload = SparseXor16(base, next, &changed);
+  std::ofstream f(o.encode_only, std::ios::binary | std::ios::trunc);
+  f.write(payload.data(), static_cast<std::streamsize>(payload.size()));
+  f.close();
+  if (!f) Usage("cannot write " + o.encode_only);
+  uint32_t entries;
+  std::memcpy(&entries, payload.data(), 4);
+  std::vector<std::pair<std::string, std::string>> fields = {
+      {"ok", "true"},
+      {"out", Quote(o.encode_only)},
+      {"encoding", Quote(pb::TensorEncoding_Name(pb::TENSOR_ENCODING_SPARSE_XOR16))},
+      {"raw_bytes", std::to_string(next.size())},
+      {"encoded_bytes", std::to_string(payload.size())},
+      {"words", std::to_string(next.size() / 2)},
+      {"changed_words", std::to_string(changed)},
+      {"entries", std::to_string(entries)},
+      {"base_crc32c", std::to_string(Crc32c(base))},
+      {"crc32c", std::to_string(Crc32c(next))}};
+  if (seeded) fields.push_back({"picked_elements", std::to_string(picked)});
+  std::cout << Obj(fields) << std::endl;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Options o = ParseArgs(argc, argv);
+  if (!o.encode_only.empty()) return EncodeOnly(o);
   auto t0 = std::chrono::steady_clock::now();
   Session s(o);
 
@@ -595,55 +846,84 @@ int main(int argc, char** argv) {
     prompt.push_back(static_cast<uint32_t>((31ULL * i + 7) % info.vocab_size()));
   pb::GenerateResponse before = Generate(s, prompt, o.max_tokens, "Generate (before)");
 
-  // 4. UpdateWeights: begin, chunks, commit.
+  // 4. UpdateWeights: begin, chunks, commit; in delta mode against the base,
+  // or in full when the server offers or takes no base.
   std::vector<pb::TensorSpec> specs = ChooseTensors(info, o.tensor);
-  std::vector<std::string> data;
-  uint64_t total = 0;
-  for (auto& t : specs) {
-    data.push_back(Encode(NewValues(t.name(), Elements(t), o.seed), t.dtype()));
+  std::vector<std::string> data;  // the new tensors' bytes
+  std::vector<uint64_t> picked(specs.size(), 0);
+  uint64_t raw_total = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    auto& t = specs[i];
+    data.push_back(Encode(o.base_seed ? ChangedValues(t.name(), Elements(t), *o.base_seed, o.seed,
+                                                      o.change_percent, &picked[i])
+                                      : NewValues(t.name(), Elements(t), o.seed),
+                          t.dtype()));
     t.set_crc32c(Crc32c(data.back()));  // the server checks it
-    total += data.back().size();
+    raw_total += data.back().size();
   }
-  if (info.max_update_bytes() && total > info.max_update_bytes())
-    FailLocal("UpdateWeights", "the update is larger than max_update_bytes");
   uint64_t chunk = o.chunk_bytes ? o.chunk_bytes
                                  : (info.recommended_chunk_bytes() ? info.recommended_chunk_bytes()
                                                                    : 1 << 20);
   chunk = std::min<uint64_t>(chunk, kMaxMessageBytes / 2);
 
-  pb::UpdateWeightsResponse ack;
-  uint64_t chunks_sent = 0;
-  {
-    auto ctx = s.Context();
-    std::unique_ptr<grpc::ClientWriter<pb::UpdateWeightsRequest>> w(
-        s.stub().UpdateWeights(ctx.get(), &ack));
-    pb::UpdateWeightsRequest req;
-    auto* begin = req.mutable_begin();
-    begin->set_weight_version(o.version);
-    begin->set_pause_mode(pb::PAUSE_MODE_WAIT);
-    for (const auto& t : specs) *begin->add_tensors() = t;
-    bool ok = w->Write(req);
-    for (size_t i = 0; ok && i < data.size(); ++i) {
-      for (uint64_t off = 0; ok && off < data[i].size(); off += chunk) {
-        req.Clear();
-        auto* c = req.mutable_chunk();
-        c->set_tensor_index(static_cast<uint32_t>(i));
-        c->set_offset(off);
-        c->set_data(data[i].data() + off, std::min<uint64_t>(chunk, data[i].size() - off));
-        ok = w->Write(req);
-        chunks_sent += ok;
-      }
-    }
-    if (ok) {
-      req.Clear();
-      req.mutable_commit();
-      ok = w->Write(req);
-    }
-    w->WritesDone();  // if a Write failed, Finish has the server's reason
-    grpc::Status st = w->Finish();
-    if (!st.ok()) Fail("UpdateWeights", st);
-    if (!ok) FailLocal("UpdateWeights", "the stream broke but the call reported OK");
+  bool delta = o.base_seed.has_value();
+  std::string fallback;  // why a delta went as a full update
+  std::string base_version = o.base_version.empty() ? info.delta_base_version() : o.base_version;
+  std::vector<pb::TensorSpec> sent = specs;  // as the applied update declared them
+  std::vector<std::string> wire = data;      // their bytes as they travelled
+  std::vector<uint64_t> changed_words(specs.size(), 0);
+  Pushed pushed;
+  if (delta && base_version.empty()) {
+    delta = false;
+    fallback = "the server offers no delta base (GetServerInfo.delta_base_version is empty)";
   }
+  if (delta) {
+    std::vector<pb::TensorSpec> dspecs = specs;
+    std::vector<std::string> dwire = data;
+    uint64_t encoded_total = 0;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      auto& t = dspecs[i];
+      if (data[i].size() % 2 == 0) {  // odd: raw
+        std::string base = Encode(NewValues(t.name(), Elements(t), *o.base_seed), t.dtype());
+        std::string payload = SparseXor16(base, data[i], &changed_words[i]);
+        if (payload.size() < data[i].size()) {
+          t.set_encoding(pb::TENSOR_ENCODING_SPARSE_XOR16);
+          t.set_encoded_bytes(payload.size());
+          dwire[i] = std::move(payload);
+        }
+      }
+      encoded_total += dwire[i].size();
+    }
+    if (info.max_update_bytes() && encoded_total > info.max_update_bytes())
+      FailLocal("UpdateWeights (delta)", "the update is larger than max_update_bytes");
+    std::cerr << "rollout_trainer: delta against " << base_version << ": " << encoded_total
+              << " encoded bytes for " << raw_total << " bytes\n";
+    pushed = Push(s, o.version, base_version, dspecs, dwire, chunk);
+    const grpc::Status& st = pushed.status;
+    std::string reason = ErrorReason(st);
+    if (!st.ok() && st.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
+        (reason == "DELTA_BASE_MISMATCH" || reason == "ERROR_REASON_DELTA_BASE_MISMATCH")) {
+      delta = false;
+      fallback = "the server refused base_version '" + base_version + "' (" +
+                 CodeName(st.error_code()) + ", " + reason + "): " + st.error_message();
+    } else {
+      if (!st.ok()) Fail("UpdateWeights (delta)", st);
+      sent = std::move(dspecs);
+      wire = std::move(dwire);
+    }
+  }
+  if (!delta) {
+    if (!fallback.empty()) std::cerr << "rollout_trainer: a full update instead: " << fallback << "\n";
+    if (info.max_update_bytes() && raw_total > info.max_update_bytes())
+      FailLocal("UpdateWeights", "the update is larger than max_update_bytes");
+    pushed = Push(s, o.version, "", specs, data, chunk);
+    if (!pushed.status.ok()) Fail("UpdateWeights", pushed.status);
+  }
+  if (!pushed.stream_ok) FailLocal("UpdateWeights", "the stream broke but the call reported OK");
+  const pb::UpdateWeightsResponse& ack = pushed.ack;
+  uint64_t chunks_sent = pushed.chunks;
+  uint64_t wire_total = 0;
+  for (const auto& w : wire) wire_total += w.size();
   std::cerr << "rollout_trainer: UpdateWeights acknowledged: now serving " << ack.weight_version()
             << " (was " << ack.previous_weight_version() << "), " << ack.tensors_loaded()
             << " tensor(s), " << ack.bytes_received() << " bytes\n";
@@ -664,13 +944,22 @@ int main(int argc, char** argv) {
   double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const auto& tm = ack.timings();
-  std::string tensors_json = List(specs, [&](const pb::TensorSpec& t) {
-    size_t i = &t - specs.data();
-    return Obj({{"name", Quote(t.name())},
-                {"dtype", Quote(pb::DType_Name(t.dtype()))},
-                {"shape", List(t.shape(), [](uint64_t d) { return std::to_string(d); })},
-                {"bytes", std::to_string(data[i].size())},
-                {"crc32c", std::to_string(t.crc32c())}});
+  std::string tensors_json = List(sent, [&](const pb::TensorSpec& t) {
+    size_t i = &t - sent.data();
+    std::vector<std::pair<std::string, std::string>> f = {
+        {"name", Quote(t.name())},
+        {"dtype", Quote(pb::DType_Name(t.dtype()))},
+        {"shape", List(t.shape(), [](uint64_t d) { return std::to_string(d); })},
+        {"bytes", std::to_string(data[i].size())},
+        {"crc32c", std::to_string(t.crc32c())},
+        {"encoding", Quote(pb::TensorEncoding_Name(t.encoding() ? t.encoding()
+                                                                  : pb::TENSOR_ENCODING_RAW))},
+        {"encoded_bytes", std::to_string(wire[i].size())}};
+    if (o.base_seed) {
+      f.push_back({"picked_elements", std::to_string(picked[i])});
+      f.push_back({"changed_words", std::to_string(changed_words[i])});
+    }
+    return Obj(f);
   });
   std::cout << Obj({
                    {"ok", "true"},
@@ -693,6 +982,13 @@ int main(int argc, char** argv) {
                    {"update",
                     Obj({{"version", Quote(o.version)},
                          {"seed", std::to_string(o.seed)},
+                         {"delta", Bool(delta)},
+                         {"base_seed", o.base_seed ? std::to_string(*o.base_seed) : "null"},
+                         {"change_percent", o.base_seed ? Num(o.change_percent) : "null"},
+                         {"base_version", Quote(delta ? base_version : "")},
+                         {"fallback", Quote(fallback)},
+                         {"raw_bytes", std::to_string(raw_total)},
+                         {"encoded_bytes", std::to_string(wire_total)},
                          {"tensors", tensors_json},
                          {"chunk_bytes", std::to_string(chunk)},
                          {"chunks", std::to_string(chunks_sent)},

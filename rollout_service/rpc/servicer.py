@@ -345,4 +345,6 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
             sleeping=self.sleeper.sleeping,
             max_generations_per_stream=self.config.max_generations_per_stream,
             max_stream_tokens=self.config.max_stream_tokens,
+            delta_base_version=self.updater.delta_base,
+            delta_base_bytes=self.updater.base.nbytes if self.updater.base.enabled else 0,
         )

@@ -5,24 +5,47 @@ engine: the message order, tensor names/dtypes/shapes against the manifest,
 that chunks lie inside their tensor and that every byte is written exactly
 once, the checksums and the size limit. Pure Python over a memoryview: tested
 without an engine.
+
+Where the bytes go: a full update writes each tensor into its slot of the
+staging region (delta_base.py: the region laid out as the whole model), or,
+when the region is smaller than the model, packed in begin's order. A delta
+update, and an update naming the served version (a possible retry, which
+must not touch the served bytes), are packed into the incoming region
+instead; a delta is decoded into the slots later (delta_base.materialize).
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import crc32c
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client import dtypes
+from rollout_client import delta, dtypes
 from rollout_client.wire import RawChunk
 from rollout_service.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from rollout_service.staged import StagedTensor
+from rollout_service.staging import ALIGN, StagingRegion
+from rollout_service.update.delta_base import DeltaPlan, DeltaTensor
 
-# Tensors start on this alignment inside the region.
-ALIGN = 64
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the updater lets an update's bytes go."""
+
+    staging: StagingRegion
+    # name -> slot offset in `staging` (delta_base.slot_layout); None: the
+    # region is smaller than the model, full updates are packed.
+    slots: dict[str, int] | None = None
+    # Deltas and possible retries; None: packed in `staging` (tests).
+    incoming: StagingRegion | None = None
+    # GetServerInfo.delta_base_version now, and why it is empty when it is.
+    delta_base: str = ""
+    no_base_why: str = "this server keeps no delta base"
+    # Called with the names whose slots a full update is about to write.
+    writing: Callable[[set[str]], None] = lambda names: None
 
 
 @dataclass
@@ -59,8 +82,11 @@ class _Coverage:
 @dataclass
 class _Staged:
     spec: pb.TensorSpec
+    # Where its bytes go in the region, and how many travel (the encoded
+    # bytes of an encoded tensor).
     offset: int
     nbytes: int
+    wire_nbytes: int
     coverage: _Coverage = field(default_factory=_Coverage)
 
 
@@ -78,15 +104,28 @@ class StagedUpdate:
     drain_timeout_seconds: float = 0.0
     # Set when the update targets a LoRA adapter (lora.py), not the base.
     adapter: pb.AdapterTarget | None = None
+    # The region `tensors` lie in.
+    region: StagingRegion | None = None
+    # A delta update: its base version, and (unless it names the served
+    # version: a possible retry, never decoded) what to decode.
+    base_version: str = ""
+    delta: DeltaPlan | None = None
+    # A delta's tensors as declared (name, dtype, shape, encoding, crc32c).
+    declared: tuple = ()
 
     @property
     def names(self) -> set[str]:
         return {t.name for t in self.tensors}
 
-    def content(self, buf) -> tuple:
+    def content(self) -> tuple:
         """What identifies this update's bytes: every tensor's name, dtype,
-        shape and CRC-32C (computed here where the client declared none).
-        A retry of an applied update is recognised by it."""
+        shape and CRC-32C (computed here where the client declared none; a
+        delta declares every one). A retry of an applied update is
+        recognised by it."""
+        if self.base_version:
+            return (self.base_version, *self.declared)
+        assert self.region is not None
+        buf = self.region.ensure(0)
         return tuple(
             (
                 t.name,
@@ -113,6 +152,7 @@ class UpdateAssembler:
         replayable_version: str | None = None,
         keep_refusal: str | None = None,
         allow_empty: bool = False,
+        placement: Placement | None = None,
     ) -> None:
         # An adapter removal carries no tensors.
         self._allow_empty = allow_empty
@@ -126,6 +166,7 @@ class UpdateAssembler:
         # installed it: the updater then compares contents (updates.py).
         self._replayable = replayable_version
         self._max_bytes = max_update_bytes
+        self._place = placement or Placement(staging)
         self._staging = staging
         self._begin: pb.UpdateWeightsBegin | None = None
         self._tensors: list[_Staged] = []
@@ -182,9 +223,19 @@ class UpdateAssembler:
             raise InvalidArgument("begin.pause_mode", f"unknown value {begin.pause_mode}")
         if begin.pause_mode == pb.PAUSE_MODE_KEEP and self._keep_refusal:
             raise InvalidArgument("begin.pause_mode", self._keep_refusal)
+        # Naming the served version: a possible retry of the update that
+        # installed it (updates.py compares), never decoded or loaded.
+        self._retry = begin.weight_version == self._current_version
+        self._check_base(begin)
         seen: set[str] = set()
         offset = 0
         self._begin_tensors = begin.tensors
+        packed = self._packed = bool(begin.base_version) or self._retry or self._place.slots is None
+        self._region = (
+            self._place.incoming
+            if packed and self._place.incoming is not None and self._place.slots is not None
+            else self._staging
+        )
         for i, spec in enumerate(begin.tensors):
             where = f"begin.tensors[{i}]"
             expected = self._manifest.get(spec.name)
@@ -207,16 +258,82 @@ class UpdateAssembler:
                     f"{spec.name}: got {list(spec.shape)}, the model takes {list(expected.shape)}",
                 )
             nbytes = dtypes.nbytes(spec.dtype, spec.shape)
-            self._tensors.append(_Staged(spec=spec, offset=offset, nbytes=nbytes))
-            offset += -(-nbytes // ALIGN) * ALIGN
-        self._check_groups(seen)
+            wire = self._wire_bytes(where, spec, nbytes, bool(begin.base_version))
+            at = offset if packed else self._place.slots[spec.name]  # type: ignore[index]
+            self._tensors.append(_Staged(spec=spec, offset=at, nbytes=nbytes, wire_nbytes=wire))
+            offset += -(-wire // ALIGN) * ALIGN
+        if not begin.base_version:
+            self._check_groups(seen)
         if offset > self._max_bytes:
             raise ResourceExhausted(
                 f"begin.tensors: the update is {offset} bytes, over the limit of "
                 f"{self._max_bytes} bytes (max_update_bytes)"
             )
         self._begin = begin
-        self._buf = self._staging.ensure(offset)
+        end = max((t.offset + t.wire_nbytes for t in self._tensors), default=0)
+        self._buf = self._region.ensure(end)
+        if not packed:
+            self._place.writing(seen)
+
+    def _check_base(self, begin: pb.UpdateWeightsBegin) -> None:
+        """A delta's base: the server's, unless the update is a possible retry
+        (the base has moved on to the version it installed)."""
+        if not begin.base_version:
+            return
+        if begin.HasField("adapter"):
+            raise InvalidArgument(
+                "begin.base_version",
+                "a delta applies to the base weights; an adapter update sends its tensors raw",
+            )
+        if self._retry or begin.base_version == self._place.delta_base:
+            return
+        have = (
+            f"its base is {self._place.delta_base!r}"
+            if self._place.delta_base
+            else self._place.no_base_why
+        )
+        raise FailedPrecondition(
+            f"begin.base_version: {begin.base_version!r} is not this server's delta base "
+            f"({have}; GetServerInfo.delta_base_version); push a full update",
+            reason=pb.ERROR_REASON_DELTA_BASE_MISMATCH,
+        )
+
+    @staticmethod
+    def _wire_bytes(where: str, spec: pb.TensorSpec, nbytes: int, is_delta: bool) -> int:
+        """How many bytes of the tensor travel; refuses a bad encoding."""
+        enc = spec.encoding
+        if enc not in pb.TensorEncoding.values():
+            raise InvalidArgument(f"{where}.encoding", f"{spec.name}: unknown value {enc}")
+        if is_delta and not spec.HasField("crc32c"):
+            raise InvalidArgument(
+                f"{where}.crc32c",
+                f"{spec.name}: every tensor of a delta update declares the CRC-32C of its "
+                "bytes (as reconstructed)",
+            )
+        if delta.is_raw(enc):
+            if spec.encoded_bytes:
+                raise InvalidArgument(
+                    f"{where}.encoded_bytes", f"{spec.name}: set only for an encoded tensor"
+                )
+            return nbytes
+        if not is_delta:
+            raise InvalidArgument(
+                f"{where}.encoding",
+                f"{spec.name}: {pb.TensorEncoding.Name(enc)} needs begin.base_version",
+            )
+        if nbytes % 2:
+            raise InvalidArgument(
+                f"{where}.encoding",
+                f"{spec.name}: {nbytes} bytes, not whole 16-bit words: send it raw",
+            )
+        most = delta.max_encoded_bytes(enc, nbytes)
+        if not 0 < spec.encoded_bytes <= most:
+            raise InvalidArgument(
+                f"{where}.encoded_bytes",
+                f"{spec.name}: {spec.encoded_bytes}, must be 1 to {most} for "
+                f"{pb.TensorEncoding.Name(enc)} of {nbytes} bytes",
+            )
+        return spec.encoded_bytes
 
     def _check_groups(self, names: set[str]) -> None:
         """Every tensor of a fused module, or none (see param_groups.py)."""
@@ -243,11 +360,11 @@ class UpdateAssembler:
         if size == 0:
             raise InvalidArgument("chunk.data", f"{t.spec.name}: empty chunk")
         end = start + size
-        if end > t.nbytes:
+        if end > t.wire_nbytes:
             raise InvalidArgument(
                 "chunk.offset",
                 f"{t.spec.name}: bytes [{start}, {end}) run past "
-                f"the tensor's end ({t.nbytes} bytes)",
+                f"the tensor's end ({t.wire_nbytes} bytes)",
             )
         if not t.coverage.add(start, end):
             raise InvalidArgument(
@@ -265,7 +382,12 @@ class UpdateAssembler:
 
     @property
     def total_bytes(self) -> int:
-        return sum(t.nbytes for t in self._tensors)
+        return sum(t.wire_nbytes for t in self._tensors)
+
+    @property
+    def region(self) -> StagingRegion:
+        """The region this update's bytes are written into."""
+        return self._region
 
     def missing(self) -> list[tuple[int, int, int]]:
         """(tensor index, offset, length) of every byte range not received."""
@@ -276,15 +398,15 @@ class UpdateAssembler:
                 if start > pos:
                     gaps.append((i, pos, start - pos))
                 pos = end
-            if pos < t.nbytes:
-                gaps.append((i, pos, t.nbytes - pos))
+            if pos < t.wire_nbytes:
+                gaps.append((i, pos, t.wire_nbytes - pos))
         return gaps
 
     def mark_written(self) -> None:
         """Counts every byte as received: a same-host client wrote them into
         the region itself (their checksums, when declared, are still checked)."""
         for t in self._tensors:
-            t.coverage = _Coverage(starts=[0], ends=[t.nbytes], received=t.nbytes)
+            t.coverage = _Coverage(starts=[0], ends=[t.wire_nbytes], received=t.wire_nbytes)
         self.bytes_received = self.total_bytes
 
     def _check_checksums(self) -> None:
@@ -295,7 +417,8 @@ class UpdateAssembler:
         assert self._buf is not None
         bad = []
         for i, t in enumerate(self._tensors):
-            if t.spec.HasField("crc32c"):
+            # An encoded tensor's is of its reconstruction (delta_base.py).
+            if t.spec.HasField("crc32c") and delta.is_raw(t.spec.encoding):
                 got = crc32c.crc32c(self._buf[t.offset : t.offset + t.nbytes])
                 if got != t.spec.crc32c:
                     bad.append((i, t, got))
@@ -320,7 +443,7 @@ class UpdateAssembler:
             raise InvalidArgument("commit", "the stream ended without commit")
         assert self._buf is not None
         for i, t in enumerate(self._tensors):
-            if t.coverage.received != t.nbytes:
+            if t.coverage.received != t.wire_nbytes:
                 if self._begin.weight_version == self._current_version:
                     # Not a complete retry of the update that installed it.
                     raise FailedPrecondition(
@@ -331,9 +454,11 @@ class UpdateAssembler:
                     )
                 raise InvalidArgument(
                     f"begin.tensors[{i}]",
-                    f"{t.spec.name}: received {t.coverage.received} of {t.nbytes} bytes",
+                    f"{t.spec.name}: received {t.coverage.received} of {t.wire_nbytes} bytes",
                 )
         self._check_checksums()
+        if self._begin.base_version:
+            return self._staged_delta(self._begin)
         return StagedUpdate(
             weight_version=self._begin.weight_version,
             pause_mode=self._begin.pause_mode,
@@ -353,4 +478,66 @@ class UpdateAssembler:
             },
             drain_timeout_seconds=self._begin.drain_timeout_seconds,
             adapter=self._begin.adapter if self._begin.HasField("adapter") else None,
+            region=self._region,
+        )
+
+    def _staged_delta(self, begin: pb.UpdateWeightsBegin) -> StagedUpdate:
+        """A complete delta: what to decode into which slot, and what the
+        engine then loads: every tensor sent, and the rest of each of their
+        parameter groups from the base (a fused module loads whole)."""
+        sent = {t.spec.name for t in self._tensors}
+        # A possible retry is compared by what it declares, never loaded.
+        slots = self._place.slots or {}
+        load = set(sent)
+        for name in sent:
+            load.update(self._groups.get(name, ()))
+        plan = None
+        if not self._retry:
+            plan = DeltaPlan(
+                base_version=begin.base_version,
+                tensors=[
+                    DeltaTensor(
+                        index=i,
+                        name=t.spec.name,
+                        encoding=t.spec.encoding,
+                        wire_offset=t.offset,
+                        wire_nbytes=t.wire_nbytes,
+                        slot_offset=slots[t.spec.name],
+                        nbytes=t.nbytes,
+                        crc32c=t.spec.crc32c,
+                    )
+                    for i, t in enumerate(self._tensors)
+                ],
+            )
+        loaded = [
+            StagedTensor(
+                name=name,
+                dtype=dtypes.torch_name(spec.dtype),
+                shape=tuple(spec.shape),
+                offset=slots[name],
+                nbytes=dtypes.nbytes(spec.dtype, spec.shape),
+            )
+            for name, spec in self._manifest.items()
+            if name in load and plan is not None
+        ]
+        return StagedUpdate(
+            weight_version=begin.weight_version,
+            pause_mode=begin.pause_mode,
+            tensors=loaded,
+            bytes_received=self.bytes_received,
+            declared_crcs={t.spec.name: t.spec.crc32c for t in self._tensors},
+            drain_timeout_seconds=begin.drain_timeout_seconds,
+            region=self._staging,
+            base_version=begin.base_version,
+            delta=plan,
+            declared=tuple(
+                (
+                    t.spec.name,
+                    t.spec.dtype,
+                    tuple(t.spec.shape),
+                    t.spec.encoding or delta.RAW,
+                    t.spec.crc32c,
+                )
+                for t in self._tensors
+            ),
         )

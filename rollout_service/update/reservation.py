@@ -1,12 +1,13 @@
 """How big the staging region must be, and reserving it before the engine.
 
-The region holds the largest update the server can accept. An update names
-each manifest tensor at most once, with the manifest's dtype and shape, each
-tensor starting on the assembler's alignment (assembler.py): so no update is
-larger than the whole model laid out that way. Reserving more (the default
+The region holds the whole model laid out in slots (delta_base.py): every
+full update writes there, and it is the base deltas are decoded against. An
+update names each manifest tensor at most once, with the manifest's dtype and
+shape, so none is larger than that layout. Reserving more (the default
 max_update_bytes is the model plus 25% and 64 MiB) would pin memory that is
 never written, and the reservation commits memory (staging.py).
---max-update-bytes below the model's size bounds it further.
+--max-update-bytes below the model's size bounds it further (updates are then
+packed, and no delta is accepted).
 
 When the checkpoint is a local directory its safetensors headers give the
 sizes before the engine starts, so a /dev/shm too small fails in about a
@@ -20,16 +21,15 @@ import os
 from collections.abc import Mapping
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client import dtypes
 from rollout_service.engine.startup import read_manifest
 from rollout_service.staging import StagingRegion
-from rollout_service.update.assembler import ALIGN
+from rollout_service.update.delta_base import slot_layout
 
 
 def region_bytes(manifest: Mapping[str, pb.TensorSpec], max_update_bytes: int | None) -> int:
     """The staging capacity for `manifest`: its full update, or the limit if
     that is smaller."""
-    full = sum(-(-dtypes.nbytes(s.dtype, s.shape) // ALIGN) * ALIGN for s in manifest.values())
+    _, full = slot_layout(dict(manifest))
     return full if max_update_bytes is None else min(full, max_update_bytes)
 
 

@@ -55,7 +55,9 @@ class UpdateSession:
         self.same_host = same_host
         self.started = time.perf_counter()
         self.touched = time.monotonic()
-        # open -> committing -> done, or open -> aborted
+        # open -> committing -> done, or open -> aborted; CommitUpdate passes
+        # through checking (its bytes checked, uploads refused), and back to
+        # open if they are refused.
         self.state = "open"
         self.expiry: asyncio.Future | None = None
         # The apply, while committing: twins wait for it.
@@ -165,12 +167,17 @@ class UpdateSessions:
         session = self.get(update_id)
         if session.same_host:
             session.assembler.mark_written()
+        # Checksums take time that grows with the update: in a thread, while
+        # uploads to it are refused.
+        session.state = "checking"
         try:
-            staged = session.assembler.finish(require_commit=False)
-        except Exception:
+            staged = await asyncio.to_thread(session.assembler.finish, require_commit=False)
+        except BaseException:
             # Incomplete or corrupt: refused, and the update stays open for
             # the missing bytes (GetUpdateStatus names them; corrupt ones
             # count as missing), until another update begins.
+            if session.state == "checking":
+                session.state = "open"
             session.refused = True
             raise
         return await self._apply(session, staged)
@@ -201,12 +208,13 @@ class UpdateSessions:
         return await asyncio.shield(apply)
 
     async def _expire_when_idle(self, session: UpdateSession) -> None:
-        while session.state == "open" and self._current is session:
+        while session.state in ("open", "checking") and self._current is session:
             idle = time.monotonic() - session.touched
-            if idle >= self.idle_timeout_seconds:
+            if idle >= self.idle_timeout_seconds and session.state == "open":
                 self.abort(session, f"expired after {idle:.0f}s without a call")
                 return
-            await asyncio.sleep(self.idle_timeout_seconds - idle)
+            # (While checking it is not idle: looked at again shortly.)
+            await asyncio.sleep(max(self.idle_timeout_seconds - idle, 0.5))
 
     async def update_stream(self, messages) -> pb.UpdateWeightsResponse:
         """One UpdateWeights stream: begin, chunks, commit, then the apply.
@@ -220,7 +228,8 @@ class UpdateSessions:
                     f"UpdateWeights: no message for {self.idle_timeout_seconds:.0f}s "
                     "(--update-idle-timeout-seconds); the update is discarded"
                 ) from None
-            return await self._apply(session, session.assembler.finish())
+            staged = await asyncio.to_thread(session.assembler.finish)
+            return await self._apply(session, staged)
         finally:
             if session is not None:
                 self.abort(session, "ended without being applied")
@@ -261,12 +270,16 @@ def could_be_twins(a: pb.UpdateWeightsBegin, b: pb.UpdateWeightsBegin) -> bool:
     """Whether `b` may be the same update as `a`, from their begins: the same
     version, target and tensors (names, dtypes, shapes, in order), and equal
     checksums where both declare one. The bytes decide after (updates.py)."""
-    if (a.weight_version, a.HasField("adapter")) != (b.weight_version, b.HasField("adapter")):
+    if (a.weight_version, a.HasField("adapter"), a.base_version) != (
+        b.weight_version,
+        b.HasField("adapter"),
+        b.base_version,
+    ):
         return False
     if a.adapter != b.adapter or len(a.tensors) != len(b.tensors):
         return False
     return all(
-        (x.name, x.dtype, list(x.shape)) == (y.name, y.dtype, list(y.shape))
+        (x.name, x.dtype, list(x.shape), x.encoding) == (y.name, y.dtype, list(y.shape), y.encoding)
         and not (x.HasField("crc32c") and y.HasField("crc32c") and x.crc32c != y.crc32c)
         for x, y in zip(a.tensors, b.tensors)
     )

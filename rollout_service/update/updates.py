@@ -20,6 +20,10 @@ original acknowledgement instead of "already the served version". A retry
 that arrives while the original is still applying waits for it first
 (update_sessions.py), then is recognised the same way.
 
+Deltas (UpdateWeightsBegin.base_version) are decoded into the staging
+region's slots just before the quiesce, and undone if anything after fails
+(delta_base.py): a failed delta leaves the base as it was.
+
 Receiving (one UpdateWeights stream, or a staged update's uploads) is
 update_sessions.py's; this module takes a complete update from there.
 """
@@ -38,7 +42,8 @@ from rollout_service.gate import AdmissionGate
 from rollout_service.ops import metrics
 from rollout_service.staged import BACKEND_NAME
 from rollout_service.staging import StagingRegion
-from rollout_service.update.assembler import StagedUpdate, UpdateAssembler
+from rollout_service.update.assembler import Placement, StagedUpdate, UpdateAssembler
+from rollout_service.update.delta_base import DeltaBase
 from rollout_service.update.lora import Adapters
 from rollout_service.update.quiesce import Quiescer
 
@@ -78,6 +83,7 @@ class WeightUpdater:
         broadcast: bool = False,
         keep_refusal: str | None = None,
         adapters: Adapters | None = None,
+        incoming: StagingRegion | None = None,
     ) -> None:
         self.engine = engine
         # Called with True when an update fails inside the engine, False when
@@ -95,6 +101,10 @@ class WeightUpdater:
         self._broadcast = broadcast
         # Reserved by the server before the engine started (reservation.py).
         self.staging = staging or StagingRegion()
+        # Deltas, adapters and possible retries arrive here instead, so
+        # that they never write the served bytes in the slots.
+        self.incoming = incoming or StagingRegion()
+        self.base = DeltaBase(manifest, self.staging, self.incoming)
         # Set when an engine failure may have left weights half-loaded.
         self.degraded = False
         # Why PAUSE_MODE_KEEP is refused on this server (None: accepted).
@@ -124,6 +134,12 @@ class WeightUpdater:
 
     def close(self) -> None:
         self.staging.close()
+        self.incoming.close()
+
+    @property
+    def delta_base(self) -> str:
+        """GetServerInfo.delta_base_version."""
+        return self.base.offered(self.gate.version, self.degraded)
 
     def check_serving(self) -> None:
         """Refuses generation while degraded."""
@@ -147,11 +163,12 @@ class WeightUpdater:
             return UpdateAssembler(
                 plan.manifest,
                 self.max_update_bytes,
-                self.staging,
+                self.incoming,
                 plan.current_version,
                 groups={n: names for names in plan.groups.values() for n in names},
                 allow_empty=begin.adapter.action == pb.ADAPTER_ACTION_REMOVE,
             )
+        base = self.base
         return UpdateAssembler(
             self.manifest,
             self.max_update_bytes,
@@ -160,6 +177,24 @@ class WeightUpdater:
             groups=self._groups,
             replayable_version=last.ack.weight_version if last is not None else None,
             keep_refusal=self.keep_refusal,
+            placement=Placement(
+                staging=self.staging,
+                slots=base.offsets if base.enabled else None,
+                incoming=self.incoming,
+                delta_base=self.delta_base,
+                no_base_why=self._no_base_why(),
+                writing=base.writing,
+            ),
+        )
+
+    def _no_base_why(self) -> str:
+        if not self.base.enabled:
+            return "this server keeps no delta base: --max-update-bytes is below the model's size"
+        if self.degraded or not self.gate.version:
+            return "the server is degraded and keeps no base until a full update succeeds"
+        return (
+            "part of its copy of the served weights is stale after an update that did not "
+            "apply, until a full update sends those tensors"
         )
 
     async def apply(self, staged: StagedUpdate, receive_s: float) -> pb.UpdateWeightsResponse:
@@ -187,7 +222,8 @@ class WeightUpdater:
         if staged.adapter is not None:
             plan = self._plans.pop(staged.adapter.name)
             assert self.adapters is not None  # as in assembler(): it made the plan
-            return await asyncio.shield(self.adapters.apply(self.quiet, self.staging, staged, plan))
+            region = staged.region or self.incoming
+            return await asyncio.shield(self.adapters.apply(self.quiet, region, staged, plan))
         if staged.weight_version == self.gate.version:
             return await self._replay(staged)
         if self.degraded and staged.names != set(self.manifest):
@@ -204,7 +240,7 @@ class WeightUpdater:
         """A stream naming the served version: the original acknowledgement
         if it is a retry of the update that installed it, else refused."""
         last = self._last
-        content = await asyncio.to_thread(staged.content, self.staging.ensure(0))
+        content = await asyncio.to_thread(staged.content)
         if last is None or await last.content != content:
             raise FailedPrecondition(
                 f"begin.weight_version: {staged.weight_version!r} is already the served "
@@ -218,20 +254,37 @@ class WeightUpdater:
         return ack
 
     async def _apply(self, staged: StagedUpdate, receive_s: float) -> pb.UpdateWeightsResponse:
-        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
-
-        version = staged.weight_version
         # The region is this update's until it ends (one at a time,
         # update_sessions.py). Its content is read beside the apply, off its
         # critical path (crc32c releases the GIL); awaited before the region
         # is written again.
         self._last = None
-        content = asyncio.ensure_future(asyncio.to_thread(staged.content, self.staging.ensure(0)))
+        decode_s = 0.0
+        if staged.delta is not None:
+            # Refused (INVALID_ARGUMENT) with the base put back if a tensor
+            # does not decode to its declared CRC-32C.
+            t = time.perf_counter()
+            await asyncio.to_thread(self.base.materialize, staged.delta)
+            decode_s = time.perf_counter() - t
+        try:
+            ack = await self._load(staged, receive_s)
+            ack.timings.decode_seconds = decode_s
+            return ack
+        except BaseException:
+            if staged.delta is not None:
+                await asyncio.to_thread(self.base.undo, staged.delta)
+            raise
+
+    async def _load(self, staged: StagedUpdate, receive_s: float) -> pb.UpdateWeightsResponse:
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        version = staged.weight_version
+        content = asyncio.ensure_future(asyncio.to_thread(staged.content))
         async with self.quiet.quiesced(
             staged.pause_mode,
             staged.drain_timeout_seconds,
             on_failure=functools.partial(self._failed, version),
-            on_success=functools.partial(self._installed, version),
+            on_success=functools.partial(self._installed, version, staged),
         ) as quiet:
             previous = self.gate.version
             t_load = time.perf_counter()
@@ -279,9 +332,10 @@ class WeightUpdater:
         self._last = _Applied(ack=ack, content=content)
         return ack
 
-    async def _installed(self, version: str) -> None:
+    async def _installed(self, version: str, staged: StagedUpdate) -> None:
         """The update succeeded (engine resumed, gate not yet reopened)."""
         self.gate.version = version
+        self.base.installed(version, staged.names if not staged.base_version else set())
         await self._set_degraded(False)
 
     async def _failed(self, version: str, e: Exception) -> None:

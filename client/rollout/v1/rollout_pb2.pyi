@@ -580,18 +580,20 @@ class CacheResetResult(_message.Message):
     def __init__(self, cache: _Optional[_Union[CacheKind, str]] = ..., reset: bool = ..., detail: _Optional[str] = ...) -> None: ...
 
 class UpdateTimings(_message.Message):
-    __slots__ = ("receive_seconds", "apply_seconds", "reset_seconds", "admission_closed_seconds", "load_seconds")
+    __slots__ = ("receive_seconds", "apply_seconds", "reset_seconds", "admission_closed_seconds", "load_seconds", "decode_seconds")
     RECEIVE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     APPLY_SECONDS_FIELD_NUMBER: _ClassVar[int]
     RESET_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ADMISSION_CLOSED_SECONDS_FIELD_NUMBER: _ClassVar[int]
     LOAD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     receive_seconds: float
     apply_seconds: float
     reset_seconds: float
     admission_closed_seconds: float
     load_seconds: float
-    def __init__(self, receive_seconds: _Optional[float] = ..., apply_seconds: _Optional[float] = ..., reset_seconds: _Optional[float] = ..., admission_closed_seconds: _Optional[float] = ..., load_seconds: _Optional[float] = ...) -> None: ...
+    decode_seconds: float
+    def __init__(self, receive_seconds: _Optional[float] = ..., apply_seconds: _Optional[float] = ..., reset_seconds: _Optional[float] = ..., admission_closed_seconds: _Optional[float] = ..., load_seconds: _Optional[float] = ..., decode_seconds: _Optional[float] = ...) -> None: ...
 
 class UpdateWeightsResponse(_message.Message):
     __slots__ = ("weight_version", "bytes_received", "tensors_loaded", "caches_reset", "timings", "previous_weight_version", "replayed", "requests_aborted")

@@ -1,0 +1,171 @@
+"""The delta encodings of a weight update (proto: TensorEncoding), in one
+place: the client's encoder and the server's decoder are both here, so the
+two sides cannot drift apart. The proto's comment on TensorEncoding is the
+definition for other languages.
+
+A tensor's bytes are read as little-endian 16-bit words. SPARSE_XOR16 lists
+the words that changed: a uint32 count K, K uint16 XOR values, then K uint16
+gaps (word p[i] = g[0] + ... + g[i] - 1). SPARSE_XOR16_ZSTD is the same bytes
+in one zstd frame that states its content size.
+
+The loops run compiled (delta_kernels.py) where numba is installed, else in
+numpy, with the same bytes out. Neither holds the GIL: callers run one
+tensor per thread.
+"""
+
+from __future__ import annotations
+
+import functools
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from rollout.v1 import rollout_pb2 as pb
+from rollout_client import extras
+
+RAW = pb.TENSOR_ENCODING_RAW
+SPARSE = pb.TENSOR_ENCODING_SPARSE_XOR16
+SPARSE_ZSTD = pb.TENSOR_ENCODING_SPARSE_XOR16_ZSTD
+ENCODED = (SPARSE, SPARSE_ZSTD)
+MAX_GAP = 0xFFFF
+# Entries decoded per block: bounds the temporary positions (8 bytes each).
+_BLOCK = 1 << 20
+_U16 = np.dtype("<u2")
+
+
+class DeltaError(ValueError):
+    """Encoded bytes that do not decode (the message says why)."""
+
+
+def is_raw(encoding: int) -> bool:
+    return encoding in (pb.TENSOR_ENCODING_UNSPECIFIED, RAW)
+
+
+def sparse_bound(nbytes: int) -> int:
+    """The most bytes SPARSE_XOR16 takes for a tensor of `nbytes`: every
+    word changed, plus the bridging entries."""
+    words = nbytes // 2
+    return 4 + 4 * (words + words // MAX_GAP + 1)
+
+
+def max_encoded_bytes(encoding: int, nbytes: int) -> int:
+    """The limit on TensorSpec.encoded_bytes (as the proto states it)."""
+    s = sparse_bound(nbytes)
+    return s + s // 128 + 1024 if encoding == SPARSE_ZSTD else s
+
+
+def words(buf: Any) -> np.ndarray:
+    """A writable-if-possible uint16 view of a tensor's bytes (even length)."""
+    return np.frombuffer(buf, dtype=_U16)
+
+
+@functools.cache
+def kernels() -> ModuleType | None:
+    """The compiled loops, or None without numba."""
+    try:
+        from rollout_client import delta_kernels
+    except ImportError:
+        return None
+    return delta_kernels
+
+
+def encode_sparse(base: np.ndarray, new: np.ndarray, compiled: bool = True) -> np.ndarray:
+    """SPARSE_XOR16 of `new` against `base` (uint16 word arrays of one
+    length), as a uint8 array. `compiled=False`: numpy even with numba."""
+    jit = kernels() if compiled else None
+    if jit is not None:
+        room = base.size + base.size // MAX_GAP + 1
+        # Pages of these are only touched as far as entries are written.
+        values, gaps = np.empty(room, dtype=_U16), np.empty(room, dtype=_U16)
+        k = int(jit.encode(base, new, values, gaps))
+        return _payload(values[:k], gaps[:k])
+    x = np.bitwise_xor(base, new)
+    at = np.flatnonzero(x)
+    distance = np.diff(at, prepend=-1)
+    pads = (distance - 1) // MAX_GAP
+    if not pads.any():
+        return _payload(x[at], distance)
+    # Each long distance becomes `pads` entries (x = 0, g = MAX_GAP) before
+    # the real one, which keeps the rest of it.
+    real = np.cumsum(pads + 1) - 1
+    k = int(real[-1]) + 1
+    all_gaps = np.full(k, MAX_GAP, dtype=np.int64)
+    all_values = np.zeros(k, dtype=_U16)
+    all_gaps[real] = distance - pads * MAX_GAP
+    all_values[real] = x[at]
+    return _payload(all_values, all_gaps)
+
+
+def _payload(values: np.ndarray, gaps: np.ndarray) -> np.ndarray:
+    k = values.size
+    out = np.empty(4 + 4 * k, dtype=np.uint8)
+    out[:4] = np.frombuffer(k.to_bytes(4, "little"), dtype=np.uint8)
+    out[4 : 4 + 2 * k].view(_U16)[:] = values
+    out[4 + 2 * k :].view(_U16)[:] = gaps
+    return out
+
+
+def zstd_compress(payload: Any, level: int = 1) -> bytes:
+    """SPARSE_XOR16 bytes as SPARSE_XOR16_ZSTD (the frame states its size)."""
+    zstd = extras.require("zstandard", "the zstd delta encoding", extra="weights")
+    frame: bytes = zstd.ZstdCompressor(level=level, write_content_size=True).compress(payload)
+    return frame
+
+
+def zstd_decompress(frame: Any, nbytes: int) -> bytes:
+    """The SPARSE_XOR16 bytes inside a SPARSE_XOR16_ZSTD frame for a tensor
+    of `nbytes`; DeltaError when the frame hides its size or claims more
+    than such a tensor's SPARSE_XOR16 can take (checked before decompressing)."""
+    import zstandard as zstd
+
+    bound = sparse_bound(nbytes)
+    try:
+        size = zstd.frame_content_size(frame)
+    except zstd.ZstdError as e:
+        raise DeltaError(f"not a zstd frame ({e})") from None
+    if size < 0:
+        raise DeltaError("the zstd frame does not state its content size")
+    if size > bound:
+        raise DeltaError(f"the zstd frame holds {size} bytes, over the {bound} this tensor allows")
+    try:
+        out: bytes = zstd.ZstdDecompressor().decompress(frame, max_output_size=size)
+        return out
+    except zstd.ZstdError as e:
+        raise DeltaError(f"the zstd frame does not decompress ({e})") from None
+
+
+def check_sparse(payload: Any, nwords: int) -> int:
+    """Checks SPARSE_XOR16 bytes against a tensor of `nwords` words without
+    writing anything; returns K. DeltaError says what is wrong."""
+    n = len(payload)
+    if n < 4:
+        raise DeltaError(f"{n} bytes: shorter than the 4-byte entry count")
+    k = int.from_bytes(bytes(payload[:4]), "little")
+    if n != 4 + 4 * k:
+        raise DeltaError(f"{n} bytes, but its entry count {k} makes it {4 + 4 * k}")
+    gaps = np.frombuffer(payload, dtype=_U16, count=k, offset=4 + 2 * k)
+    if k and not gaps.all():
+        raise DeltaError(f"gap {int(np.argmin(gaps))} is 0 (every gap is >= 1)")
+    last = int(gaps.sum(dtype=np.int64)) - 1
+    if last >= nwords:
+        raise DeltaError(f"names word {last}, but the tensor has {nwords}")
+    return k
+
+
+def apply_sparse(target: np.ndarray, payload: Any, compiled: bool = True) -> None:
+    """XORs checked (check_sparse) SPARSE_XOR16 bytes into `target`, the
+    tensor's words, in place. Applying the same bytes again undoes it."""
+    k = int.from_bytes(bytes(payload[:4]), "little")
+    values = np.frombuffer(payload, dtype=_U16, count=k, offset=4)
+    gaps = np.frombuffer(payload, dtype=_U16, count=k, offset=4 + 2 * k)
+    jit = kernels() if compiled else None
+    if jit is not None:
+        jit.apply(target, values, gaps)
+        return
+    pos = -1
+    for start in range(0, k, _BLOCK):
+        at = np.cumsum(gaps[start : start + _BLOCK], dtype=np.int64)
+        at += pos
+        target[at] ^= values[start : start + _BLOCK]
+        pos = int(at[-1])

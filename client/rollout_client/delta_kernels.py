@@ -1,0 +1,46 @@
+"""Compiled loops of the sparse delta encoding (delta.py), for hosts that have
+numba (every server: vLLM requires it; a trainer host may not, and delta.py
+then falls back to numpy, bit for bit the same, 3 to 5 times slower).
+
+Both walk the words once, in order: memory-bandwidth bound. `nogil`: callers
+run one tensor per thread. `cache`: compiled once per install, in this
+package's __pycache__.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+MAX_GAP = 0xFFFF
+
+
+@numba.njit(nogil=True, cache=True)
+def encode(base: np.ndarray, new: np.ndarray, values: np.ndarray, gaps: np.ndarray) -> int:
+    """Writes the entries of `new` against `base` into `values` and `gaps`
+    (room for every word plus the bridging entries); returns their count."""
+    k = 0
+    prev = -1
+    for j in range(base.size):
+        x = base[j] ^ new[j]
+        if x:
+            d = j - prev
+            while d > MAX_GAP:
+                values[k] = 0
+                gaps[k] = MAX_GAP
+                k += 1
+                d -= MAX_GAP
+            values[k] = x
+            gaps[k] = d
+            k += 1
+            prev = j
+    return k
+
+
+@numba.njit(nogil=True, cache=True)
+def apply(target: np.ndarray, values: np.ndarray, gaps: np.ndarray) -> None:
+    """XORs checked entries into `target` in place."""
+    p = -1
+    for i in range(values.size):
+        p += gaps[i]
+        target[p] ^= values[i]
