@@ -14,6 +14,7 @@ from harness.serverproc import ServerProcess
 from harness.weights_util import random_weights, version
 from rollout_client import RolloutClient
 from rollout_service.engine.placement import BIND_ENV
+from tests.support import serve_command
 from tests.support.cpus import thread_cpus
 from tests.support.early import early
 from tests.support.serve_command import SERVE, serve
@@ -109,14 +110,27 @@ def test_a_tp2_replica_updates_and_returns_exactly_to_a_fresh_engines_output(tp2
     assert _workers_mapping_the_region(tp2) == (1 if tp2.broadcast else 2)
 
 
-@pytest.mark.parametrize(
-    ("flags", "needle"),
-    [
-        (("--pipeline-parallel-size", "2"), "--pipeline-parallel-size"),
-        (("--data-parallel-size", "2"), "Fleet"),
-        (("--distributed-executor-backend", "ray"), "staging region"),
-    ],
-)
+REFUSED = [
+    (("--pipeline-parallel-size", "2"), "--pipeline-parallel-size"),
+    (("--data-parallel-size", "2"), "Fleet"),
+    (("--distributed-executor-backend", "ray"), "staging region"),
+]
+
+
+@early(stop=lambda _: serve_command.abandon())
+def _begin_refusals() -> None:
+    """The refused layouts' runs, begun before this module runs
+    (tests/support/early.py): `serve` collects them."""
+    for flags, _ in REFUSED:
+        serve_command.begin(*flags)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _refusals():
+    _begin_refusals.take()
+
+
+@pytest.mark.parametrize(("flags", "needle"), REFUSED)
 def test_untested_parallel_layouts_are_refused_at_start(flags, needle):
     p = serve(*flags)
     assert p.returncode != 0 and needle in p.stderr, p.stderr[-2000:]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2_grpc
@@ -37,6 +37,9 @@ from rollout_client.connection import ConnectionOptions as ConnectionOptions
 from rollout_client.connection import RolloutError as RolloutError
 from rollout_client.core import build_generate_request as build_generate_request
 from rollout_client.push import DEFAULT_CHUNK_BYTES
+
+if TYPE_CHECKING:  # numpy: imported by delta pushes only
+    from rollout_client.delta_push import PushedWeights
 
 # The stub's type: blocking (RolloutClient) or grpc.aio (AsyncRolloutClient).
 _Stub = TypeVar("_Stub", stubs.RolloutStub, stubs.AsyncRolloutStub)
@@ -75,6 +78,9 @@ class RolloutClient(_Surface[stubs.RolloutStub]):
     """Blocking client. Every call takes `timeout` (seconds, the deadline)."""
 
     _regions: push.Regions | None = None  # same-host updates' mappings, kept
+    # What update_weights(delta=True) pushed last (made on first use; set
+    # one with max_bytes to bound its memory).
+    pushed: PushedWeights | None = None
 
     def close(self) -> None:
         self.channel.close()
@@ -151,6 +157,7 @@ class RolloutClient(_Surface[stubs.RolloutStub]):
         same_host: bool = False,
         adapter: str | None = None,
         adapter_config: dict[str, Any] | None = None,
+        delta: bool = False,
     ) -> pb.UpdateWeightsResponse:
         """Sends `source` (a safetensors file or folder, a state_dict, a
         module or an iterable of (name, tensor)), read tensor by tensor,
@@ -164,8 +171,28 @@ class RolloutClient(_Surface[stubs.RolloutStub]):
         With `adapter` (a name) and `adapter_config` (PEFT's
         adapter_config.json as a dict), `source` is a LoRA adapter's tensors
         (PEFT names) and the update loads or replaces that adapter; the base
-        weights are untouched, `version` is the adapter's."""
+        weights are untouched, `version` is the adapter's.
+
+        With `delta`, the client keeps a copy of what it pushes
+        (`self.pushed`, a delta_push.PushedWeights: the model's size in host
+        memory, or less with its max_bytes) and, when the server's delta
+        base is the version it pushed last, sends only what changed
+        (docs/updates.md); otherwise, or when the server refuses the base, a
+        full update."""
         target = core.adapter_target(adapter, adapter_config)
+        if delta:
+            if target is not None:
+                raise ValueError("delta=True applies to the base weights, not to an adapter")
+            return self._update_delta(
+                source,
+                version,
+                pause_mode=pause_mode,
+                chunk_bytes=chunk_bytes,
+                timeout=timeout,
+                drain_timeout_seconds=drain_timeout_seconds,
+                streams=streams,
+                same_host=same_host,
+            )
         u = core.prepare_update(
             source,
             version,
@@ -179,6 +206,51 @@ class RolloutClient(_Surface[stubs.RolloutStub]):
             drain_timeout_seconds=drain_timeout_seconds,
             adapter=target,
         )
+        return self._send(u, streams, same_host)
+
+    def _update_delta(
+        self,
+        source: Any,
+        version: str,
+        *,
+        timeout: float | None,
+        streams: int,
+        same_host: bool,
+        **begin: Any,
+    ) -> pb.UpdateWeightsResponse:
+        """update_weights(delta=True): a delta against `self.pushed` when the
+        server's base is its version, else (or when the server refuses the
+        base) a full update; either is recorded once acknowledged."""
+        from rollout_client.delta_push import PushedWeights
+
+        if self.pushed is None:
+            self.pushed = PushedWeights()
+        pushed = self.pushed
+        info = self.server_info(timeout)
+        u = core.prepare_update(
+            source,
+            version,
+            info.parameters,
+            progress=False,
+            timeout=timeout or self.timeout,
+            metadata=self.options.metadata(),
+            **begin,
+        )
+        if pushed.version and pushed.version == info.delta_base_version:
+            d = pushed.delta(u)
+            try:
+                ack = self._send(d.update, streams, same_host)
+            except RolloutError as e:
+                if e.reason != "DELTA_BASE_MISMATCH":
+                    raise
+            else:
+                pushed.record_delta(d, ack.weight_version)
+                return ack
+        ack = self._send(u, streams, same_host)
+        pushed.record_full(u.tensors, ack)
+        return ack
+
+    def _send(self, u: push.Update, streams: int, same_host: bool) -> pb.UpdateWeightsResponse:
         if self._regions is None:
             self._regions = push.Regions()
         regions = self._regions
@@ -321,9 +393,11 @@ class AsyncRolloutClient(_Surface[stubs.AsyncRolloutStub]):
         same_host: bool = False,
         adapter: str | None = None,
         adapter_config: dict[str, Any] | None = None,
+        delta: bool = False,
     ) -> pb.UpdateWeightsResponse:
         """RolloutClient.update_weights, run in a thread on a blocking client
-        to the same target (the sending code is the same)."""
+        to the same target (the sending code is the same; its `pushed` is
+        this client's record of delta pushes)."""
         if self._blocking is None:
             self._blocking = RolloutClient(self.target, timeout=self.timeout, options=self.options)
         return await asyncio.to_thread(
@@ -340,6 +414,7 @@ class AsyncRolloutClient(_Surface[stubs.AsyncRolloutStub]):
             same_host=same_host,
             adapter=adapter,
             adapter_config=adapter_config,
+            delta=delta,
         )
 
     async def remove_adapter(

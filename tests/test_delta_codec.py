@@ -1,0 +1,197 @@
+"""The delta encodings (rollout_client/delta.py, the proto's TensorEncoding)
+and the assembler's checks of a delta's begin, without an engine: encoding
+then decoding gives the new bytes back, bit for bit, compiled or not; every
+malformed payload the proto allows is refused with what is wrong, before a
+word is written."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rollout_client import delta, pb
+from rollout_service.errors import FailedPrecondition, InvalidArgument
+from rollout_service.update.assembler import Placement, UpdateAssembler
+
+
+def payload(values, gaps) -> bytes:
+    v = np.asarray(values, dtype="<u2").tobytes()
+    g = np.asarray(gaps, dtype="<u2").tobytes()
+    return len(values).to_bytes(4, "little") + v + g
+
+
+@st.composite
+def base_and_new(draw):
+    n = draw(st.integers(1, 300_000))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 1 << 16, n, dtype=np.uint16)
+    new = base.copy()
+    share = draw(st.sampled_from([0.0, 1e-5, 0.01, 0.3, 1.0]))
+    changed = rng.random(n) < share
+    new[changed] ^= rng.integers(1, 1 << 16, int(changed.sum()), dtype=np.uint16)
+    if draw(st.booleans()):  # the last word, and one far from the others
+        new[-1] ^= 1
+        new[n // 2] ^= 0x8000
+    return base, new
+
+
+@settings(max_examples=40, deadline=None)
+@given(base_and_new())
+def test_encode_then_apply_gives_the_new_words_and_applying_again_undoes(pair):
+    base, new = pair
+    encoded = {c: delta.encode_sparse(base, new, compiled=c).tobytes() for c in (True, False)}
+    assert encoded[True] == encoded[False], "compiled and numpy encoders differ"
+    data = encoded[True]
+    k = delta.check_sparse(data, base.size)
+    assert len(data) == 4 + 4 * k <= delta.sparse_bound(2 * base.size)
+    gaps = np.frombuffer(data, "<u2", k, 4 + 2 * k)
+    assert k == 0 or (gaps.min() >= 1 and int(gaps.sum()) - 1 < base.size)
+    for compiled in (True, False):
+        words = base.copy()
+        delta.apply_sparse(words, data, compiled=compiled)
+        assert np.array_equal(words, new)
+        delta.apply_sparse(words, data, compiled=compiled)
+        assert np.array_equal(words, base)
+
+
+def test_distances_over_65535_words_are_bridged_by_zero_entries():
+    base = np.zeros(200_000, dtype=np.uint16)
+    new = base.copy()
+    new[[0, 140_000]] = (7, 9)
+    data = delta.encode_sparse(base, new).tobytes()
+    # entry at 0 (g=1), then bridges of 65535 with x=0, then the change
+    assert data == payload([7, 0, 0, 9], [1, 65535, 65535, 140_000 - 2 * 65535])
+
+
+def test_the_zstd_frame_round_trips_and_states_its_size():
+    base = np.zeros(50_000, dtype=np.uint16)
+    new = base.copy()
+    new[::97] = 3
+    data = delta.encode_sparse(base, new).tobytes()
+    frame = delta.zstd_compress(data)
+    assert zstandard.frame_content_size(frame) == len(data)
+    assert delta.zstd_decompress(frame, 2 * base.size) == data
+
+
+@pytest.mark.parametrize(
+    ("data", "words", "why"),
+    [
+        (b"\x01\x00", 10, "shorter than the 4-byte entry count"),
+        (payload([1], [1])[:-1], 10, "its entry count 1 makes it 8"),
+        (payload([1, 2], [1, 0]), 10, "gap 1 is 0"),
+        (payload([1, 2], [5, 6]), 10, "names word 10, but the tensor has 10"),
+        (payload([], []) + b"\0\0\0\0", 10, "its entry count 0 makes it 4"),
+    ],
+)
+def test_malformed_sparse_bytes_are_refused_with_the_reason(data, words, why):
+    with pytest.raises(delta.DeltaError, match=why):
+        delta.check_sparse(data, words)
+
+
+def test_a_zstd_frame_that_hides_or_inflates_its_size_is_refused_before_decompressing():
+    body = payload([1], [1])
+    hidden = zstandard.ZstdCompressor(write_content_size=False).compress(body)
+    with pytest.raises(delta.DeltaError, match="does not state its content size"):
+        delta.zstd_decompress(hidden, 20)
+    # A small frame of a large content: a bomb for a tensor of 20 bytes.
+    bomb = zstandard.ZstdCompressor().compress(bytes(10 << 20))
+    with pytest.raises(
+        delta.DeltaError, match="holds 10485760 bytes, over the 48 this tensor allows"
+    ):
+        delta.zstd_decompress(bomb, 20)
+    with pytest.raises(delta.DeltaError, match="not a zstd frame"):
+        delta.zstd_decompress(b"not zstd at all", 20)
+
+
+# ------------------------------------------------------------ the assembler
+
+MANIFEST = {
+    "w": pb.TensorSpec(name="w", dtype=pb.D_TYPE_BFLOAT16, shape=[8, 4]),
+    "b": pb.TensorSpec(name="b", dtype=pb.D_TYPE_UINT8, shape=[3]),
+}
+
+
+class Region:
+    buf = bytearray()
+
+    def ensure(self, nbytes):
+        if len(self.buf) < nbytes:
+            self.buf = bytearray(nbytes)
+        return memoryview(self.buf)
+
+
+def assembler(delta_base="v0"):
+    slots = {"w": 0, "b": 64}
+    placement = Placement(Region(), slots=slots, incoming=Region(), delta_base=delta_base)
+    return UpdateAssembler(MANIFEST, 1 << 20, placement.staging, "v0", placement=placement)
+
+
+def begin(*specs, base="v0"):
+    return pb.UpdateWeightsBegin(weight_version="v1", base_version=base, tensors=list(specs))
+
+
+def sparse_spec(**kw):
+    fields = dict(
+        name="w",
+        dtype=pb.D_TYPE_BFLOAT16,
+        shape=[8, 4],
+        encoding=delta.SPARSE,
+        encoded_bytes=8,
+        crc32c=1,
+    )
+    return pb.TensorSpec(**{**fields, **kw})
+
+
+def test_a_delta_against_another_base_is_refused_with_its_reason():
+    with pytest.raises(FailedPrecondition) as e:
+        assembler().begin(begin(sparse_spec(), base="v-old"))
+    assert e.value.reason == pb.ERROR_REASON_DELTA_BASE_MISMATCH
+    assert "'v-old' is not this server's delta base (its base is 'v0'" in str(e.value)
+    with pytest.raises(FailedPrecondition, match="this server keeps no delta base"):
+        assembler(delta_base="").begin(begin(sparse_spec()))
+
+
+@pytest.mark.parametrize(
+    ("spec", "base", "field", "why"),
+    [
+        (sparse_spec(), "", "begin.tensors[0].encoding", "needs begin.base_version"),
+        (sparse_spec(crc32c=None), "v0", "begin.tensors[0].crc32c", "declares the CRC-32C"),
+        (sparse_spec(encoded_bytes=0), "v0", "begin.tensors[0].encoded_bytes", "must be 1 to"),
+        (sparse_spec(encoded_bytes=10**9), "v0", "begin.tensors[0].encoded_bytes", "1 to 136"),
+        (sparse_spec(encoding=99), "v0", "begin.tensors[0].encoding", "unknown value 99"),
+        (
+            pb.TensorSpec(
+                name="b", dtype=pb.D_TYPE_UINT8, shape=[3], encoding=delta.SPARSE, crc32c=0
+            ),
+            "v0",
+            "begin.tensors[0].encoding",
+            "3 bytes, not whole 16-bit words",
+        ),
+        (
+            pb.TensorSpec(name="b", dtype=pb.D_TYPE_UINT8, shape=[3], encoded_bytes=3, crc32c=0),
+            "v0",
+            "begin.tensors[0].encoded_bytes",
+            "set only for an encoded tensor",
+        ),
+    ],
+)
+def test_a_bad_encoding_is_refused_naming_the_field(spec, base, field, why):
+    with pytest.raises(InvalidArgument) as e:
+        assembler().begin(begin(spec, base=base))
+    assert e.value.field == field and why in str(e.value)
+
+
+def test_a_delta_arrives_packed_in_the_incoming_region_never_in_the_slots():
+    asm = assembler()
+    asm.begin(begin(sparse_spec(encoded_bytes=8)))
+    assert asm.region is not asm._staging and asm.tensor_offsets == [0]
+    asm.add_chunk(0, 0, payload([5], [3]))
+    staged = asm.finish(require_commit=False)
+    assert staged.base_version == "v0" and staged.delta is not None
+    (t,) = staged.delta.tensors
+    assert (t.wire_offset, t.wire_nbytes, t.slot_offset, t.nbytes) == (0, 8, 0, 64)
+    assert bytes(asm._staging.ensure(0)) == bytes(len(asm._staging.buf)), "slots untouched"
