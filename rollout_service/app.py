@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rollout_client import delta
 from rollout_service.config import ServerConfig
 from rollout_service.engine.sleep import Sleeper
 from rollout_service.engine.startup import EngineInfo, engine_info, warm_up
@@ -84,6 +85,7 @@ async def build_app(
         await asyncio.to_thread(
             updater.base.load_checkpoint, checkpoint, config.initial_weight_version
         )
+    await asyncio.to_thread(delta.warm_up)
     await updater.start()
     # vLLM labels every output with its engine core's weight version
     # (per-token version spans); it starts as "default".

@@ -487,6 +487,7 @@ def test_cpp_trainer_pushes_a_delta(trainer, secure, admin):
         f"{version}-1",
     )
     assert ack["tensors_loaded"] == len(names)
+    assert ack["bytes_received"] == update["encoded_bytes"]  # only the encoded bytes travelled
     now = admin.server_info()
     assert (now.weight_version, now.delta_base_version) == (f"{version}-2", f"{version}-2")
     assert out["after"]["weight_version"] == f"{version}-2"

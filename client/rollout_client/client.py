@@ -177,7 +177,7 @@ class RolloutClient(_Surface[stubs.RolloutStub]):
         (`self.pushed`, a delta_push.PushedWeights: the model's size in host
         memory, or less with its max_bytes) and, when the server's delta
         base is the version it pushed last, sends only what changed
-        (docs/updates.md); otherwise, or when the server refuses the base, a
+        (docs/weight-sync.md#delta-updates); otherwise, or when the server refuses the base, a
         full update."""
         target = core.adapter_target(adapter, adapter_config)
         if delta:

@@ -70,6 +70,13 @@ def kernels() -> ModuleType | None:
     return delta_kernels
 
 
+def warm_up() -> None:
+    """Compiles the loops now (a fraction of a second, then cached on disk),
+    so that the first delta does not pay for it."""
+    words = np.arange(4, dtype=_U16)
+    apply_sparse(words.copy(), encode_sparse(words, words[::-1].copy()))
+
+
 def encode_sparse(base: np.ndarray, new: np.ndarray, compiled: bool = True) -> np.ndarray:
     """SPARSE_XOR16 of `new` against `base` (uint16 word arrays of one
     length), as a uint8 array. `compiled=False`: numpy even with numba."""

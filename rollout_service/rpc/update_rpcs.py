@@ -43,7 +43,7 @@ class UpdateRpcs:
             idle_timeout_seconds=self.sessions.idle_timeout_seconds,
         )
         if request.same_host:
-            reply.shared_staging.path = os.path.join(SHM_DIR, self.sessions.updater.staging.name)
+            reply.shared_staging.path = os.path.join(SHM_DIR, a.region.name)
             reply.shared_staging.tensor_offsets.extend(a.tensor_offsets)
         return reply
 

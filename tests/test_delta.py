@@ -1,0 +1,267 @@
+"""Delta updates against the real engine (UpdateWeightsBegin.base_version):
+twenty simulated RL steps pushed as deltas serve exactly what full pushes of
+the same weights serve, and at the end what a fresh engine started on them
+serves; a delta against another base, or one whose bytes do not reconstruct
+the declared CRC-32C, is refused with the served weights and the base
+untouched, and the client falls back to a full push on its own; a delta
+retried after its call was cancelled is replayed; a failure inside the engine
+mid-delta leaves the server degraded, and a full update then serves what a
+fresh engine does.
+
+The session server takes the deltas; a reference server of its own, started
+on the last step's weights, takes the full pushes."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import crc32c
+import grpc
+import numpy as np
+import pytest
+import torch
+
+from harness.serverproc import ServerProcess
+from harness.weights_util import COMMIT, chunk, tensor_bytes, version, write_checkpoint
+from rollout.v1 import rollout_pb2_grpc
+from rollout_client import RolloutClient, RolloutError, delta, dtypes, pb
+from tests.support.served_weights import served_checkpoint
+
+STEPS = 20
+# Large enough on this tiny model that every step changes a few percent of
+# the bf16 values (the rate an RL step at 1e-6 gives a real model).
+LR = 3e-4
+PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8], [40, 41, 42, 43], list(range(100, 164))]
+
+
+def simulate(start: dict[str, torch.Tensor], steps: int, seed: int) -> list[dict]:
+    """Adam-like steps on an fp32 master copy: the bf16 weights after each."""
+    g = torch.Generator().manual_seed(seed)
+    master = {n: t.float() for n, t in start.items()}
+    out = []
+    for _ in range(steps):
+        for n, t in master.items():
+            if start[n].dtype == torch.bfloat16:
+                t += LR * torch.randn(t.shape, generator=g).sign()
+        out.append({n: t.to(start[n].dtype) for n, t in master.items()})
+    return out
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """This module's own client: its record of what it pushed (`pushed`)
+    stays here."""
+    with RolloutClient(server.target, timeout=120) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def checkpoint(client):
+    return served_checkpoint(client)
+
+
+@pytest.fixture(scope="module")
+def steps(checkpoint):
+    from safetensors.torch import load_file
+
+    start = {}
+    for f in sorted(checkpoint.glob("*.safetensors")):
+        start.update(load_file(f))
+    return simulate(start, STEPS, seed=25)
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint, steps, tmp_path_factory):
+    """A server of its own started on the last step's weights: a fresh engine."""
+    folder = write_checkpoint(checkpoint, steps[-1], tmp_path_factory.mktemp("delta") / "last")
+    proc = ServerProcess("--model", str(folder))
+    try:
+        proc.wait_ready()
+        with RolloutClient(proc.target, timeout=120) as c:
+            yield c
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def stub(server):
+    with grpc.insecure_channel(server.target) as ch:
+        yield rollout_pb2_grpc.RolloutServiceStub(ch)
+
+
+def served(c: RolloutClient) -> list[tuple[tuple[int, ...], tuple[float, ...]]]:
+    """Greedy tokens and their logprobs for every prompt."""
+    out = []
+    for p in PROMPTS:
+        r = c.generate(
+            prompt_token_ids=p, max_tokens=12, temperature=0, ignore_eos=True, logprobs=0
+        )
+        out.append((tuple(r.completions[0].token_ids), tuple(r.completions[0].logprobs)))
+    return out
+
+
+def assert_same(got, want, noise: float = 1e-6):
+    for (tokens, lps), (want_tokens, want_lps) in zip(got, want):
+        assert tokens == want_tokens
+        assert np.max(np.abs(np.subtract(lps, want_lps))) <= noise
+
+
+def full_push(c: RolloutClient, weights: dict) -> str:
+    v = version()
+    c.update_weights(weights, v)
+    return v
+
+
+def test_twenty_delta_steps_serve_what_full_pushes_and_a_fresh_engine_serve(
+    client, reference, steps
+):
+    fresh = served(reference)  # before anything is pushed to it
+    # The engine's own run-to-run noise, measured: the same weights twice.
+    assert_same(served(reference), fresh, noise=0.0)
+    first = client.update_weights(steps[0], version(), delta=True)
+    assert client.pushed is not None and client.pushed.version == first.weight_version
+    wire = []
+    for i, weights in enumerate(steps[1:], start=1):
+        ack = client.update_weights(weights, f"delta-{i}-{version()}", delta=True)
+        info = client.server_info()
+        assert info.delta_base_version == ack.weight_version == client.pushed.version
+        assert ack.timings.decode_seconds > 0, f"step {i} went as a full update"
+        wire.append(ack.bytes_received / info.delta_base_bytes)
+        full_push(reference, weights)
+        assert_same(served(client), served(reference))
+    assert_same(served(client), fresh)
+    assert max(wire) < 0.5, f"wire share per step: {wire}"
+
+
+def test_a_delta_against_another_base_is_refused_untouched_and_the_client_falls_back(
+    client, stub, steps
+):
+    client.update_weights(steps[0], version(), delta=True)
+    info = client.server_info()
+    before = served(client)
+    bad = pb.UpdateWeightsBegin(
+        weight_version=version(),
+        base_version="not-the-base",
+        tensors=[spec_of("model.norm.weight", steps[1], crc=True)],
+    )
+    with pytest.raises(grpc.RpcError) as e:
+        stub.UpdateWeights(iter([pb.UpdateWeightsRequest(begin=bad), COMMIT]), timeout=60)
+    refusal = RolloutError.wrap(e.value)
+    assert refusal.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert refusal.reason == "DELTA_BASE_MISMATCH"
+    assert "'not-the-base' is not this server's delta base" in refusal.details
+    after = client.server_info()
+    assert (after.weight_version, after.delta_base_version) == (
+        info.weight_version,
+        info.delta_base_version,
+    )
+    assert_same(served(client), before, noise=0.0)
+    # The client's record says another version: it pushes in full.
+    assert client.pushed is not None
+    client.pushed.version = "not-the-base"
+    ack = client.update_weights(steps[1], version(), delta=True)
+    assert ack.bytes_received == sum(len(tensor_bytes(t)) for t in steps[1].values())
+    assert ack.timings.decode_seconds == 0
+    assert client.pushed.version == ack.weight_version == client.server_info().delta_base_version
+
+
+def spec_of(name: str, weights: dict, crc: bool = False, **kw) -> pb.TensorSpec:
+    t = weights[name]
+    s = pb.TensorSpec(name=name, dtype=dtypes.from_torch(t.dtype), shape=list(t.shape), **kw)
+    if crc:
+        s.crc32c = crc32c.crc32c(tensor_bytes(t))
+    return s
+
+
+def delta_stream(base_version: str, v: str, name: str, old: dict, new: dict, crc_delta: int = 0):
+    """A one-tensor SPARSE_XOR16 delta stream of `name` from `old` to `new`."""
+    words = {k: np.frombuffer(tensor_bytes(w[name]), "<u2") for k, w in (("o", old), ("n", new))}
+    data = delta.encode_sparse(words["o"], words["n"]).tobytes()
+    s = spec_of(name, new, crc=True, encoding=delta.SPARSE, encoded_bytes=len(data))
+    s.crc32c = (s.crc32c + crc_delta) & 0xFFFFFFFF
+    begin = pb.UpdateWeightsBegin(weight_version=v, base_version=base_version, tensors=[s])
+    yield pb.UpdateWeightsRequest(begin=begin)
+    for off in range(0, len(data), 1 << 14):
+        yield chunk(0, off, data[off : off + (1 << 14)])
+    yield COMMIT
+
+
+def test_a_delta_that_reconstructs_the_wrong_crc_is_refused_and_the_base_is_intact(
+    client, stub, steps
+):
+    client.update_weights(steps[0], version(), delta=True)
+    base = client.server_info().delta_base_version
+    before = served(client)
+    name = "lm_head.weight"
+    with pytest.raises(grpc.RpcError) as e:
+        stub.UpdateWeights(delta_stream(base, version(), name, steps[0], steps[1], 1), timeout=60)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "begin.tensors[0].crc32c" in e.value.details()
+    assert "the base is untouched" in e.value.details()
+    assert client.server_info().delta_base_version == base
+    assert_same(served(client), before, noise=0.0)
+    # The same delta, declared right, applies on the intact base.
+    ack = stub.UpdateWeights(delta_stream(base, version(), name, steps[0], steps[1]), timeout=60)
+    assert ack.timings.decode_seconds > 0
+    client.pushed = None  # the record no longer matches what is served
+
+
+def test_a_delta_cancelled_after_commit_and_retried_is_replayed(client, stub, steps, fault_file):
+    client.update_weights(steps[0], version(), delta=True)
+    base = client.server_info().delta_base_version
+    v = version()
+    name = "lm_head.weight"
+    fault_file.write_text("stall")
+    try:
+        first = stub.UpdateWeights.future(
+            delta_stream(base, v, name, steps[0], steps[1]), timeout=120
+        )
+        deadline = time.monotonic() + 60
+        while fault_file.read_text() != "stalled":
+            assert time.monotonic() < deadline, "the apply never reached the engine"
+            time.sleep(0.02)
+        first.cancel()
+        with ThreadPoolExecutor(1) as pool:
+            retry = pool.submit(
+                stub.UpdateWeights, delta_stream(base, v, name, steps[0], steps[1]), timeout=120
+            )
+            fault_file.unlink()
+            ack = retry.result(60)
+    finally:
+        fault_file.unlink(missing_ok=True)
+    assert ack.replayed and ack.weight_version == v and ack.previous_weight_version == base
+    # Once more, after the apply: still the same acknowledgement.
+    again = stub.UpdateWeights(delta_stream(base, v, name, steps[0], steps[1]), timeout=60)
+    assert again.replayed and client.server_info().delta_base_version == v
+    client.pushed = None
+
+
+def test_a_failure_inside_the_engine_mid_delta_then_a_full_update_serves_a_fresh_engine(
+    client, reference, steps, fault_file
+):
+    client.update_weights(steps[0], version(), delta=True)
+    fault_file.write_text("1")  # fails after one tensor is loaded
+    try:
+        with pytest.raises(RolloutError) as e:
+            client.update_weights(steps[1], version(), delta=True)
+    finally:
+        fault_file.unlink(missing_ok=True)
+    assert e.value.code == grpc.StatusCode.INTERNAL and e.value.reason == "ENGINE_FAILURE"
+    info = client.server_info()
+    assert info.degraded and info.delta_base_version == ""
+    # The client's next delta is refused (no base) and goes in full.
+    ack = client.update_weights(steps[-1], version(), delta=True)
+    assert ack.timings.decode_seconds == 0 and not client.server_info().degraded
+    full_push(reference, steps[-1])
+    assert_same(served(client), served(reference))
+
+
+@pytest.mark.parametrize("how", [{"streams": 2}, {"same_host": True}])
+def test_staged_and_same_host_deltas_serve_what_a_full_push_serves(client, reference, steps, how):
+    client.update_weights(steps[2], version(), delta=True, **how)
+    ack = client.update_weights(steps[3], version(), delta=True, **how)
+    assert ack.timings.decode_seconds > 0
+    assert client.server_info().delta_base_version == ack.weight_version
+    full_push(reference, steps[3])
+    assert_same(served(client), served(reference))
