@@ -1,0 +1,190 @@
+"""Delta updates against full pushes of the same weights, in one run.
+
+Simulated RL steps: an fp32 master copy of a bf16 model's weights, Adam
+(torch.optim.Adam, random gradients ~N(0, 1e-3)) at each learning rate, the
+bf16 weights pushed after every step, twice: as a delta (`update_weights(...,
+delta=True)`, the delta client's record of what it pushed) and as a full
+update of the same bytes (another client), both to the real server started
+on the model, over the chosen transports. After the full push the delta
+client's record names the full push's version: the bytes are the same, so
+the next delta goes against it.
+
+Per learning rate and transport it prints medians over the steps after the
+first: the wire bytes as a share of the model, the client's encode time and
+GB/s of model per core, the server's receive / decode / apply / reset
+seconds (UpdateTimings), the delta's receive+decode against the full push's
+receive (the phases besides the engine's apply and reset), end to end
+against the full push, the server's and client's peak RSS, and the server's
+CPU seconds per GB of model received. Run it with nothing else running:
+
+    .venv/bin/python -m benchmarks.delta_sync [--model mid|2g] [--steps 4]
+        [--lrs 1e-6,3e-6,1e-5] [--transports one,four,host]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import time
+from pathlib import Path
+
+import psutil
+import torch
+
+from benchmarks.bigmodel import BIG_2G_DIR, BIG_DIR, build_2g_model, build_big_model
+from harness.serverproc import ServerProcess
+from rollout_client import RolloutClient
+from rollout_client.delta_push import PushedWeights
+
+TRANSPORTS = {"one": {}, "four": {"streams": 4}, "host": {"same_host": True}}
+
+
+def load(model_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        out.update(load_file(f))
+    return out
+
+
+class Trainer:
+    """fp32 master weights under Adam; `step()` returns the bf16 to push."""
+
+    def __init__(self, start: dict[str, torch.Tensor], lr: float, seed: int) -> None:
+        self.names = list(start)
+        self.dtypes = {n: t.dtype for n, t in start.items()}
+        self.params = [torch.nn.Parameter(start[n].float()) for n in self.names]
+        self.opt = torch.optim.Adam(self.params, lr=lr)
+        self.g = torch.Generator().manual_seed(seed)
+
+    def step(self) -> dict[str, torch.Tensor]:
+        for p in self.params:
+            p.grad = torch.randn(p.shape, generator=self.g) * 1e-3
+        self.opt.step()
+        with torch.no_grad():
+            return {n: p.to(self.dtypes[n]) for n, p in zip(self.names, self.params)}
+
+
+class Timed(PushedWeights):
+    """PushedWeights that times its encoding (the client's share)."""
+
+    encode_s = 0.0
+
+    def delta(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        t = time.perf_counter()
+        try:
+            return super().delta(*args, **kwargs)
+        finally:
+            self.encode_s = time.perf_counter() - t
+
+
+def run(target: str, pid: int, start, lr: float, steps: int, how: dict, label: str) -> dict:
+    model_bytes = sum(t.numel() * t.element_size() for t in start.values())
+    trainer = Trainer(start, lr, seed=int(lr * 1e9))
+    rows: dict[str, list[float]] = {}
+
+    def add(k: str, v: float) -> None:
+        rows.setdefault(k, []).append(v)
+
+    cpu = psutil.Process(pid)
+    with RolloutClient(target, timeout=1800) as dc, RolloutClient(target, timeout=1800) as fc:
+        dc.pushed = Timed()
+        tag = f"{label}-{lr:g}-{os.getpid()}"
+        fc.update_weights(start, f"{tag}-f0", **how)
+        dc.update_weights(start, f"{tag}-d0", delta=True, **how)  # a full push, recorded
+        for i in range(1, steps + 1):
+            weights = trainer.step()
+            c0 = cpu.cpu_times()
+            t = time.perf_counter()
+            d = dc.update_weights(weights, f"{tag}-d{i}", delta=True, **how)
+            d_e2e = time.perf_counter() - t
+            c1 = cpu.cpu_times()
+            t = time.perf_counter()
+            f = fc.update_weights(weights, f"{tag}-f{i}", **how)
+            f_e2e = time.perf_counter() - t
+            # The same bytes are served: the delta client's record stands for them.
+            dc.pushed.version = f.weight_version
+            assert d.timings.decode_seconds > 0, f"step {i} went full"
+            if i == 1:
+                continue  # Adam's first step moves every value by lr: reported apart
+            add("wire", d.bytes_received / model_bytes)
+            add("encode_s", dc.pushed.encode_s)
+            add("encode_gbs", model_bytes / dc.pushed.encode_s / 1e9)
+            add("d_receive", d.timings.receive_seconds)
+            add("d_decode", d.timings.decode_seconds)
+            add("decode_gbs", model_bytes / d.timings.decode_seconds / 1e9)
+            add("d_apply", d.timings.apply_seconds)
+            add("d_reset", d.timings.reset_seconds)
+            add("f_receive", f.timings.receive_seconds)
+            add("f_apply", f.timings.apply_seconds)
+            add(
+                "ratio_rdv",
+                (d.timings.receive_seconds + d.timings.decode_seconds) / f.timings.receive_seconds,
+            )
+            add("d_e2e", d_e2e)
+            add("f_e2e", f_e2e)
+            add("ratio_e2e", d_e2e / f_e2e)
+            srv = (c1.user + c1.system) - (c0.user + c0.system)
+            add("srv_cpu_per_gb", srv / (model_bytes / 1e9))
+    out = {k: statistics.median(v) for k, v in rows.items()}
+    out["server_rss_gb"] = peak_rss(pid) / 1e9
+    out["client_peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+    return out
+
+
+def peak_rss(pid: int) -> int:
+    """The process's peak resident set (VmHWM), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", choices=["mid", "2g"], default="mid")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--lrs", default="1e-6,3e-6,1e-5")
+    ap.add_argument("--transports", default="one,four,host")
+    ap.add_argument("--cache", default=os.path.expanduser("~/.cache/rollout-service/bench"))
+    args = ap.parse_args()
+    cache = Path(args.cache)
+    model = (
+        build_big_model(cache / BIG_DIR)
+        if args.model == "mid"
+        else build_2g_model(cache / BIG_2G_DIR)
+    )
+    start = load(model)
+    nbytes = sum(t.numel() * t.element_size() for t in start.values())
+    print(f"model {model.name}: {nbytes / 1e9:.2f} GB; steps 2..{args.steps} (step 1 apart)")
+    server = ServerProcess("--model", str(model), "--max-model-len", "512")
+    try:
+        server.wait_ready(timeout=900)
+        pid = server.proc.pid
+        header = (
+            "lr      transport  wire%   enc s  enc GB/s  recv s  dec s  dec GB/s  apply s  "
+            "reset s | full recv s  (recv+dec)/full recv | e2e s  full e2e s  ratio | "
+            "srv CPU s/GB  srv RSS GB  cli RSS GB"
+        )
+        print(header)
+        for lr in [float(x) for x in args.lrs.split(",")]:
+            for name in args.transports.split(","):
+                r = run(server.target, pid, start, lr, args.steps, TRANSPORTS[name], name)
+                print(
+                    f"{lr:<7g} {name:<9}  {100 * r['wire']:5.2f}  {r['encode_s']:6.3f}  "
+                    f"{r['encode_gbs']:8.2f}  {r['d_receive']:6.3f}  {r['d_decode']:5.3f}  "
+                    f"{r['decode_gbs']:8.2f}  {r['d_apply']:7.3f}  {r['d_reset']:7.3f} | "
+                    f"{r['f_receive']:11.3f}  {r['ratio_rdv']:20.3f} | {r['d_e2e']:5.2f}  "
+                    f"{r['f_e2e']:10.2f}  {r['ratio_e2e']:5.2f} | {r['srv_cpu_per_gb']:12.2f}  "
+                    f"{r['server_rss_gb']:10.2f}  {r['client_peak_rss_gb']:10.2f}",
+                    flush=True,
+                )
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
