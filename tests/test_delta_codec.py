@@ -195,3 +195,36 @@ def test_a_delta_arrives_packed_in_the_incoming_region_never_in_the_slots():
     (t,) = staged.delta.tensors
     assert (t.wire_offset, t.wire_nbytes, t.slot_offset, t.nbytes) == (0, 8, 0, 64)
     assert bytes(asm._staging.ensure(0)) == bytes(len(asm._staging.buf)), "slots untouched"
+
+
+# ------------------------------------------------------------ the client's record
+
+
+def test_the_clients_record_is_bounded_and_what_does_not_fit_goes_raw():
+    from rollout_client import push
+    from rollout_client.delta_push import PushedWeights
+
+    rng = np.random.default_rng(3)
+    old = {n: rng.integers(0, 1 << 16, 4096, dtype=np.uint16) for n in ("a", "b", "c")}
+    manifest = [pb.TensorSpec(name=n, dtype=pb.D_TYPE_INT16, shape=[4096]) for n in old]
+    pushed = PushedWeights(max_bytes=2 * 8192)  # room for two of the three
+    u = push.prepare({n: w.view(np.int16) for n, w in old.items()}, "v1", manifest)
+    pushed.record_full(u.tensors, pb.UpdateWeightsResponse(weight_version="v1"))
+    assert pushed.version == "v1" and pushed.nbytes == 2 * 8192
+    new = {n: w.copy() for n, w in old.items()}
+    for w in new.values():
+        w[::100] ^= 1  # about 1% of the words
+    new["b"] = old["b"].copy()  # unchanged: not sent
+    d = pushed.delta(push.prepare({n: w.view(np.int16) for n, w in new.items()}, "v2", manifest))
+    sent = {s.name: s for s in d.update.begin.tensors}
+    assert d.update.begin.base_version == "v1" and set(sent) == {"a", "c"}
+    assert sent["a"].encoding in delta.ENCODED and delta.is_raw(sent["c"].encoding)
+    assert all(s.HasField("crc32c") for s in sent.values())
+    assert d.wire_bytes < 8192 + 0.1 * 8192
+    # Nothing is recorded until the delta is acknowledged; then the record is the new bytes.
+    assert pushed.version == "v1"
+    pushed.record_delta(d, "v2")
+    again = pushed.delta(
+        push.prepare({n: w.view(np.int16) for n, w in new.items()}, "v3", manifest)
+    )
+    assert [s.name for s in again.update.begin.tensors] == ["c"], "a matches its record now"
