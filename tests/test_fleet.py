@@ -169,6 +169,28 @@ def test_after_a_fleet_update_every_replica_equals_a_fresh_engine(
             assert greedy(c)[1:] == fresh_output, target
 
 
+def test_one_delta_reaches_both_replicas_on_the_same_base(fleet, info, server, replica2):
+    weights = random_weights(info.parameters, seed=3020)
+    first = fleet.update_weights(weights, version(), delta=True)  # no record yet: in full
+    assert all(a.timings.decode_seconds == 0 for a in first.acks.values())
+    nudged = {n: t.clone() for n, t in weights.items()}
+    nudged["lm_head.weight"][:4] += 0.25  # a few rows change
+    v = version()
+    ack = fleet.update_weights(nudged, v, delta=True)
+    assert set(ack.acks) == {server.target, replica2.target} and not ack.dropped
+    full = first.acks[server.target].bytes_received
+    for a in ack.acks.values():
+        assert a.weight_version == v and a.timings.decode_seconds > 0
+        assert a.bytes_received < full / 50, "only the changed words travelled"
+    with RolloutClient(server.target) as a, RolloutClient(replica2.target) as b:
+        out_a, out_b = greedy(a), greedy(b)
+        assert a.server_info().delta_base_version == b.server_info().delta_base_version == v
+    # The same weights pushed in full to one replica serve the same.
+    with RolloutClient(replica2.target) as c:
+        c.update_weights(nudged, version())
+        assert greedy(c)[1:] == out_a[1:] == out_b[1:]
+
+
 def test_the_asyncio_fleet(server, replica2, info):
     import asyncio
 

@@ -142,7 +142,7 @@ def _train(target: str, model_path: Path, steps: int, temperature: float, out: P
             return ack
 
     with Probing(target, timeout=120) as client:
-        rollout = ServiceRollout(client)
+        rollout = ServiceRollout(client, delta=True)
         trainer = Observed(
             model=model,
             reward_funcs=reward,
@@ -227,6 +227,16 @@ def test_each_step_rolls_out_on_the_version_pushed_after_the_previous_step(run):
     # Pinned: once the server serves other weights, a rollout is refused.
     assert run.refused == "WRONG_WEIGHT_VERSION"
     assert run.changed > 0  # the optimizer moved the policy: the pushes carried new weights
+
+
+def test_every_push_after_the_first_went_as_a_delta(run):
+    r = run.rollout
+    assert r.acks[0].timings.decode_seconds == 0  # nothing pushed before: in full
+    # Each later push named the one before as its base (at this test's
+    # learning rate most tensors change past the encodings' gain and go raw
+    # inside the delta; the equality of logprobs below holds all the same).
+    for ack in r.acks[1:]:
+        assert ack.timings.decode_seconds > 0, ack.weight_version
 
 
 def test_the_trainers_logprobs_match_the_services(run, request):

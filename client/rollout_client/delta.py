@@ -73,8 +73,11 @@ def kernels() -> ModuleType | None:
 def warm_up() -> None:
     """Compiles the loops now (a fraction of a second, then cached on disk),
     so that the first delta does not pay for it."""
-    words = np.arange(4, dtype=_U16)
-    apply_sparse(words.copy(), encode_sparse(words, words[::-1].copy()))
+    w = np.arange(4, dtype=_U16)
+    target = w.copy()
+    payload, _ = encode_sparse_crc(w, w[::-1].copy())
+    apply_sparse(target, payload)
+    apply_sparse_crc(target, payload)
 
 
 def encode_sparse(base: np.ndarray, new: np.ndarray, compiled: bool = True) -> np.ndarray:
@@ -111,6 +114,57 @@ def _payload(values: np.ndarray, gaps: np.ndarray) -> np.ndarray:
     out[4 : 4 + 2 * k].view(_U16)[:] = values
     out[4 + 2 * k :].view(_U16)[:] = gaps
     return out
+
+
+# Fused passes (encode or apply, then CRC-32C) go block by block, so that
+# the CRC reads what the loop just touched from the cache, not from memory.
+_FUSED_BLOCK = 1 << 18
+
+
+def encode_sparse_crc(base: np.ndarray, new_bytes: Any) -> tuple[np.ndarray, int]:
+    """encode_sparse of the tensor `new_bytes` against `base`, and the
+    CRC-32C of `new_bytes`, in one pass over memory where numba is
+    installed."""
+    import crc32c
+
+    new = words(new_bytes)
+    jit = kernels()
+    if jit is None:
+        return encode_sparse(base, new), crc32c.crc32c(new_bytes)
+    view = memoryview(new_bytes).cast("B")
+    room = base.size + base.size // MAX_GAP + 1
+    values, gaps = np.empty(room, dtype=_U16), np.empty(room, dtype=_U16)
+    k, prev, crc = 0, -1, 0
+    step = _FUSED_BLOCK // 2
+    for start in range(0, base.size, step):
+        end = min(start + step, base.size)
+        k, prev = jit.encode_block(base, new, start, end, values, gaps, k, prev)
+        crc = crc32c.crc32c(view[2 * start : 2 * end], crc)
+    return _payload(values[:k], gaps[:k]), crc
+
+
+def apply_sparse_crc(target_bytes: Any, payload: Any) -> int:
+    """apply_sparse of checked bytes into the tensor `target_bytes` (a
+    writable buffer), then the CRC-32C of the result, in one pass over
+    memory where numba is installed."""
+    import crc32c
+
+    target = words(target_bytes)
+    jit = kernels()
+    if jit is None:
+        apply_sparse(target, payload)
+        return int(crc32c.crc32c(target_bytes))
+    view = memoryview(target_bytes).cast("B")
+    k = int.from_bytes(bytes(payload[:4]), "little")
+    values = np.frombuffer(payload, dtype=_U16, count=k, offset=4)
+    gaps = np.frombuffer(payload, dtype=_U16, count=k, offset=4 + 2 * k)
+    i, pos, crc = 0, -1, 0
+    step = _FUSED_BLOCK // 2
+    for start in range(0, target.size, step):
+        end = min(start + step, target.size)
+        i, pos = jit.apply_block(target, values, gaps, i, pos, end)
+        crc = crc32c.crc32c(view[2 * start : 2 * end], crc)
+    return int(crc)
 
 
 def zstd_compress(payload: Any, level: int = 1) -> bytes:

@@ -104,11 +104,11 @@ class PushedWeights:
             new = t.read(0, t.nbytes)
             out = pb.TensorSpec()
             out.CopyFrom(spec)
-            out.crc32c = crc32c(new)
             old = self._words.get(t.name)
             if old is None or t.nbytes % 2 or old.nbytes != t.nbytes:
+                out.crc32c = crc32c(new)
                 return _Tensor(t, out, new, new)
-            sparse = delta.encode_sparse(old, delta.words(new))
+            sparse, out.crc32c = delta.encode_sparse_crc(old, new)
             out.encoding = delta.SPARSE
             if sparse.size == 4:  # no entry: unchanged
                 out.encoded_bytes = 4

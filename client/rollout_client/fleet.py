@@ -37,7 +37,7 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -46,6 +46,9 @@ from rollout_client import fleet_health, fleet_staging, push
 from rollout_client.client import RolloutClient, RolloutError
 from rollout_client.fleet_health import Keeper, Ledger, Replica
 from rollout_client.fleet_staging import FleetUpdateError  # noqa: F401  (re-exported)
+
+if TYPE_CHECKING:  # numpy: imported by delta pushes only
+    from rollout_client.delta_push import DeltaUpdate, PushedWeights
 
 log = logging.getLogger("rollout_client.fleet")
 
@@ -107,6 +110,8 @@ class Fleet:
         ]
         self.version: str | None = None
         self.ledger = Ledger(initial_version)
+        # What update_weights(delta=True) pushed last (see RolloutClient.pushed).
+        self.pushed: PushedWeights | None = None
         self._changed = threading.Condition(threading.Lock())  # replica states
         self._updating = threading.RLock()  # one update or heal at a time
         self._picks = 0
@@ -266,11 +271,16 @@ class Fleet:
         drain_timeout_seconds: float | None = None,
         timeout: float = 600.0,
         before_commit: Callable[[], None] | None = None,
+        delta: bool = False,
     ) -> FleetAck:
         """One update for every live replica, committed only once all of them
         hold it (see the module docstring). A partial update (not every
         parameter) leaves out the replicas that lag. `before_commit()` runs
-        between staging and the commit (tests use it to kill a replica)."""
+        between staging and the commit (tests use it to kill a replica).
+
+        With `delta`, as RolloutClient.update_weights(delta=True): one delta
+        goes to every replica when each offers the version this fleet pushed
+        last as its delta base, else a full update goes to all."""
         with self._updating:
             if self.version is None:
                 self.refresh()
@@ -298,16 +308,43 @@ class Fleet:
                     f"a partial update needs a replica on {self.version!r}; all lag: {lagging}",
                 )
             prints: list[int] | None = None if unreplayable else []
+            d = self._delta(u, targets, timeout) if delta else None
             opened = fleet_staging.stage(
-                u,
+                u if d is None else d.update,
                 targets,
                 timeout,
                 before_commit=before_commit,
                 on_unavailable=self._drop,
-                fingerprints=prints,
+                fingerprints=prints if d is None else None,
             )
             acks, dropped = fleet_staging.commit_all(targets, opened, timeout)
+            if d is not None and prints is not None:
+                prints.extend(t.spec.crc32c for t in d.tensors)  # each whole tensor's
+            if delta and acks:
+                self._record(u, d, next(iter(acks.values())))
             return self._committed(u, targets, acks, dropped, lagging, full, prints, unreplayable)
+
+    def _delta(self, u: push.Update, targets: list[Replica], timeout: float) -> DeltaUpdate | None:
+        """`u` as a delta, when every target's delta base is what this fleet
+        pushed last; None (a full update) otherwise."""
+        from rollout_client.delta_push import PushedWeights
+
+        if self.pushed is None:
+            self.pushed = PushedWeights()
+        base = self.pushed.version
+        if not base:
+            return None
+        for r in targets:
+            if r.client.server_info(timeout).delta_base_version != base:
+                return None
+        return self.pushed.delta(u)
+
+    def _record(self, u: push.Update, d: DeltaUpdate | None, ack: pb.UpdateWeightsResponse) -> None:
+        assert self.pushed is not None
+        if d is not None:
+            self.pushed.record_delta(d, ack.weight_version)
+        else:
+            self.pushed.record_full(u.tensors, ack)
 
     def _committed(
         self,

@@ -97,7 +97,10 @@ class ServiceRollout:
     gradients) for `history` and the logged metrics; `generate_kwargs` adds
     or overrides SamplingParams fields (GRPOConfig.generation_kwargs are
     passed too); `update_kwargs` go to `update_weights` (`streams=4`,
-    `same_host=True`, ...); `max_workers` Generate calls run at once."""
+    `same_host=True`, ...); `delta` pushes each step after the first as a
+    delta against the one before (update_weights(delta=True): the client
+    then keeps a copy of the pushed weights); `max_workers` Generate calls
+    run at once."""
 
     def __init__(
         self,
@@ -107,6 +110,7 @@ class ServiceRollout:
         measure_mismatch: bool = True,
         generate_kwargs: Mapping[str, Any] | None = None,
         update_kwargs: Mapping[str, Any] | None = None,
+        delta: bool = False,
         max_workers: int = 8,
     ) -> None:
         _require("torch")
@@ -116,6 +120,8 @@ class ServiceRollout:
         self.measure_mismatch = measure_mismatch
         self.generate_kwargs = dict(generate_kwargs or {})
         self.update_kwargs = dict(update_kwargs or {})
+        if delta:
+            self.update_kwargs["delta"] = True
         self.max_workers = max_workers
         self.version = ""  # the version pushed last ("" before the first push)
         self.acks: list[pb.UpdateWeightsResponse] = []  # every push of this process, in order

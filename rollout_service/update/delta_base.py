@@ -25,8 +25,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-import crc32c
-
 from rollout.v1 import rollout_pb2 as pb
 from rollout_client import delta, dtypes
 from rollout_service.errors import InvalidArgument
@@ -152,8 +150,7 @@ class DeltaBase:
                     slot[:] = wire[t.wire_offset : t.wire_offset + t.wire_nbytes]
                     continue
                 plan._applied[t.index] = decoded[t.index]
-                delta.apply_sparse(delta.words(slot), decoded[t.index])
-                got = crc32c.crc32c(slot)
+                got = delta.apply_sparse_crc(slot, decoded[t.index])
                 if got != t.crc32c:
                     raise InvalidArgument(
                         f"begin.tensors[{t.index}].crc32c",
