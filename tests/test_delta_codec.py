@@ -6,6 +6,7 @@ word is written."""
 
 from __future__ import annotations
 
+import crc32c
 import numpy as np
 import pytest
 import zstandard
@@ -56,6 +57,17 @@ def test_encode_then_apply_gives_the_new_words_and_applying_again_undoes(pair):
         assert np.array_equal(words, new)
         delta.apply_sparse(words, data, compiled=compiled)
         assert np.array_equal(words, base)
+
+
+@settings(max_examples=15, deadline=None)
+@given(base_and_new())
+def test_the_fused_apply_gives_the_same_bytes_and_their_crc(pair):
+    base, new = pair
+    data = delta.encode_sparse(base, new, compiled=False)
+    crc = crc32c.crc32c(new.tobytes())
+    target = bytearray(base.tobytes())
+    assert delta.apply_sparse_crc(target, data.tobytes()) == crc
+    assert bytes(target) == new.tobytes()
 
 
 def test_distances_over_65535_words_are_bridged_by_zero_entries():

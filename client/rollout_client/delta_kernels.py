@@ -47,35 +47,6 @@ def apply(target: np.ndarray, values: np.ndarray, gaps: np.ndarray) -> None:
 
 
 @numba.njit(nogil=True, cache=True)
-def encode_block(
-    base: np.ndarray,
-    new: np.ndarray,
-    start: int,
-    end: int,
-    values: np.ndarray,
-    gaps: np.ndarray,
-    k: int,
-    prev: int,
-) -> tuple[int, int]:
-    """`encode` over words [start, end), continuing from `k` entries whose
-    last names word `prev`; returns the new (k, prev)."""
-    for j in range(start, end):
-        x = base[j] ^ new[j]
-        if x:
-            d = j - prev
-            while d > MAX_GAP:
-                values[k] = 0
-                gaps[k] = MAX_GAP
-                k += 1
-                d -= MAX_GAP
-            values[k] = x
-            gaps[k] = d
-            k += 1
-            prev = j
-    return k, prev
-
-
-@numba.njit(nogil=True, cache=True)
 def apply_block(
     target: np.ndarray, values: np.ndarray, gaps: np.ndarray, i: int, pos: int, end: int
 ) -> tuple[int, int]:

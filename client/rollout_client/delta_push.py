@@ -108,7 +108,8 @@ class PushedWeights:
             if old is None or t.nbytes % 2 or old.nbytes != t.nbytes:
                 out.crc32c = crc32c(new)
                 return _Tensor(t, out, new, new)
-            sparse, out.crc32c = delta.encode_sparse_crc(old, new)
+            out.crc32c = crc32c(new)
+            sparse = delta.encode_sparse(old, delta.words(new))
             out.encoding = delta.SPARSE
             if sparse.size == 4:  # no entry: unchanged
                 out.encoded_bytes = 4
