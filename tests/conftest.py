@@ -20,7 +20,6 @@ import logging
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ from harness.certs import make_certs, python_tls, server_tls_args
 from harness.serverproc import ServerProcess
 from rollout_client import RolloutClient
 from rollout_service.worker.weights_backend import FAULT_FILE_ENV
-from tests.support import early, lora
+from tests.support import lora
 from tests.support.fp32_model import build_fp32_tiny_qwen2
 from tests.support.node import Packed, pack_and_install
 from tests.support.served_weights import (
@@ -84,6 +83,12 @@ def _start_lora():
     return ServerProcess(*lora.SERVER_FLAGS), None
 
 
+def _start_delta_reference():
+    from tests.support.delta_steps import last_step_checkpoint
+
+    return ServerProcess("--model", str(last_step_checkpoint(_TMP / "delta-last-step"))), None
+
+
 # Each shared server's fixture and how it starts: (the process, what else
 # its fixture needs). All that the collected
 # tests use start at once, as soon as they are collected (pytest_collection_finish):
@@ -94,6 +99,7 @@ _STARTERS = {
     "shared_secure": _start_secure,
     "fp32_server": _start_fp32,
     "_lora_server": _start_lora,
+    "delta_reference": _start_delta_reference,
 }
 _early: dict = {}
 
@@ -109,47 +115,11 @@ def pytest_collection_finish(session):
         used.update(getattr(item, "fixturenames", ()))
     for fixture in _STARTERS.keys() & used:
         _early[fixture] = _STARTERS[fixture]()
-    # The servers test modules start for themselves (tests/support/early.py):
-    # begun in the order the modules run, a few ahead of the running one.
-    providers = {}
-    if "server" in _early:
-        providers = _session_facts(_early["server"][0])
-    modules = dict.fromkeys(
-        m.__name__ for item in session.items if (m := getattr(item, "module", None))
-    )
-    early.schedule(list(modules), providers)
-
-
-def _session_facts(proc: ServerProcess) -> dict:
-    """What an early start may need of the session server (its parameters,
-    its parameter groups), asked once it is ready, from the start's thread."""
-    lock = threading.Lock()
-    info: list = []
-
-    def fact(name: str):
-        def get() -> list:
-            with lock:
-                if not info:
-                    proc.wait_ready()
-                    with RolloutClient(proc.target, timeout=120) as c:
-                        info.append(c.server_info())
-            return list(getattr(info[0], name))
-
-        return get
-
-    return {name: fact(name) for name in ("parameters", "parameter_groups")}
-
-
-def pytest_runtest_setup(item):
-    # Between tests, no test's patches in os.environ: early starts prepared
-    # in their threads launch their servers here (tests/support/early.py).
-    early.launch_prepared()
 
 
 def pytest_sessionfinish(session):
     for proc, _ in _early.values():  # never used (a run stopped early)
         proc.stop(wait=False)
-    early.abandon_all()
 
 
 @dataclass
@@ -200,6 +170,15 @@ def server(fault_file):
     and must leave it as `_left_clean` checks."""
     proc, _ = _started("server")
     with _serving("session server", proc, fault_file=fault_file):
+        yield proc
+
+
+@pytest.fixture(scope="session")
+def delta_reference():
+    """A fresh engine on the last step of tests/support/delta_steps.py's
+    simulated training (tests/test_delta.py)."""
+    proc, _ = _started("delta_reference")
+    with _serving("delta reference server", proc):
         yield proc
 
 

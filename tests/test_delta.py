@@ -8,8 +8,8 @@ retried after its call was cancelled is replayed; a failure inside the engine
 mid-delta leaves the server degraded, and a full update then serves what a
 fresh engine does.
 
-The session server takes the deltas; a reference server of its own, started
-on the last step's weights, takes the full pushes."""
+The session server takes the deltas; a reference server started on the last
+step's weights (tests/conftest.py) takes the full pushes."""
 
 from __future__ import annotations
 
@@ -20,32 +20,13 @@ import crc32c
 import grpc
 import numpy as np
 import pytest
-import torch
 
-from harness.serverproc import ServerProcess
-from harness.weights_util import COMMIT, chunk, tensor_bytes, version, write_checkpoint
+from harness.weights_util import COMMIT, chunk, tensor_bytes, version
 from rollout.v1 import rollout_pb2_grpc
 from rollout_client import RolloutClient, RolloutError, delta, dtypes, pb
-from tests.support.served_weights import served_checkpoint
+from tests.support.delta_steps import initial, simulate
 
-STEPS = 20
-# Large enough on this tiny model that every step changes a few percent of
-# the bf16 values (the rate an RL step at 1e-6 gives a real model).
-LR = 3e-4
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8], [40, 41, 42, 43], list(range(100, 164))]
-
-
-def simulate(start: dict[str, torch.Tensor], steps: int, seed: int) -> list[dict]:
-    """Adam-like steps on an fp32 master copy: the bf16 weights after each."""
-    g = torch.Generator().manual_seed(seed)
-    master = {n: t.float() for n, t in start.items()}
-    out = []
-    for _ in range(steps):
-        for n, t in master.items():
-            if start[n].dtype == torch.bfloat16:
-                t += LR * torch.randn(t.shape, generator=g).sign()
-        out.append({n: t.to(start[n].dtype) for n, t in master.items()})
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -57,31 +38,15 @@ def client(server):
 
 
 @pytest.fixture(scope="module")
-def checkpoint(client):
-    return served_checkpoint(client)
+def steps():
+    return simulate(initial())
 
 
 @pytest.fixture(scope="module")
-def steps(checkpoint):
-    from safetensors.torch import load_file
-
-    start = {}
-    for f in sorted(checkpoint.glob("*.safetensors")):
-        start.update(load_file(f))
-    return simulate(start, STEPS, seed=25)
-
-
-@pytest.fixture(scope="module")
-def reference(checkpoint, steps, tmp_path_factory):
-    """A server of its own started on the last step's weights: a fresh engine."""
-    folder = write_checkpoint(checkpoint, steps[-1], tmp_path_factory.mktemp("delta") / "last")
-    proc = ServerProcess("--model", str(folder))
-    try:
-        proc.wait_ready()
-        with RolloutClient(proc.target, timeout=120) as c:
-            yield c
-    finally:
-        proc.stop()
+def reference(delta_reference):
+    """A fresh engine started on the last step's weights (tests/conftest.py)."""
+    with RolloutClient(delta_reference.target, timeout=120) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ from harness.serverproc import ServerProcess
 from harness.weights_util import random_weights, version
 from rollout_client import RolloutClient, RolloutError
 from rollout_client.fleet import Fleet, FleetUpdateError, resolve
-from tests.support.early import early
 
 PROMPT = list(range(7, 60))
 
@@ -26,8 +25,8 @@ class Restartable:
     """replica2's server; `restart()` starts it again at the same address
     on its initial weights, as Kubernetes restarts a pod after an OOM kill."""
 
-    def __init__(self, server: ServerProcess) -> None:
-        self.server = server
+    def __init__(self) -> None:
+        self.server = ServerProcess()
         self._wait_ready()
 
     def _wait_ready(self) -> None:
@@ -55,15 +54,9 @@ class Restartable:
         self._wait_ready()
 
 
-@early(stop=lambda server: server.stop(wait=False))
-def _start_replica2():
-    """Begun before this module runs (tests/support/early.py)."""
-    return ServerProcess()
-
-
 @pytest.fixture(scope="module")
 def replica2():
-    r = Restartable(_start_replica2.take())
+    r = Restartable()
     try:
         yield r
     finally:

@@ -3,7 +3,6 @@ configured with all of them."""
 
 from __future__ import annotations
 
-import tempfile
 import urllib.request
 from pathlib import Path
 
@@ -15,21 +14,13 @@ from harness.certs import make_certs, python_tls, server_tls_args
 from harness.serverproc import ServerProcess, free_port
 from harness.weights_util import random_weights, version
 from rollout_client import RolloutClient, RolloutError
-from tests.support.early import early, early_tmp
 
 STALE = Path("/dev/shm/rollout-staging-999999999-1")  # no such pid
 
 
-def _stop(started) -> None:
-    started[0].stop(wait=False)
-    STALE.unlink(missing_ok=True)
-
-
-@early(stop=_stop)
-def _start_secure():
-    """The server, begun before this module runs (tests/support/early.py):
-    after leaving a stale segment for it to remove at its start."""
-    tmp = Path(tempfile.mkdtemp(prefix="secure-", dir=early_tmp()))
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("secure")
     certs = make_certs(tmp)
     tokens = tmp / "tokens"
     tokens.write_text("# role:token\ngenerate:gen-token\nadmin:admin-token\n")
@@ -43,19 +34,14 @@ def _start_secure():
         "--metrics-port", str(metrics_port),
         "--log-json",
     )  # fmt: skip
-    return proc, certs, metrics_port
-
-
-@pytest.fixture(scope="module")
-def secure():
-    proc, certs, metrics_port = _start_secure.take()
     tls = python_tls(certs)
     try:
         with RolloutClient(proc.target, token="admin-token", **tls) as admin:
             admin.wait_until_ready(300)
         yield proc, tls, metrics_port
     finally:
-        _stop((proc,))
+        proc.stop(wait=False)
+        STALE.unlink(missing_ok=True)
 
 
 def test_leftover_segments_are_removed_at_start(secure):

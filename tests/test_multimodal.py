@@ -12,7 +12,6 @@ from harness.serverproc import ServerProcess
 from harness.weights_util import random_weights, version, write_checkpoint
 from rollout_client import RolloutClient, RolloutError
 from rollout_service.tiny_models import ensure_model
-from tests.support.early import early
 
 PROMPT = "<image> Describe the picture in one sentence."
 
@@ -40,15 +39,9 @@ def greedy(client, image: bytes):
     return list(c.token_ids), list(c.logprobs), r
 
 
-@early(stop=lambda proc: proc.stop(wait=False))
-def _start_llava():
-    """Begun before this module runs (tests/support/early.py)."""
-    return ServerProcess("--model", "tiny-llava")
-
-
 @pytest.fixture(scope="module")
 def llava():
-    proc = _start_llava.take()
+    proc = ServerProcess("--model", "tiny-llava")
     try:
         proc.wait_ready()
         with RolloutClient(proc.target, timeout=120) as c:

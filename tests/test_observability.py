@@ -16,10 +16,9 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from harness.serverproc import ServerProcess, free_port
+from harness.serverproc import free_port, running
 from rollout_client import RolloutClient, pb
 from rollout_service.ops import tracing
-from tests.support.early import early
 
 GENERATE = "rollout.v1.RolloutService/Generate"
 
@@ -64,16 +63,8 @@ def _attrs(span) -> dict:
     return out
 
 
-def _stop(started) -> None:
-    _, receiver, proc, _ = started
-    proc.stop(wait=False)
-    receiver.stop(0)
-
-
-@early(stop=_stop)
-def _start_observed():
-    """The collector and the server, begun before this module runs
-    (tests/support/early.py)."""
+@pytest.fixture(scope="module")
+def observed():
     collector = Collector()
     receiver = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, receiver)
@@ -81,28 +72,16 @@ def _start_observed():
     receiver.start()
     metrics_port = free_port()
     try:
-        proc = ServerProcess(
+        with running(
             "--otlp-traces-endpoint", f"http://127.0.0.1:{otlp_port}",
             "--metrics-port", str(metrics_port),
             # Export every 200 ms instead of every 5 s: the tests wait less.
             env={"OTEL_BSP_SCHEDULE_DELAY": "200"},
-        )  # fmt: skip
-    except BaseException:
-        receiver.stop(0)
-        raise
-    return collector, receiver, proc, metrics_port
-
-
-@pytest.fixture(scope="module")
-def observed():
-    started = _start_observed.take()
-    collector, _, proc, metrics_port = started
-    try:
-        proc.wait_ready()
-        with RolloutClient(proc.target, timeout=120) as client:
-            yield collector, client, metrics_port
+        ) as proc:  # fmt: skip
+            with RolloutClient(proc.target, timeout=120) as client:
+                yield collector, client, metrics_port
     finally:
-        _stop(started)
+        receiver.stop(0)
 
 
 def _request(request_id: str) -> pb.GenerateRequest:

@@ -14,9 +14,7 @@ from harness.serverproc import ServerProcess
 from harness.weights_util import random_weights, version
 from rollout_client import RolloutClient
 from rollout_service.engine.placement import BIND_ENV
-from tests.support import serve_command
 from tests.support.cpus import thread_cpus
-from tests.support.early import early
 from tests.support.serve_command import SERVE, serve
 
 PROMPT = [random.Random(3).randrange(10, 500) for _ in range(200)]
@@ -30,36 +28,25 @@ def greedy(c):
 LAYOUTS = {"every rank reads": (), "rank 0 broadcasts": ("--weight-broadcast",)}
 
 
-def _stop(procs) -> None:
-    for proc in procs.values():
-        proc.stop(wait=False)
-
-
-@early(stop=_stop)
-def _start_tp2() -> dict[str, ServerProcess]:
+@pytest.fixture(scope="module")
+def tp2_servers():
     """Both layouts' servers, started at once (a start is mostly imports, one
-    core each), before this module runs (tests/support/early.py). Two CPU
-    workers on one NUMA node: vLLM's own binding fails, the server binds a
-    core to each (nothing set by hand)."""
+    core each). Two CPU workers on one NUMA node: vLLM's own binding fails,
+    the server binds a core to each (nothing set by hand)."""
     with pytest.MonkeyPatch.context() as env:
         env.delenv(BIND_ENV, raising=False)
-        return {
+        procs = {
             name: ServerProcess("--tensor-parallel-size", "2", *extra)
             for name, extra in LAYOUTS.items()
         }
-
-
-@pytest.fixture(scope="module")
-def tp2_servers():
-    """Both layouts' servers (`_start_tp2`)."""
-    procs = _start_tp2.take()
     try:
         for name, proc in procs.items():
             proc.wait_ready()
             proc.broadcast = bool(LAYOUTS[name])
         yield procs
     finally:
-        _stop(procs)
+        for proc in procs.values():
+            proc.stop(wait=False)
 
 
 @pytest.fixture(params=list(LAYOUTS))
@@ -110,27 +97,14 @@ def test_a_tp2_replica_updates_and_returns_exactly_to_a_fresh_engines_output(tp2
     assert _workers_mapping_the_region(tp2) == (1 if tp2.broadcast else 2)
 
 
-REFUSED = [
-    (("--pipeline-parallel-size", "2"), "--pipeline-parallel-size"),
-    (("--data-parallel-size", "2"), "Fleet"),
-    (("--distributed-executor-backend", "ray"), "staging region"),
-]
-
-
-@early(stop=lambda _: serve_command.abandon())
-def _begin_refusals() -> None:
-    """The refused layouts' runs, begun before this module runs
-    (tests/support/early.py): `serve` collects them."""
-    for flags, _ in REFUSED:
-        serve_command.begin(*flags)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _refusals():
-    _begin_refusals.take()
-
-
-@pytest.mark.parametrize(("flags", "needle"), REFUSED)
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (("--pipeline-parallel-size", "2"), "--pipeline-parallel-size"),
+        (("--data-parallel-size", "2"), "Fleet"),
+        (("--distributed-executor-backend", "ray"), "staging region"),
+    ],
+)
 def test_untested_parallel_layouts_are_refused_at_start(flags, needle):
     p = serve(*flags)
     assert p.returncode != 0 and needle in p.stderr, p.stderr[-2000:]

@@ -9,16 +9,14 @@ engine is touched, or leaves the server degraded and saying so."""
 from __future__ import annotations
 
 import random
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import grpc
 import pytest
 import torch
 
-from harness.serverproc import ServerProcess
+from harness.serverproc import running
 from harness.weights_util import (
     full_stream,
     random_weights,
@@ -29,7 +27,6 @@ from rollout.v1 import rollout_pb2_grpc
 from rollout_client import RolloutClient, RolloutError, pb
 from rollout_client.push import ManifestMismatch
 from rollout_service.tiny_models import ensure_model
-from tests.support.early import early, early_tmp
 
 # Longer than two 128-token KV blocks: most of it comes from the prefix cache.
 PROMPT = [random.Random(7).randrange(10, 500) for _ in range(300)]
@@ -48,68 +45,40 @@ def assert_same_output(got, want):
     assert got[1] == pytest.approx(want[1], abs=1e-6)
 
 
-def _group(groups, member: str) -> list[str]:
-    for g in groups:
+def _group(info, member: str) -> list[str]:
+    for g in info.parameter_groups:
         if member in g.names:
             return list(g.names)
     return [member]
 
 
-BASE_SEED, PARTIAL_SEED = 1001, 1002
-
-
-def _partial(parameters, groups):
-    """Whole groups only: layer 0's fused q/k/v (weights and biases), layer
-    1's fused gate/up, and a norm that travels alone."""
-    names = {*_group(groups, Q0), *_group(groups, GATE1), "model.norm.weight"}
-    return random_weights([p for p in parameters if p.name in names], seed=PARTIAL_SEED)
-
-
 @pytest.fixture(scope="module")
 def base(info):
     """Known full weights, pushed before each comparison."""
-    return random_weights(info.parameters, seed=BASE_SEED)
+    return random_weights(info.parameters, seed=1001)
 
 
 @pytest.fixture(scope="module")
 def partial(info):
-    """`_partial` of the session server's parameters."""
-    return _partial(info.parameters, info.parameter_groups)
+    """Whole groups only: layer 0's fused q/k/v (weights and biases), layer
+    1's fused gate/up, and a norm that travels alone."""
+    names = {*_group(info, Q0), *_group(info, GATE1), "model.norm.weight"}
+    return random_weights([p for p in info.parameters if p.name in names], seed=1002)
 
 
-def _merged_checkpoint(parameters, parameter_groups) -> Path:
-    """base + partial of the session server's parameters, with norms stored
-    as float32 (the bf16 values, widened: the engine loads them to the same
-    bf16)."""
-    base = random_weights(parameters, seed=BASE_SEED)
-    merged = {**base, **_partial(parameters, parameter_groups)}
+@pytest.fixture(scope="module")
+def merged_server(base, partial, tmp_path_factory):
+    """A fresh engine on base + partial, with norms stored as float32 (the
+    bf16 values, widened: the engine loads them to the same bf16)."""
+    merged = {**base, **partial}
     stored = {
         n: t.float() if n.endswith("norm.weight") or "layernorm" in n else t
         for n, t in merged.items()
     }
-    dest = Path(tempfile.mkdtemp(prefix="merged-", dir=early_tmp())) / "ckpt"
-    return write_checkpoint(ensure_model("tiny-qwen2"), stored, dest, cast_to_base=False)
-
-
-@early(stop=lambda proc: proc.stop(wait=False), prepare=_merged_checkpoint)
-def _start_merged(ckpt: Path) -> ServerProcess:
-    """A fresh engine on `_merged_checkpoint`, begun before this module runs
-    (tests/support/early.py)."""
-    return ServerProcess("--model", str(ckpt))
-
-
-@pytest.fixture(scope="module")
-def merged_server(info, base, partial):
-    """A fresh engine on base + partial, with norms stored as float32
-    (`_merged_checkpoint`)."""
-    proc = _start_merged.take(
-        parameters=list(info.parameters), parameter_groups=list(info.parameter_groups)
-    )
-    try:
-        proc.wait_ready()
+    dest = tmp_path_factory.mktemp("merged") / "ckpt"
+    ckpt = write_checkpoint(ensure_model("tiny-qwen2"), stored, dest, cast_to_base=False)
+    with running("--model", str(ckpt)) as proc:
         yield proc
-    finally:
-        proc.stop(wait=False)
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,8 @@ or nothing, one at a time."""
 from __future__ import annotations
 
 import random
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import grpc
 import pytest
@@ -27,7 +25,6 @@ from harness.weights_util import (
 from rollout.v1 import rollout_pb2_grpc
 from rollout_client import RolloutError, pb
 from rollout_service.tiny_models import ensure_model
-from tests.support.early import early, early_tmp
 
 # Several KV blocks long, so most of it lands in the prefix cache.
 LONG_PROMPT = [random.Random(0).randrange(10, 500) for _ in range(200)]
@@ -49,35 +46,19 @@ def stub(server):
     channel.close()
 
 
-NEW_SEED = 101  # `new_weights`' seed: the reference server serves the same weights
-
-
 @pytest.fixture(scope="module")
 def new_weights(info):
-    return random_weights(info.parameters, seed=NEW_SEED)
-
-
-def _reference_checkpoint(parameters) -> Path:
-    """A checkpoint holding `new_weights` (the session server's `parameters`
-    at `NEW_SEED`)."""
-    return write_checkpoint(
-        ensure_model("tiny-qwen2"),
-        random_weights(parameters, seed=NEW_SEED),
-        Path(tempfile.mkdtemp(prefix="ckpt-", dir=early_tmp())) / "new",
-    )
-
-
-@early(stop=lambda proc: proc.stop(wait=False), prepare=_reference_checkpoint)
-def _start_reference(ckpt: Path) -> ServerProcess:
-    """The reference server, begun before this module runs (tests/support/early.py)."""
-    return ServerProcess("--model", str(ckpt), "--max-update-bytes", "65536")
+    return random_weights(info.parameters, seed=101)
 
 
 @pytest.fixture(scope="module")
-def reference_server(info, new_weights):
+def reference_server(new_weights, tmp_path_factory):
     """A fresh engine started on a checkpoint that holds `new_weights`, with
     a tiny update-size limit (for the oversize case)."""
-    proc = _start_reference.take(parameters=list(info.parameters))
+    ckpt = write_checkpoint(
+        ensure_model("tiny-qwen2"), new_weights, tmp_path_factory.mktemp("ckpt") / "new"
+    )
+    proc = ServerProcess("--model", str(ckpt), "--max-update-bytes", "65536")
     try:
         proc.wait_ready()
         yield proc

@@ -167,18 +167,27 @@ class UpdateSessions:
         session = self.get(update_id)
         if session.same_host:
             session.assembler.mark_written()
-        # Checksums take time that grows with the update: in a thread, while
-        # uploads to it are refused.
         session.state = "checking"
+        return await asyncio.shield(self._check_and_apply(session, stream=False))
+
+    async def _check_and_apply(
+        self, session: UpdateSession, stream: bool
+    ) -> pb.UpdateWeightsResponse:
+        """The commit is in: its bytes are checked, then it is applied, to the
+        end even if the call that committed goes away (shielded by callers).
+        The checksums take time that grows with the update: in a thread,
+        while uploads to it are refused (state "checking")."""
         try:
-            staged = await asyncio.to_thread(session.assembler.finish, require_commit=False)
+            staged = await asyncio.to_thread(session.assembler.finish, require_commit=stream)
         except BaseException:
-            # Incomplete or corrupt: refused, and the update stays open for
-            # the missing bytes (GetUpdateStatus names them; corrupt ones
-            # count as missing), until another update begins.
-            if session.state == "checking":
-                session.state = "open"
-            session.refused = True
+            session.state = "open"
+            if stream:
+                self.abort(session, "refused at its commit")
+            else:
+                # Incomplete or corrupt: refused, and the update stays open
+                # for the missing bytes (GetUpdateStatus names them; corrupt
+                # ones count as missing), until another update begins.
+                session.refused = True
             raise
         return await self._apply(session, staged)
 
@@ -218,7 +227,7 @@ class UpdateSessions:
 
     async def update_stream(self, messages) -> pb.UpdateWeightsResponse:
         """One UpdateWeights stream: begin, chunks, commit, then the apply.
-        Before the commit is applied, an error or a cancelled call aborts."""
+        Before its commit is in, an error or a cancelled call aborts it."""
         session = None
         try:
             try:
@@ -228,8 +237,10 @@ class UpdateSessions:
                     f"UpdateWeights: no message for {self.idle_timeout_seconds:.0f}s "
                     "(--update-idle-timeout-seconds); the update is discarded"
                 ) from None
-            staged = await asyncio.to_thread(session.assembler.finish)
-            return await self._apply(session, staged)
+            # From here the update runs to its end even if the call is
+            # cancelled: the server has its commit.
+            session.state = "checking"
+            return await asyncio.shield(self._check_and_apply(session, stream=True))
         finally:
             if session is not None:
                 self.abort(session, "ended without being applied")

@@ -1,0 +1,48 @@
+"""Simulated RL steps for the delta-update tests: Adam-like steps on an fp32
+master copy of the embedded model's weights, bf16 after each. Deterministic,
+so that the reference server can start on the last step's weights as soon as
+the tests are collected (tests/conftest.py), before any server is up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from harness.weights_util import write_checkpoint
+from rollout_service.tiny_models import ensure_model
+
+STEPS = 20
+# Large enough on this tiny model that every step changes a few percent of
+# the bf16 values (the rate an RL step at 1e-6 gives a real model).
+LR = 3e-4
+SEED = 25
+
+
+def initial() -> dict[str, torch.Tensor]:
+    """The embedded model's weights, as the session server starts on them."""
+    from safetensors.torch import load_file
+
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(ensure_model("tiny-qwen2").glob("*.safetensors")):
+        out.update(load_file(f))
+    return out
+
+
+def simulate(start: dict[str, torch.Tensor], steps: int = STEPS, seed: int = SEED) -> list[dict]:
+    """The bf16 weights after each of `steps` sign-of-noise steps of size LR."""
+    g = torch.Generator().manual_seed(seed)
+    master = {n: t.float() for n, t in start.items()}
+    out = []
+    for _ in range(steps):
+        for n, t in master.items():
+            if start[n].dtype == torch.bfloat16:
+                t += LR * torch.randn(t.shape, generator=g).sign()
+        out.append({n: t.to(start[n].dtype) for n, t in master.items()})
+    return out
+
+
+def last_step_checkpoint(dest: Path) -> Path:
+    """A checkpoint folder of the last step's weights (config and tokenizer
+    from the embedded model)."""
+    return write_checkpoint(ensure_model("tiny-qwen2"), simulate(initial())[-1], dest)
