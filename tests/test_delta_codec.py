@@ -240,3 +240,68 @@ def test_the_clients_record_is_bounded_and_what_does_not_fit_goes_raw():
         push.prepare({n: w.view(np.int16) for n, w in new.items()}, "v3", manifest)
     )
     assert [s.name for s in again.update.begin.tensors] == ["c"], "a matches its record now"
+
+
+# ------------------------------------------------------------ the server's base
+
+
+@pytest.fixture
+def base():
+    from rollout_service.staging import StagingRegion
+    from rollout_service.update.delta_base import DeltaBase
+
+    manifest = {n: pb.TensorSpec(name=n, dtype=pb.D_TYPE_BFLOAT16, shape=[4096]) for n in "ab"}
+    staging, incoming = StagingRegion(), StagingRegion()
+    staging.ensure(2 * 8192)
+    b = DeltaBase(manifest, staging, incoming)
+    rng = np.random.default_rng(5)
+    staging.ensure(0)[: 2 * 8192] = rng.integers(0, 1 << 16, 8192, dtype=np.uint16).tobytes()
+    yield b
+    staging.close()
+    incoming.close()
+
+
+def plan_of(b, payloads: dict[str, bytes], crcs: dict[str, int], encoding=delta.SPARSE):
+    from rollout_service.update.delta_base import DeltaPlan, DeltaTensor
+
+    wire = b.incoming.ensure(sum(len(p) for p in payloads.values()))
+    tensors, at = [], 0
+    for i, (name, data) in enumerate(payloads.items()):
+        wire[at : at + len(data)] = data
+        tensors.append(
+            DeltaTensor(i, name, encoding, at, len(data), b.offsets[name], 8192, crcs[name])
+        )
+        at += len(data)
+    return DeltaPlan(base_version="v0", tensors=tensors)
+
+
+def test_a_refused_tensor_undoes_every_tensor_before_it(base):
+    before = bytes(base.staging.ensure(0)[: 2 * 8192])
+    slots = {n: np.frombuffer(before, "<u2", 4096, base.offsets[n]) for n in "ab"}
+    new_a = slots["a"].copy()
+    new_a[::7] ^= 1
+    good = delta.encode_sparse(slots["a"], new_a).tobytes()
+    crc_a = crc32c.crc32c(new_a.tobytes())
+    for bad, field, why in [
+        (payload([1, 2], [1, 0]), "begin.tensors[1].encoding", "gap 1 is 0"),
+        (payload([1], [1]), "begin.tensors[1].crc32c", "reconstructs bytes with CRC-32C"),
+    ]:
+        plan = plan_of(base, {"a": good, "b": bad}, {"a": crc_a, "b": 12345})
+        with pytest.raises(InvalidArgument) as e:
+            base.materialize(plan)
+        assert e.value.field == field and why in str(e.value)
+        assert bytes(base.staging.ensure(0)[: 2 * 8192]) == before, "the base is untouched"
+    plan = plan_of(base, {"a": good}, {"a": crc_a})
+    base.materialize(plan)
+    assert bytes(base.staging.ensure(0)[:8192]) == new_a.tobytes()
+    base.undo(plan)
+    assert bytes(base.staging.ensure(0)[: 2 * 8192]) == before
+
+
+def test_a_zstd_frame_claiming_more_than_its_tensor_allows_is_refused_untouched(base):
+    before = bytes(base.staging.ensure(0)[: 2 * 8192])
+    bomb = zstandard.ZstdCompressor().compress(bytes(1 << 20))
+    plan = plan_of(base, {"a": bomb}, {"a": 0}, encoding=delta.SPARSE_ZSTD)
+    with pytest.raises(InvalidArgument, match="over the 16392 this tensor allows"):
+        base.materialize(plan)
+    assert bytes(base.staging.ensure(0)[: 2 * 8192]) == before

@@ -56,9 +56,9 @@ class DeltaPlan:
 
     base_version: str
     tensors: list[DeltaTensor]
-    # The decoded SPARSE_XOR16 bytes of each encoded tensor that was applied,
-    # by index; the old bytes of each raw tensor that was copied in.
-    _applied: dict[int, memoryview | bytes] = field(default_factory=dict)
+    # The encoded tensors that were applied (by index); the old bytes of
+    # each raw tensor that was copied in.
+    _applied: set[int] = field(default_factory=set)
     _saved: dict[int, bytes] = field(default_factory=dict)
 
 
@@ -122,26 +122,15 @@ class DeltaBase:
         self.version = version
 
     def materialize(self, plan: DeltaPlan) -> None:
-        """Applies a validated delta to the slots (in a thread). Every
-        encoded tensor is decoded and checked before any slot is written;
-        a reconstructed tensor whose CRC-32C is not the declared one undoes
-        everything and is refused (INVALID_ARGUMENT)."""
+        """Applies a validated delta to the slots (in a thread), tensor by
+        tensor: each is decoded, checked, applied and its CRC-32C compared
+        with the declared one. A tensor that does not decode, or whose
+        reconstruction has another CRC-32C, undoes every tensor before it
+        and is refused (INVALID_ARGUMENT). One decoded tensor is held at a
+        time: a zstd frame is decompressed again to undo it, so that small
+        frames of large contents cannot make the server hold more than one."""
         view = self.staging.ensure(0)
         wire = self.incoming.ensure(0)
-        decoded: dict[int, memoryview | bytes] = {}
-        for t in plan.tensors:
-            if delta.is_raw(t.encoding):
-                continue
-            payload: memoryview | bytes = wire[t.wire_offset : t.wire_offset + t.wire_nbytes]
-            try:
-                if t.encoding == delta.SPARSE_ZSTD:
-                    payload = delta.zstd_decompress(payload, t.nbytes)
-                delta.check_sparse(payload, t.nbytes // 2)
-            except delta.DeltaError as e:
-                raise InvalidArgument(
-                    f"begin.tensors[{t.index}].encoding", f"{t.name}: {e}; the base is untouched"
-                ) from None
-            decoded[t.index] = payload
         try:
             for t in plan.tensors:
                 slot = view[t.slot_offset : t.slot_offset + t.nbytes]
@@ -149,8 +138,9 @@ class DeltaBase:
                     plan._saved[t.index] = bytes(slot)
                     slot[:] = wire[t.wire_offset : t.wire_offset + t.wire_nbytes]
                     continue
-                plan._applied[t.index] = decoded[t.index]
-                got = delta.apply_sparse_crc(slot, decoded[t.index])
+                payload = self._decoded(t)
+                plan._applied.add(t.index)
+                got = delta.apply_sparse_crc(slot, payload)
                 if got != t.crc32c:
                     raise InvalidArgument(
                         f"begin.tensors[{t.index}].crc32c",
@@ -162,12 +152,27 @@ class DeltaBase:
             self.undo(plan)
             raise
 
+    def _decoded(self, t: DeltaTensor) -> memoryview | bytes:
+        """The checked SPARSE_XOR16 bytes of an encoded tensor."""
+        wire = self.incoming.ensure(0)
+        payload: memoryview | bytes = wire[t.wire_offset : t.wire_offset + t.wire_nbytes]
+        try:
+            if t.encoding == delta.SPARSE_ZSTD:
+                payload = delta.zstd_decompress(payload, t.nbytes)
+            delta.check_sparse(payload, t.nbytes // 2)
+        except delta.DeltaError as e:
+            raise InvalidArgument(
+                f"begin.tensors[{t.index}].encoding", f"{t.name}: {e}; the base is untouched"
+            ) from None
+        return payload
+
     def undo(self, plan: DeltaPlan) -> None:
         """Puts back the base bytes that `materialize` changed (in a thread)."""
         view = self.staging.ensure(0)
         for t in plan.tensors:
             slot = view[t.slot_offset : t.slot_offset + t.nbytes]
-            if (payload := plan._applied.pop(t.index, None)) is not None:
-                delta.apply_sparse(delta.words(slot), payload)
+            if t.index in plan._applied:
+                delta.apply_sparse(delta.words(slot), self._decoded(t))
             elif (old := plan._saved.pop(t.index, None)) is not None:
                 slot[:] = old
+        plan._applied.clear()
