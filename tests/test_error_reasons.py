@@ -87,3 +87,17 @@ def test_abort_and_tokenize_through_the_client(client):
     r = client.generate(messages=messages, max_tokens=4, temperature=0)
     assert list(r.prompt_token_ids) == list(ids)
     assert client.detokenize(ids).text.endswith("<|assistant|>\n")
+
+
+def test_the_api_docs_table_every_reason_with_its_code():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
+    rows = {
+        cells[1].strip("` "): cells[2].strip()
+        for line in text.splitlines()
+        if line.startswith("| `") and len(cells := line.split("|")) > 3
+    }
+    documented = {n.removeprefix("ERROR_REASON_") for n in pb.ErrorReason.keys()} - {"UNSPECIFIED"}
+    assert documented <= rows.keys(), f"not in docs/api.md: {sorted(documented - rows.keys())}"
+    assert rows["DELTA_BASE_MISMATCH"] == "FAILED_PRECONDITION"
