@@ -16,7 +16,9 @@ from rollout_client import RolloutClient, RolloutError, pb
 
 
 def test_sigterm_drains_in_flight_calls_and_exits_cleanly():
-    server = ServerProcess()
+    # A grace that 500 tokens fit in on a slow machine (4.6 s measured on a
+    # loaded 2-core VM, over the 5 s harness default once the exit is counted).
+    server = ServerProcess("--grace-seconds", "30")
     try:
         server.wait_ready()
         children = psutil.Process(server.proc.pid).children(recursive=True)
