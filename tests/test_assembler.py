@@ -8,6 +8,7 @@ import pytest
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from rollout_service.update.assembler import UpdateAssembler, _Coverage
+from tests.support.regions import FakeRegion
 
 MANIFEST = {
     "a": pb.TensorSpec(name="a", dtype=pb.D_TYPE_BFLOAT16, shape=[4, 8]),  # 64 bytes
@@ -15,19 +16,8 @@ MANIFEST = {
 }
 
 
-class FakeStaging:
-    """The region's contract: the same buffer while it is big enough."""
-
-    buf = bytearray()
-
-    def ensure(self, nbytes):
-        if len(self.buf) < nbytes:
-            self.buf = bytearray(nbytes)
-        return memoryview(self.buf)
-
-
 def assembler(max_bytes=1 << 20, current="v0"):
-    return UpdateAssembler(MANIFEST, max_bytes, FakeStaging(), current)
+    return UpdateAssembler(MANIFEST, max_bytes, FakeRegion(), current)
 
 
 def begin(*specs, version="v1"):
@@ -128,7 +118,7 @@ def test_a_piece_of_a_fused_group_is_refused_at_begin_naming_the_rest():
 
     def grouped():
         return UpdateAssembler(
-            manifest, 1 << 20, FakeStaging(), "v0", groups=dict.fromkeys(group, group)
+            manifest, 1 << 20, FakeRegion(), "v0", groups=dict.fromkeys(group, group)
         )
 
     with pytest.raises(InvalidArgument) as e:
@@ -143,7 +133,7 @@ def test_0d_and_empty_tensors_stage_and_their_content_is_recorded():
         "scale": pb.TensorSpec(name="scale", dtype=pb.D_TYPE_FLOAT32, shape=[]),
         "none": pb.TensorSpec(name="none", dtype=pb.D_TYPE_INT64, shape=[0, 4]),
     }
-    asm = UpdateAssembler(manifest, 1 << 20, FakeStaging(), "v0")
+    asm = UpdateAssembler(manifest, 1 << 20, FakeRegion(), "v0")
     for msg in [begin(manifest["scale"], manifest["none"]), chunk(0, 0, b"\0\0\0?"), COMMIT]:
         asm.feed(msg)
     staged = asm.finish()
@@ -156,5 +146,5 @@ def test_0d_and_empty_tensors_stage_and_their_content_is_recorded():
 def test_the_served_version_is_accepted_only_as_a_retry_of_its_update():
     with pytest.raises(FailedPrecondition):
         assembler(current="v1").feed(begin(MANIFEST["a"], version="v1"))
-    asm = UpdateAssembler(MANIFEST, 1 << 20, FakeStaging(), "v1", replayable_version="v1")
+    asm = UpdateAssembler(MANIFEST, 1 << 20, FakeRegion(), "v1", replayable_version="v1")
     asm.feed(begin(MANIFEST["a"], version="v1"))  # compared by content later (updates.py)

@@ -13,7 +13,6 @@ step's weights (tests/conftest.py) takes the full pushes."""
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import crc32c
@@ -21,10 +20,11 @@ import grpc
 import numpy as np
 import pytest
 
-from harness.weights_util import COMMIT, chunk, tensor_bytes, version
+from harness.weights_util import COMMIT, chunk, spec, tensor_bytes, version
 from rollout.v1 import rollout_pb2_grpc
-from rollout_client import RolloutClient, RolloutError, delta, dtypes, pb
+from rollout_client import RolloutClient, RolloutError, delta, pb
 from tests.support.delta_steps import initial, simulate
+from tests.support.stall import stalled, wait_stalled
 
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8], [40, 41, 42, 43], list(range(100, 164))]
 
@@ -108,7 +108,7 @@ def test_a_delta_against_another_base_is_refused_untouched_and_the_client_falls_
     bad = pb.UpdateWeightsBegin(
         weight_version=version(),
         base_version="not-the-base",
-        tensors=[spec_of("model.norm.weight", steps[1], crc=True)],
+        tensors=[spec_of("model.norm.weight", steps[1])],
     )
     with pytest.raises(grpc.RpcError) as e:
         stub.UpdateWeights(iter([pb.UpdateWeightsRequest(begin=bad), COMMIT]), timeout=60)
@@ -131,19 +131,17 @@ def test_a_delta_against_another_base_is_refused_untouched_and_the_client_falls_
     assert client.pushed.version == ack.weight_version == client.server_info().delta_base_version
 
 
-def spec_of(name: str, weights: dict, crc: bool = False, **kw) -> pb.TensorSpec:
+def spec_of(name: str, weights: dict, **kw) -> pb.TensorSpec:
+    """`name`'s spec in `weights`, declaring the CRC-32C of its bytes."""
     t = weights[name]
-    s = pb.TensorSpec(name=name, dtype=dtypes.from_torch(t.dtype), shape=list(t.shape), **kw)
-    if crc:
-        s.crc32c = crc32c.crc32c(tensor_bytes(t))
-    return s
+    return spec(name, t, crc32c=crc32c.crc32c(tensor_bytes(t)), **kw)
 
 
 def delta_stream(base_version: str, v: str, name: str, old: dict, new: dict, crc_delta: int = 0):
     """A one-tensor SPARSE_XOR16 delta stream of `name` from `old` to `new`."""
     words = {k: np.frombuffer(tensor_bytes(w[name]), "<u2") for k, w in (("o", old), ("n", new))}
     data = delta.encode_sparse(words["o"], words["n"]).tobytes()
-    s = spec_of(name, new, crc=True, encoding=delta.SPARSE, encoded_bytes=len(data))
+    s = spec_of(name, new, encoding=delta.SPARSE, encoded_bytes=len(data))
     s.crc32c = (s.crc32c + crc_delta) & 0xFFFFFFFF
     begin = pb.UpdateWeightsBegin(weight_version=v, base_version=base_version, tensors=[s])
     yield pb.UpdateWeightsRequest(begin=begin)
@@ -177,24 +175,17 @@ def test_a_delta_cancelled_after_commit_and_retried_is_replayed(client, stub, st
     base = client.server_info().delta_base_version
     v = version()
     name = "lm_head.weight"
-    fault_file.write_text("stall")
-    try:
+    with ThreadPoolExecutor(1) as pool, stalled(fault_file):
         first = stub.UpdateWeights.future(
             delta_stream(base, v, name, steps[0], steps[1]), timeout=120
         )
-        deadline = time.monotonic() + 60
-        while fault_file.read_text() != "stalled":
-            assert time.monotonic() < deadline, "the apply never reached the engine"
-            time.sleep(0.02)
+        wait_stalled(fault_file)
         first.cancel()
-        with ThreadPoolExecutor(1) as pool:
-            retry = pool.submit(
-                stub.UpdateWeights, delta_stream(base, v, name, steps[0], steps[1]), timeout=120
-            )
-            fault_file.unlink()
-            ack = retry.result(60)
-    finally:
-        fault_file.unlink(missing_ok=True)
+        retry = pool.submit(
+            stub.UpdateWeights, delta_stream(base, v, name, steps[0], steps[1]), timeout=120
+        )
+        fault_file.unlink()
+        ack = retry.result(60)
     assert ack.replayed and ack.weight_version == v and ack.previous_weight_version == base
     # Once more, after the apply: still the same acknowledgement.
     again = stub.UpdateWeights(delta_stream(base, v, name, steps[0], steps[1]), timeout=60)

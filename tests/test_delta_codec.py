@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from rollout_client import delta, pb
 from rollout_service.errors import FailedPrecondition, InvalidArgument
 from rollout_service.update.assembler import Placement, UpdateAssembler
+from tests.support.regions import FakeRegion
 
 
 def payload(values, gaps) -> bytes:
@@ -127,18 +128,9 @@ MANIFEST = {
 }
 
 
-class Region:
-    buf = bytearray()
-
-    def ensure(self, nbytes):
-        if len(self.buf) < nbytes:
-            self.buf = bytearray(nbytes)
-        return memoryview(self.buf)
-
-
 def assembler(delta_base="v0"):
     slots = {"w": 0, "b": 64}
-    placement = Placement(Region(), slots=slots, incoming=Region(), delta_base=delta_base)
+    placement = Placement(FakeRegion(), slots=slots, incoming=FakeRegion(), delta_base=delta_base)
     return UpdateAssembler(MANIFEST, 1 << 20, placement.staging, "v0", placement=placement)
 
 

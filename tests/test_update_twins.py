@@ -13,7 +13,6 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 
 import crc32c
 import grpc
@@ -23,6 +22,7 @@ from harness.weights_util import COMMIT, chunk, random_weights, spec, tensor_byt
 from rollout.v1 import rollout_pb2_grpc
 from rollout_client import RolloutError, pb
 from rollout_service.update.sessions import could_be_twins
+from tests.support.stall import stalled, wait_stalled
 
 # Long enough to show that a waiter waits; a refusal comes in milliseconds.
 WAITS = 1.0
@@ -32,26 +32,6 @@ WAITS = 1.0
 def stub(server):
     with grpc.insecure_channel(server.target) as ch:
         yield rollout_pb2_grpc.RolloutServiceStub(ch)
-
-
-@contextmanager
-def stalled(fault_file):
-    """Every load inside the block holds until the fault file is removed (or
-    says something else); removed at the end whatever happens (entered last,
-    so that nothing left waiting on the apply outlives the block)."""
-    fault_file.write_text("stall")
-    try:
-        yield
-    finally:
-        fault_file.unlink(missing_ok=True)
-
-
-def wait_stalled(fault_file, timeout: float = 60) -> None:
-    """Until a load is held in the engine: the apply has begun."""
-    deadline = time.monotonic() + timeout
-    while fault_file.read_text() != "stalled":
-        assert time.monotonic() < deadline, "the apply never reached the engine"
-        time.sleep(0.02)
 
 
 def specs(weights) -> list[pb.TensorSpec]:

@@ -509,17 +509,21 @@ class UpdateAssembler:
                     for i, t in enumerate(self._tensors)
                 ],
             )
-        loaded = [
-            StagedTensor(
-                name=name,
-                dtype=dtypes.torch_name(spec.dtype),
-                shape=tuple(spec.shape),
-                offset=slots[name],
-                nbytes=dtypes.nbytes(spec.dtype, spec.shape),
-            )
-            for name, spec in self._manifest.items()
-            if name in load and plan is not None
-        ]
+        loaded = (
+            [
+                StagedTensor(
+                    name=name,
+                    dtype=dtypes.torch_name(spec.dtype),
+                    shape=tuple(spec.shape),
+                    offset=slots[name],
+                    nbytes=dtypes.nbytes(spec.dtype, spec.shape),
+                )
+                for name, spec in self._manifest.items()
+                if name in load
+            ]
+            if plan is not None
+            else []
+        )
         return StagedUpdate(
             weight_version=begin.weight_version,
             pause_mode=begin.pause_mode,

@@ -88,11 +88,21 @@ class DeltaBase:
         self.version = ""
         self.stale: set[str] = set(self.offsets)
 
-    def offered(self, served: str, degraded: bool) -> str:
-        """GetServerInfo.delta_base_version."""
-        if self.enabled and not self.stale and not degraded and served and self.version == served:
-            return self.version
-        return ""
+    def offered(self, served: str, degraded: bool) -> tuple[str, str]:
+        """GetServerInfo.delta_base_version, and why it is empty when it is."""
+        if not self.enabled:
+            return (
+                "",
+                "this server keeps no delta base: --max-update-bytes is below the model's size",
+            )
+        if degraded or not served:
+            return "", "the server is degraded and keeps no base until a full update succeeds"
+        if self.stale or self.version != served:
+            return "", (
+                "part of its copy of the served weights is stale after an update that did not "
+                "apply, until a full update sends those tensors"
+            )
+        return self.version, ""
 
     def load_checkpoint(self, model_dir: str, version: str) -> None:
         """Fills the slots from the checkpoint the engine started from (run

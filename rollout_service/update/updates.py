@@ -139,7 +139,7 @@ class WeightUpdater:
     @property
     def delta_base(self) -> str:
         """GetServerInfo.delta_base_version."""
-        return self.base.offered(self.gate.version, self.degraded)
+        return self.base.offered(self.gate.version, self.degraded)[0]
 
     def check_serving(self) -> None:
         """Refuses generation while degraded."""
@@ -169,6 +169,7 @@ class WeightUpdater:
                 allow_empty=begin.adapter.action == pb.ADAPTER_ACTION_REMOVE,
             )
         base = self.base
+        offered, why = base.offered(self.gate.version, self.degraded)
         return UpdateAssembler(
             self.manifest,
             self.max_update_bytes,
@@ -181,20 +182,10 @@ class WeightUpdater:
                 staging=self.staging,
                 slots=base.offsets if base.enabled else None,
                 incoming=self.incoming,
-                delta_base=self.delta_base,
-                no_base_why=self._no_base_why(),
+                delta_base=offered,
+                no_base_why=why,
                 writing=base.writing,
             ),
-        )
-
-    def _no_base_why(self) -> str:
-        if not self.base.enabled:
-            return "this server keeps no delta base: --max-update-bytes is below the model's size"
-        if self.degraded or not self.gate.version:
-            return "the server is degraded and keeps no base until a full update succeeds"
-        return (
-            "part of its copy of the served weights is stale after an update that did not "
-            "apply, until a full update sends those tensors"
         )
 
     async def apply(self, staged: StagedUpdate, receive_s: float) -> pb.UpdateWeightsResponse:
