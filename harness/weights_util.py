@@ -24,18 +24,25 @@ def random_weights(parameters, seed: int, std: float = 0.08) -> dict[str, torch.
     return out
 
 
+def checkpoint_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the safetensors checkpoint in `folder`, by name."""
+    from safetensors.torch import load_file
+
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(f))
+    return out
+
+
 def write_checkpoint(
     base: Path, weights: dict[str, torch.Tensor], dest: Path, cast_to_base: bool = True
 ) -> Path:
     """A copy of the checkpoint at `base` whose tensors are replaced by
     `weights` (the rest kept), as one safetensors file; each stored in the
     base's dtype, or in its own with `cast_to_base=False`."""
-    from safetensors.torch import load_file
-
     shutil.copytree(base, dest)
-    merged = {}
-    for f in sorted(dest.glob("*.safetensors")):
-        merged.update(load_file(f))
+    merged = checkpoint_tensors(dest)
+    for f in dest.glob("*.safetensors"):
         f.unlink()
     for name, t in weights.items():
         assert name in merged, name

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from harness.weights_util import write_checkpoint
+from harness.weights_util import checkpoint_tensors, write_checkpoint
 from rollout_service.tiny_models import ensure_model
 
 STEPS = 20
@@ -21,12 +21,7 @@ SEED = 25
 
 def initial() -> dict[str, torch.Tensor]:
     """The embedded model's weights, as the session server starts on them."""
-    from safetensors.torch import load_file
-
-    out: dict[str, torch.Tensor] = {}
-    for f in sorted(ensure_model("tiny-qwen2").glob("*.safetensors")):
-        out.update(load_file(f))
-    return out
+    return checkpoint_tensors(ensure_model("tiny-qwen2"))
 
 
 def simulate(start: dict[str, torch.Tensor], steps: int = STEPS, seed: int = SEED) -> list[dict]:
