@@ -1,5 +1,6 @@
 """Shared fixtures (the session's real-engine servers: the default one, a
-secure one, a LoRA one, a float32 one; the packed Node client), and the
+secure one, a float32 one with LoRA on, a fresh one on test_delta's last
+step; the packed Node client), and the
 suite's order: tests that need no engine run first, so a broken converter
 fails in seconds, not after the engine tests; `-m "not engine"`
 (`scripts/test --fast`) runs only those.
@@ -7,7 +8,10 @@ fails in seconds, not after the engine tests; `-m "not engine"`
 A test needs an engine when it uses a server fixture of this file (directly
 or through another fixture), or its module starts servers of its own (imports
 harness.serverproc's ServerProcess or running). It is marked `engine` here, so
-the marker cannot go stale.
+the marker cannot go stale. A test that uses none of the shared servers and
+none of the clients a session builds once (`packed`, test_cpp_client's
+`trainer`) is marked `isolated`: scripts/test runs those in a second pytest
+beside the others.
 
 Helpers that are not fixtures live in tests/support/; no test module imports
 another test module or this file (tests/test_layout.py).
@@ -74,13 +78,10 @@ def _start_secure():
 
 
 def _start_fp32():
+    # LoRA's flags (tests/support/lora.py) are float32 and processed logprobs
+    # too: one engine serves the float32 trainers and the LoRA tests.
     model = build_fp32_tiny_qwen2(_TMP / "tiny-qwen2-f32")
-    flags = ("--model", str(model), "--dtype", "float32", "--logprobs-mode", "processed_logprobs")
-    return ServerProcess(*flags), model
-
-
-def _start_lora():
-    return ServerProcess(*lora.SERVER_FLAGS), None
+    return ServerProcess("--model", str(model), *lora.SERVER_FLAGS), model
 
 
 def _start_delta_reference():
@@ -98,7 +99,6 @@ _STARTERS = {
     "server": _start_server,
     "shared_secure": _start_secure,
     "fp32_server": _start_fp32,
-    "_lora_server": _start_lora,
     "delta_reference": _start_delta_reference,
 }
 _early: dict = {}
@@ -217,49 +217,21 @@ class Fp32Server:
 def fp32_server():
     """A float32 copy of tiny-qwen2 (tests/support/fp32_model.py) served in
     float32 with processed logprobs (after temperature, what a trainer
-    scores): for the training-inference mismatch at float32 precision. Shared
-    like `server`: each module finds it on its original weights."""
+    scores): for the training-inference mismatch at float32 precision; with
+    LoRA on (`lora_server`). Shared like `server`: each module finds it on its
+    original weights."""
     proc, model = _started("fp32_server")
     with _serving("float32 server", proc):
         yield Fp32Server(proc, proc.target, model)
 
 
-class _LoraServer:
-    """The LoRA server, started at its first use, and again at the next use
-    after a test stopped it."""
-
-    def __init__(self) -> None:
-        self.proc: ServerProcess | None = None
-
-    def ready(self) -> ServerProcess:
-        if self.proc is None or self.proc.proc.poll() is not None:
-            self.proc = None
-            proc, _ = _started("_lora_server")
-            try:
-                proc.wait_ready()
-            except BaseException:
-                proc.stop(wait=False)
-                raise
-            self.proc = proc
-        return self.proc
-
-
-@pytest.fixture(scope="session")
-def _lora_server():
-    holder = _LoraServer()
-    try:
-        yield holder
-    finally:
-        if holder.proc is not None:
-            holder.proc.stop(wait=False)
-
-
 @pytest.fixture
-def lora_server(_lora_server) -> ServerProcess:
-    """The session's server with LoRA on and the other engine options of
+def lora_server(fp32_server) -> ServerProcess:
+    """The float32 server: LoRA is on there, with the other engine options of
     tests/support/lora.py's SERVER_FLAGS, for test_engine_options and
-    test_bad_inputs' adapter cases (one engine start for both)."""
-    return _lora_server.ready()
+    test_bad_inputs' adapter cases. The test that stops it runs last
+    (marked `last`)."""
+    return fp32_server.proc
 
 
 @pytest.fixture
@@ -355,7 +327,10 @@ def info(client):
 
 _STARTS_SERVERS = ("ServerProcess", "running")
 # This file's fixtures that start servers; the others start none.
-_SERVER_FIXTURES = {"server", "shared_secure", "_lora_server", "fp32_server"}
+_SERVER_FIXTURES = set(_STARTERS)
+# What a session builds once, in the repository's own folders (client/node,
+# client/cpp): one pytest at a time may build it.
+_BUILT_ONCE = {"packed", "trainer"}
 
 
 def _starts_servers(module) -> bool:
@@ -389,9 +364,17 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def pytest_collection_modifyitems(config, items):
-    engine = pytest.mark.engine
+    engine, isolated = pytest.mark.engine, pytest.mark.isolated
     for item in items:
         if _needs_engine(item):
             item.add_marker(engine)
-    # Stable: within each group, the files' and tests' own order.
-    items.sort(key=lambda item: item.get_closest_marker("engine") is not None)
+        if not (_SERVER_FIXTURES | _BUILT_ONCE) & set(getattr(item, "fixturenames", ())):
+            item.add_marker(isolated)
+    # Stable: within each group, the files' and tests' own order; a test that
+    # stops a shared server after all that may use it.
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("engine") is not None,
+            item.get_closest_marker("last") is not None,
+        )
+    )

@@ -178,9 +178,8 @@ def test_stream_interval_is_the_floor_of_delta_tokens(lora_client):
     assert all(c >= 5 for c in above[1:-1]) and len(above) < len(default), (above, default)
 
 
+@pytest.mark.last  # it stops the session's float32 (LoRA) server
 def test_the_adapter_folder_is_removed_at_shutdown(lora_client, lora_server):
-    """Last in the module, after test_bad_inputs' LoRA cases: it stops the
-    session's LoRA server (a later test would get a new one)."""
     name = f"kept-{uuid.uuid4().hex[:8]}"
     w = adapter_weights(lora_client.server_info(), 14)
     lora_client.update_weights(w, version(), adapter=name, adapter_config=json.loads(CONFIG))
