@@ -8,10 +8,7 @@ fails in seconds, not after the engine tests; `-m "not engine"`
 A test needs an engine when it uses a server fixture of this file (directly
 or through another fixture), or its module starts servers of its own (imports
 harness.serverproc's ServerProcess or running). It is marked `engine` here, so
-the marker cannot go stale. A test that uses none of the shared servers and
-none of the clients a session builds once (`packed`, test_cpp_client's
-`trainer`) is marked `isolated`: scripts/test runs those in a second pytest
-beside the others.
+the marker cannot go stale.
 
 Helpers that are not fixtures live in tests/support/; no test module imports
 another test module or this file (tests/test_layout.py).
@@ -328,9 +325,6 @@ def info(client):
 _STARTS_SERVERS = ("ServerProcess", "running")
 # This file's fixtures that start servers; the others start none.
 _SERVER_FIXTURES = set(_STARTERS)
-# What a session builds once, in the repository's own folders (client/node,
-# client/cpp): one pytest at a time may build it.
-_BUILT_ONCE = {"packed", "trainer"}
 
 
 def _starts_servers(module) -> bool:
@@ -364,12 +358,10 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def pytest_collection_modifyitems(config, items):
-    engine, isolated = pytest.mark.engine, pytest.mark.isolated
+    engine = pytest.mark.engine
     for item in items:
         if _needs_engine(item):
             item.add_marker(engine)
-        if not (_SERVER_FIXTURES | _BUILT_ONCE) & set(getattr(item, "fixturenames", ())):
-            item.add_marker(isolated)
     # Stable: within each group, the files' and tests' own order; a test that
     # stops a shared server after all that may use it.
     items.sort(
