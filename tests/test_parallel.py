@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
 
 import psutil
 import pytest
@@ -15,7 +14,7 @@ from harness.weights_util import random_weights, version
 from rollout_client import RolloutClient
 from rollout_service.engine.placement import BIND_ENV
 from tests.support.cpus import thread_cpus
-from tests.support.serve_command import SERVE, serve
+from tests.support.serve_command import Run, serve_each
 
 PROMPT = [random.Random(3).randrange(10, 500) for _ in range(200)]
 
@@ -97,30 +96,37 @@ def test_a_tp2_replica_updates_and_returns_exactly_to_a_fresh_engines_output(tp2
     assert _workers_mapping_the_region(tp2) == (1 if tp2.broadcast else 2)
 
 
-@pytest.mark.parametrize(
-    ("flags", "needle"),
-    [
-        (("--pipeline-parallel-size", "2"), "--pipeline-parallel-size"),
-        (("--data-parallel-size", "2"), "Fleet"),
-        (("--distributed-executor-backend", "ray"), "staging region"),
-    ],
-)
-def test_untested_parallel_layouts_are_refused_at_start(flags, needle):
-    p = serve(*flags)
+REFUSED_LAYOUTS = [
+    (("--pipeline-parallel-size", "2"), "--pipeline-parallel-size"),
+    (("--data-parallel-size", "2"), "Fleet"),
+    # Not just "staging region": every start logs "staging region ...: N bytes reserved".
+    (("--distributed-executor-backend", "ray"), "this host's staging region"),
+]
+ONE_CPU = "tp2 on one CPU"
+
+
+@pytest.fixture(scope="module")
+def refused():
+    """This module's refused starts run to their end, vLLM imported once for
+    all of them (tests/support/serve_command.py)."""
+    runs = {" ".join(flags): Run(flags) for flags, _ in REFUSED_LAYOUTS}
+    # One CPU, and the variable unset (the server would otherwise leave the binding to it).
+    runs[ONE_CPU] = Run(
+        ("--tensor-parallel-size", "2"),
+        unset=(BIND_ENV,),
+        cpus=frozenset({min(os.sched_getaffinity(0))}),
+    )
+    return serve_each(runs)
+
+
+@pytest.mark.parametrize(("flags", "needle"), REFUSED_LAYOUTS)
+def test_untested_parallel_layouts_are_refused_at_start(refused, flags, needle):
+    p = refused[" ".join(flags)]
     assert p.returncode != 0 and needle in p.stderr, p.stderr[-2000:]
 
 
-def test_tp2_with_one_cpu_is_refused_naming_the_variable():
-    one = {min(os.sched_getaffinity(0))}
-    env = {k: v for k, v in os.environ.items() if k != BIND_ENV}
-    p = subprocess.run(
-        [SERVE, "serve", "--port", "0", "--tensor-parallel-size", "2"],
-        preexec_fn=lambda: os.sched_setaffinity(0, one),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def test_tp2_with_one_cpu_is_refused_naming_the_variable(refused):
+    p = refused[ONE_CPU]
     # Refused before any engine starts, with what to do instead of a traceback.
     assert p.returncode == 1, p.stderr[-2000:]
     assert "cannot start" in p.stderr and BIND_ENV in p.stderr, p.stderr[-2000:]
