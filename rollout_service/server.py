@@ -18,7 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from rollout.v1 import rollout_pb2
-from rollout_service import parent_watch
+from rollout_service import parent_watch, worker_fork
 from rollout_service.app import App, build_app
 from rollout_service.config import ServerConfig
 from rollout_service.engine import placement
@@ -117,6 +117,8 @@ async def serve(config: ServerConfig, engine_args) -> int:
         log.warning("fault injection armed (%s=%s): for tests only", FAULT_FILE_ENV, fault_file)
     # Engine processes end if this one is killed (parent_watch.py).
     parent_watch.arm()
+    # The engine core forks its workers: vLLM is not imported twice (worker_fork.py).
+    worker_fork.arm()
     # Before anything slow: a /dev/shm too small fails now (reservation.py).
     staging = StagingRegion()
     try:

@@ -101,3 +101,28 @@ def clear_weight_update_flag(worker) -> None:
     when `update_weights` raises, not when `finish_weight_update` does.
     """
     worker._weight_update_active = False
+
+
+def omp_binding(environ) -> tuple[set[int], int] | None:
+    """The CPUs and thread count vLLM set for the worker it is starting, or
+    None when it set none (a GPU host, VLLM_CPU_OMP_THREADS_BIND=nobind).
+
+    Read from vLLM 0.32.0: `OMPProcessManager.configure_omp_envs`
+    (vllm/utils/ompmultiprocessing.py) binds a CPU worker only through the
+    environment of the process it starts: OMP_NUM_THREADS, and the worker's
+    CPUs as GOMP_CPU_AFFINITY ("0 1"), KMP_AFFINITY ("...,proclist=[0,1]")
+    or OMP_PLACES ("{0,1}"), for the OpenMP runtime to read when it loads.
+    """
+    threads = environ.get("OMP_NUM_THREADS", "")
+    if gomp := environ.get("GOMP_CPU_AFFINITY"):
+        cpus = gomp.split()
+    elif "proclist=[" in (kmp := environ.get("KMP_AFFINITY", "")):
+        cpus = kmp.split("proclist=[", 1)[1].split("]", 1)[0].split(",")
+    elif places := environ.get("OMP_PLACES", ""):
+        cpus = places.strip("{}").split(",")
+    else:
+        return None
+    try:
+        return {int(c) for c in cpus}, int(threads)
+    except ValueError:
+        return None

@@ -38,10 +38,10 @@ def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
 
 # vLLM forks its engine processes by default and spawns them in some setups
 # (CUDA initialised, for one); the watcher reaches them by different paths.
-# On CPU, vLLM spawns whatever VLLM_WORKER_MULTIPROC_METHOD says (its CPU
-# platform sets it to spawn while it builds the engine's config: every process
-# of a server started with "fork" imported vLLM afresh), so a real server here
-# covers the spawn path; the fork path is covered with a stand-in parent below
+# A real server here covers both: its engine core is spawned (vLLM's CPU
+# platform sets VLLM_WORKER_MULTIPROC_METHOD=spawn while it builds the
+# config) and forks its worker (rollout_service.worker_fork). The stand-in
+# parent below covers each path alone
 # (test_a_child_ends_at_once_when_its_parent_is_killed).
 
 

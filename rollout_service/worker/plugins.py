@@ -13,11 +13,13 @@ from __future__ import annotations
 def register() -> None:
     """Registers the staging-region weight-transfer backend, lets LLaVA
     import without torchvision, and, in an engine process that was spawned,
-    ends it when its parent dies."""
-    from rollout_service import parent_watch
+    ends it when its parent dies and makes it fork its own children
+    (worker_fork.py)."""
+    from rollout_service import parent_watch, worker_fork
     from rollout_service.tiny_models import install_pixtral_alias
     from rollout_service.worker.weights_backend import register as register_backend
 
     install_pixtral_alias()
     register_backend()
+    worker_fork.in_engine_process()  # first: its at-fork hook binds the CPUs
     parent_watch.start_in_spawned_child()
