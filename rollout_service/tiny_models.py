@@ -174,9 +174,7 @@ def build_tiny_qwen2(path: Path) -> Path:
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config)
     _randomize(model, _never_emit(tok))
-    # The ignore: transformers decorates `to` with @wraps(Module.to), whose
-    # typeshed type (_Wrapped) does not bind `self`, so mypy takes the dtype for it.
-    model.to(torch.bfloat16).save_pretrained(path, safe_serialization=True)  # type: ignore[arg-type]
+    model.to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
     tok.save_pretrained(path)
     _save_generation_config(path, eos_id)
     return path
@@ -249,9 +247,7 @@ def build_tiny_llava(path: Path) -> Path:
     torch.manual_seed(0)
     model = LlavaForConditionalGeneration(config)
     _randomize(model, _never_emit(tok))
-    # The ignore: transformers decorates `to` with @wraps(Module.to), whose
-    # typeshed type (_Wrapped) does not bind `self`, so mypy takes the dtype for it.
-    model.to(torch.bfloat16).save_pretrained(path, safe_serialization=True)  # type: ignore[arg-type]
+    model.to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
     _rename_clip_keys(path)
     image_processor = CLIPImageProcessorPil(
         size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}

@@ -84,7 +84,14 @@ def _start_fp32():
 def _start_delta_reference():
     from tests.support.delta_steps import last_step_checkpoint
 
-    return ServerProcess("--model", str(last_step_checkpoint(_TMP / "delta-last-step"))), None
+    # A quarter of GenerateMany's default stream budget: test_generate_many's
+    # waiting reader fills four budgets here in a fifth of the time.
+    return ServerProcess(
+        "--model",
+        str(last_step_checkpoint(_TMP / "delta-last-step")),
+        "--max-stream-tokens",
+        str(1 << 18),
+    ), None
 
 
 # Each shared server's fixture and how it starts: (the process, what else
@@ -173,7 +180,8 @@ def server(fault_file):
 @pytest.fixture(scope="session")
 def delta_reference():
     """A fresh engine on the last step of tests/support/delta_steps.py's
-    simulated training (tests/test_delta.py)."""
+    simulated training (tests/test_delta.py), with a quarter of GenerateMany's
+    default stream budget (test_generate_many's waiting reader)."""
     proc, _ = _started("delta_reference")
     with _serving("delta reference server", proc):
         yield proc
