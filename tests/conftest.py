@@ -43,6 +43,7 @@ from tests.support.served_weights import (
     update_left_open,
 )
 from tests.support.tokens import ADMIN, GENERATE, GENERATE_B
+from tests.support.tp2 import start_tp2_servers
 
 log = logging.getLogger(__name__)
 
@@ -113,17 +114,85 @@ def _started(fixture: str):
     return _early.pop(fixture, None) or _STARTERS[fixture]()
 
 
+# Servers one module has to itself (it kills, stops or restarts them, or no
+# other module runs its flags), by module-scoped fixture. Each starts while
+# the module before it runs, so its start-up (about 20 s, mostly imports on
+# one core) overlaps that module's tests; the fixture waits until it is
+# ready and stops it after its module.
+_AHEAD_STARTERS = {
+    "own_server": lambda: ServerProcess(),
+    "draining_server": lambda: ServerProcess("--grace-seconds", "30"),
+    "llava_server": lambda: ServerProcess("--model", "tiny-llava"),
+    "tp2_servers": start_tp2_servers,
+}
+# Per module, in run order, the ones it uses; and what has been started for
+# each module (by index), in the order the modules will take them.
+_ahead_uses: list[tuple[str, list[str]]] = []
+_ahead_started: set[int] = set()
+_ahead: dict[str, list] = {}
+
+
+def _start_ahead(index: int) -> None:
+    if index < len(_ahead_uses) and index not in _ahead_started:
+        _ahead_started.add(index)
+        for fixture in _ahead_uses[index][1]:
+            _ahead.setdefault(fixture, []).append(_AHEAD_STARTERS[fixture]())
+
+
+def _processes(started) -> list[ServerProcess]:
+    return list(started.values()) if isinstance(started, dict) else [started]
+
+
+@contextmanager
+def _own(fixture: str):
+    """What was started ahead for `fixture` (the next module's in run order),
+    or started now; ready, and stopped after the block."""
+    queue = _ahead.get(fixture)
+    started = queue.pop(0) if queue else _AHEAD_STARTERS[fixture]()
+    try:
+        for proc in _processes(started):
+            proc.wait_ready()
+        yield started
+    finally:
+        for proc in _processes(started):
+            proc.stop(wait=False)
+
+
 def pytest_collection_finish(session):
     used = set()
     for item in session.items:
         used.update(getattr(item, "fixturenames", ()))
     for fixture in _STARTERS.keys() & used:
         _early[fixture] = _STARTERS[fixture]()
+    for item in session.items:
+        module = item.nodeid.split("::")[0]
+        if not _ahead_uses or _ahead_uses[-1][0] != module:
+            _ahead_uses.append((module, []))
+        uses = _ahead_uses[-1][1]
+        uses.extend(f for f in _AHEAD_STARTERS if f in item.fixturenames and f not in uses)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Before a module's first test: its own servers, if not yet started,
+    and those of the next module that has any (they start while this one
+    runs)."""
+    module = item.nodeid.split("::")[0]
+    for index, (name, _) in enumerate(_ahead_uses):
+        if name == module:
+            _start_ahead(index)
+            later = (i for i in range(index + 1, len(_ahead_uses)) if _ahead_uses[i][1])
+            _start_ahead(next(later, len(_ahead_uses)))
+            break
 
 
 def pytest_sessionfinish(session):
     for proc, _ in _early.values():  # never used (a run stopped early)
         proc.stop(wait=False)
+    for queue in _ahead.values():
+        for started in queue:
+            for proc in _processes(started):
+                proc.stop(wait=False)
 
 
 @dataclass
@@ -175,6 +244,35 @@ def server(fault_file):
     proc, _ = _started("server")
     with _serving("session server", proc, fault_file=fault_file):
         yield proc
+
+
+@pytest.fixture(scope="module")
+def own_server():
+    """A server on the default flags that this module has to itself (to kill,
+    restart or stop)."""
+    with _own("own_server") as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def draining_server():
+    """A server of this module's own with 30 s of grace at shutdown."""
+    with _own("draining_server") as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def llava_server():
+    """The embedded tiny LLaVA (images in) on a server of this module's own."""
+    with _own("llava_server") as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def tp2_servers():
+    """A TP=2 server per layout of tests/support/tp2.py, by layout name."""
+    with _own("tp2_servers") as procs:
+        yield procs
 
 
 @pytest.fixture(scope="session")
@@ -332,7 +430,7 @@ def info(client):
 
 _STARTS_SERVERS = ("ServerProcess", "running")
 # This file's fixtures that start servers; the others start none.
-_SERVER_FIXTURES = set(_STARTERS)
+_SERVER_FIXTURES = set(_STARTERS) | set(_AHEAD_STARTERS)
 
 
 def _starts_servers(module) -> bool:

@@ -14,7 +14,6 @@ import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from harness.serverproc import ServerProcess
 from harness.weights_util import random_weights, version
 from rollout_client import RolloutClient, RolloutError
 
@@ -85,10 +84,9 @@ def test_hundreds_of_cancelled_streams_leak_nothing(server, client):
     assert fingerprint(client)[1]
 
 
-def test_engine_death_is_reported_and_the_server_exits_nonzero():
-    proc = ServerProcess()
+def test_engine_death_is_reported_and_the_server_exits_nonzero(own_server):
+    proc = own_server
     try:
-        proc.wait_ready()
         engine_cores = [
             p
             for p in psutil.Process(proc.proc.pid).children(recursive=True)

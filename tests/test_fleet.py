@@ -25,9 +25,8 @@ class Restartable:
     """replica2's server; `restart()` starts it again at the same address
     on its initial weights, as Kubernetes restarts a pod after an OOM kill."""
 
-    def __init__(self) -> None:
-        self.server = ServerProcess()
-        self._wait_ready()
+    def __init__(self, server: ServerProcess) -> None:
+        self.server = server  # started and ready (conftest's own_server)
 
     def _wait_ready(self) -> None:
         try:
@@ -55,8 +54,8 @@ class Restartable:
 
 
 @pytest.fixture(scope="module")
-def replica2():
-    r = Restartable()
+def replica2(own_server):
+    r = Restartable(own_server)
     try:
         yield r
     finally:

@@ -8,7 +8,6 @@ import grpc
 import pytest
 from PIL import Image
 
-from harness.serverproc import ServerProcess
 from harness.weights_util import checkpoint_tensors, random_weights, version
 from rollout_client import RolloutClient, RolloutError
 from rollout_service.tiny_models import ensure_model
@@ -40,14 +39,9 @@ def greedy(client, image: bytes):
 
 
 @pytest.fixture(scope="module")
-def llava():
-    proc = ServerProcess("--model", "tiny-llava")
-    try:
-        proc.wait_ready()
-        with RolloutClient(proc.target, timeout=120) as c:
-            yield proc, c
-    finally:
-        proc.stop(wait=False)
+def llava(llava_server):
+    with RolloutClient(llava_server.target, timeout=120) as c:
+        yield llava_server, c
 
 
 def test_images_change_the_output(llava):

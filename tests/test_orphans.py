@@ -16,7 +16,6 @@ import time
 import psutil
 import pytest
 
-from harness.serverproc import ServerProcess
 from rollout_service import parent_watch
 from rollout_service.staging import remove_stale_segments
 
@@ -45,11 +44,10 @@ def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
 # (test_a_child_ends_at_once_when_its_parent_is_killed).
 
 
-def test_sigkilled_server_leaves_no_engine_processes():
-    proc = ServerProcess()
+def test_sigkilled_server_leaves_no_engine_processes(own_server):
+    proc = own_server
     descendants: list[psutil.Process] = []
     try:
-        proc.wait_ready()
         descendants = psutil.Process(proc.proc.pid).children(recursive=True)
         names = [p.name() for p in descendants]
         assert any("EngineCore" in n for n in names), names

@@ -9,12 +9,12 @@ import random
 import psutil
 import pytest
 
-from harness.serverproc import ServerProcess
 from harness.weights_util import random_weights, version
 from rollout_client import RolloutClient
 from rollout_service.engine.placement import BIND_ENV
 from tests.support.cpus import thread_cpus
 from tests.support.serve_command import Run, serve_each
+from tests.support.tp2 import LAYOUTS
 
 PROMPT = [random.Random(3).randrange(10, 500) for _ in range(200)]
 
@@ -22,30 +22,6 @@ PROMPT = [random.Random(3).randrange(10, 500) for _ in range(200)]
 def greedy(c):
     r = c.generate(prompt_token_ids=PROMPT, max_tokens=16, temperature=0)
     return r.weight_version, list(r.completions[0].token_ids), list(r.completions[0].logprobs)
-
-
-LAYOUTS = {"every rank reads": (), "rank 0 broadcasts": ("--weight-broadcast",)}
-
-
-@pytest.fixture(scope="module")
-def tp2_servers():
-    """Both layouts' servers, started at once (a start is mostly imports, one
-    core each). Two CPU workers on one NUMA node: vLLM's own binding fails,
-    the server binds a core to each (nothing set by hand)."""
-    with pytest.MonkeyPatch.context() as env:
-        env.delenv(BIND_ENV, raising=False)
-        procs = {
-            name: ServerProcess("--tensor-parallel-size", "2", *extra)
-            for name, extra in LAYOUTS.items()
-        }
-    try:
-        for name, proc in procs.items():
-            proc.wait_ready()
-            proc.broadcast = bool(LAYOUTS[name])
-        yield procs
-    finally:
-        for proc in procs.values():
-            proc.stop(wait=False)
 
 
 @pytest.fixture(params=list(LAYOUTS))

@@ -15,12 +15,12 @@ from harness.serverproc import ServerProcess
 from rollout_client import RolloutClient, RolloutError, pb
 
 
-def test_sigterm_drains_in_flight_calls_and_exits_cleanly():
-    # A grace that 500 tokens fit in on a slow machine (4.6 s measured on a
-    # loaded 2-core VM, over the 5 s harness default once the exit is counted).
-    server = ServerProcess("--grace-seconds", "30")
+def test_sigterm_drains_in_flight_calls_and_exits_cleanly(draining_server):
+    # Its grace is 30 s (tests/conftest.py): 500 tokens fit in on a slow
+    # machine (4.6 s measured on a loaded 2-core VM, over the 5 s harness
+    # default once the exit is counted).
+    server = draining_server
     try:
-        server.wait_ready()
         children = psutil.Process(server.proc.pid).children(recursive=True)
         assert children, "the engine runs in child processes"
         result = {}
