@@ -18,7 +18,10 @@ against the full push, the server's and client's peak RSS, and the server's
 CPU seconds per GB of model received. Run it with nothing else running:
 
     .venv/bin/python -m benchmarks.delta_sync [--model mid|2g] [--steps 4]
-        [--lrs 1e-6,3e-6,1e-5] [--transports one,four,host]
+        [--lrs 1e-6,3e-6,1e-5] [--transports one,four,host] [--zstd]
+
+The client sends SPARSE_XOR8 (its default); `--zstd`: SPARSE_XOR16 in zstd
+frames (PushedWeights(zstd=True)).
 """
 
 from __future__ import annotations
@@ -100,7 +103,15 @@ class Timed(PushedWeights):
 
 
 def run(
-    target: str, pid: int, start, lr: float, steps: int, how: dict, label: str, adam: bool
+    target: str,
+    pid: int,
+    start,
+    lr: float,
+    steps: int,
+    how: dict,
+    label: str,
+    adam: bool,
+    zstd: bool,
 ) -> dict:
     model_bytes = sum(t.numel() * t.element_size() for t in start.values())
     trainer = (Trainer if adam else SignTrainer)(start, lr, seed=int(lr * 1e9))
@@ -111,7 +122,7 @@ def run(
 
     cpu = psutil.Process(pid)
     with RolloutClient(target, timeout=1800) as dc, RolloutClient(target, timeout=1800) as fc:
-        dc.pushed = Timed()
+        dc.pushed = Timed(zstd=zstd)
         tag = f"{label}-{lr:g}-{os.getpid()}"
         fc.update_weights(start, f"{tag}-f0", **how)
         dc.update_weights(start, f"{tag}-d0", delta=True, **how)  # a full push, recorded
@@ -175,6 +186,7 @@ def main() -> None:
         default="adam",
         help="sign: lr x sign(noise) steps, no Adam moments (the 2 GB model on 24 GiB)",
     )
+    ap.add_argument("--zstd", action="store_true", help="SPARSE_XOR16 in zstd frames")
     ap.add_argument("--cache", default=os.path.expanduser("~/.cache/rollout-service/bench"))
     args = ap.parse_args()
     cache = Path(args.cache)
@@ -187,7 +199,8 @@ def main() -> None:
     nbytes = sum(t.numel() * t.element_size() for t in start.values())
     print(
         f"model {model.name}: {nbytes / 1e9:.2f} GB; trainer {args.trainer}; "
-        f"steps 2..{args.steps} (step 1 apart)"
+        f"steps 2..{args.steps} (step 1 apart); "
+        f"{'SPARSE_XOR16 + zstd' if args.zstd else 'SPARSE_XOR8'}"
     )
     server = ServerProcess("--model", str(model), "--max-model-len", "512")
     try:
@@ -203,7 +216,15 @@ def main() -> None:
             for name in args.transports.split(","):
                 how = TRANSPORTS[name]
                 r = run(
-                    server.target, pid, start, lr, args.steps, how, name, args.trainer == "adam"
+                    server.target,
+                    pid,
+                    start,
+                    lr,
+                    args.steps,
+                    how,
+                    name,
+                    args.trainer == "adam",
+                    args.zstd,
                 )
                 print(
                     f"{lr:<7g} {name:<9}  {100 * r['wire']:5.2f}  {r['encode_s']:6.3f}  "

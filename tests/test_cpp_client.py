@@ -204,14 +204,15 @@ CACHES = ["CACHE_KIND_PREFIX", "CACHE_KIND_MULTIMODAL", "CACHE_KIND_ENCODER"]
 
 
 def _encode_only(trainer: Path, out: Path, *args) -> tuple[bytes, dict]:
-    """`rollout_trainer --encode-only OUT ...`: (its SPARSE_XOR16 bytes, its summary)."""
+    """`rollout_trainer --encode-only OUT ...`: (its SPARSE_XOR16 or XOR8 bytes, its summary)."""
     p = _run([trainer, "--encode-only", out, *args], timeout=120)
     return out.read_bytes(), json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def _python_payload(base: bytes, new: bytes) -> bytes:
+def _python_payload(base: bytes, new: bytes, encoding: str = "xor16") -> bytes:
     """rollout_client.delta's bytes, the compiled and the numpy loops agreeing."""
-    b, n = delta.words(base), delta.words(new)
+    enc = delta.SPARSE8 if encoding == "xor8" else delta.SPARSE
+    b, n = delta.elements(base, enc), delta.elements(new, enc)
     payload = delta.encode_sparse(b, n).tobytes()
     assert delta.encode_sparse(b, n, compiled=False).tobytes() == payload
     return payload
@@ -255,9 +256,9 @@ def test_cpp_sparse_xor16_bytes_match_python(trainer, tmp_path, words, at):
     )  # fmt: skip
     assert payload == _python_payload(base, new)
     values, gaps = _entries(payload)
-    assert out["entries"] == len(values) and out["changed_words"] == len(at)
+    assert out["entries"] == len(values) and out["changed_elements"] == len(at)
     assert out["encoded_bytes"] == len(payload) <= delta.sparse_bound(len(new))
-    assert (out["raw_bytes"], out["words"]) == (len(new), words)
+    assert (out["raw_bytes"], out["elements"]) == (len(new), words)
     assert (out["base_crc32c"], out["crc32c"]) == (crc32c.crc32c(base), crc32c.crc32c(new))
     # Decoded, the bytes give the new tensor back.
     target = np.frombuffer(base, dtype="<u2").copy()
@@ -270,6 +271,41 @@ def test_cpp_sparse_xor16_bytes_match_python(trainer, tmp_path, words, at):
         assert payload == b"\0\0\0\0"
 
 
+@pytest.mark.parametrize(
+    ("nbytes", "at"),
+    [
+        (5000, [3, 1000]),  # far apart: bridged by (0, 255) entries
+        (5000, [254, 509, 765, 766, 4999]),  # gaps of exactly 255 and 256, then 1
+        (1001, [0, 1000]),  # an odd length: the first and the last byte
+        (3000, []),  # nothing changed: K = 0
+        (0, []),  # an empty tensor
+        (300, list(range(300))),  # every byte
+    ],
+    ids=["far-apart", "gap-edges", "odd-length", "no-change", "empty", "every-byte"],
+)
+def test_cpp_sparse_xor8_bytes_match_python(trainer, tmp_path, nbytes, at):
+    rng = np.random.default_rng(len(at) * 1000 + nbytes)
+    base = rng.integers(0, 256, size=nbytes, dtype=np.uint8)
+    changed = base.copy()
+    for j in at:
+        changed[j] ^= 1 + j % 255  # never 0
+    (tmp_path / "base.bin").write_bytes(base.tobytes())
+    (tmp_path / "new.bin").write_bytes(changed.tobytes())
+    payload, out = _encode_only(
+        trainer, tmp_path / "out.bin", "--encoding", "xor8",
+        "--base-file", tmp_path / "base.bin", "--new-file", tmp_path / "new.bin",
+    )  # fmt: skip
+    assert payload == _python_payload(base.tobytes(), changed.tobytes(), "xor8")
+    assert out["encoding"] == "TENSOR_ENCODING_SPARSE_XOR8"
+    assert (out["elements"], out["changed_elements"]) == (nbytes, len(at))
+    k = out["entries"]
+    assert out["encoded_bytes"] == len(payload) == 4 + 2 * k
+    assert k == len(at) + sum((b - a - 1) // 255 for a, b in zip([-1, *at], at))
+    target = base.copy()
+    delta.apply_sparse(target, payload)
+    assert target.tobytes() == changed.tobytes()
+
+
 _DTYPES = {
     "bf16": pb.D_TYPE_BFLOAT16,
     "fp16": pb.D_TYPE_FLOAT16,
@@ -278,6 +314,7 @@ _DTYPES = {
 }
 
 
+@pytest.mark.parametrize("encoding", ["xor16", "xor8"])
 @pytest.mark.parametrize(
     ("name", "dtype", "elements", "base_seed", "seed", "percent"),
     [
@@ -291,14 +328,14 @@ _DTYPES = {
     ],
 )
 def test_cpp_delta_rule_and_encoding_match_python(
-    trainer, tmp_path, name, dtype, elements, base_seed, seed, percent
+    trainer, tmp_path, name, dtype, elements, base_seed, seed, percent, encoding
 ):
     """The delta-mode bytes the program derives (the documented rule), and
     their encoding, as this file recomputes them and rollout_client encodes them."""
     payload, out = _encode_only(
         trainer, tmp_path / "out.bin", "--tensor", name, "--dtype", dtype,
         "--elements", elements, "--base-seed", base_seed, "--seed", seed,
-        "--change-percent", percent,
+        "--change-percent", percent, "--encoding", encoding,
     )  # fmt: skip
     pb_dtype = _DTYPES[dtype]
     base = _tensor_bytes(_as_tensor(_values(name, elements, base_seed), pb_dtype, [elements]))
@@ -307,12 +344,12 @@ def test_cpp_delta_rule_and_encoding_match_python(
     assert out["base_crc32c"] == crc32c.crc32c(base)
     assert out["crc32c"] == crc32c.crc32c(new)
     assert out["picked_elements"] == int(_picked(name, elements, seed, percent).sum())
-    assert payload == _python_payload(base, new)
-    values_, gaps = _entries(payload)
+    assert payload == _python_payload(base, new, encoding)
     if percent == 0 or seed == base_seed:
-        assert payload == b"\0\0\0\0" and out["changed_words"] == 0
-    elif percent < 1:
-        assert 0 < out["changed_words"] < 10 and 0 in values_[gaps == 0xFFFF], "no bridge"
+        assert payload == b"\0\0\0\0" and out["changed_elements"] == 0
+    elif percent < 1 and encoding == "xor16":
+        values_, gaps = _entries(payload)
+        assert 0 < out["changed_elements"] < 10 and 0 in values_[gaps == 0xFFFF], "no bridge"
     elif percent < 100:  # about `percent` of the elements picked
         assert abs(out["picked_elements"] / elements - percent / 100) < 0.25 * percent / 100 + 0.01
 
@@ -460,7 +497,8 @@ def _same_output(admin, prompt: list[int], generation: dict) -> None:
     assert logprobs == pytest.approx(generation["logprobs"], abs=1e-5)
 
 
-def test_cpp_trainer_pushes_a_delta(trainer, secure, admin):
+@pytest.mark.parametrize("encoding", ["xor16", "xor8"])
+def test_cpp_trainer_pushes_a_delta(trainer, secure, admin, encoding):
     """A full push of seed 1, then a delta of a few percent of its elements
     to seed 2 against it: acknowledged, the new base, and the outputs a full
     push of the same bytes gives."""
@@ -474,7 +512,7 @@ def test_cpp_trainer_pushes_a_delta(trainer, secure, admin):
 
     _, out = _trainer(
         trainer, secure, "--version", f"{version}-2", "--base-seed", 1, "--seed", 2,
-        "--change-percent", 3, "--chunk-bytes", 1000, *common,
+        "--change-percent", 3, "--chunk-bytes", 1000, "--encoding", encoding, *common,
     )  # fmt: skip
     update = out["update"]
     assert update["delta"] is True, update["fallback"]
@@ -485,10 +523,17 @@ def test_cpp_trainer_pushes_a_delta(trainer, secure, admin):
     for t in update["tensors"]:
         spec = manifest[t["name"]]
         assert t["bytes"] == dtypes.nbytes(spec.dtype, spec.shape)
-        assert t["encoding"] == "TENSOR_ENCODING_SPARSE_XOR16"
-        # A few percent of the words (no gap over 65535 words in these tensors).
-        assert 0 < t["changed_words"] <= t["picked_elements"] < t["bytes"] // 2 // 10
-        assert t["encoded_bytes"] == 4 + 4 * t["changed_words"] < t["bytes"] // 5
+        changed = t["changed_elements"]
+        if encoding == "xor16":
+            assert t["encoding"] == "TENSOR_ENCODING_SPARSE_XOR16"
+            # A few percent of the words (no gap over 65535 words in these tensors).
+            assert 0 < changed <= t["picked_elements"] < t["bytes"] // 2 // 10
+            assert t["encoded_bytes"] == 4 + 4 * changed < t["bytes"] // 5
+        else:
+            assert t["encoding"] == "TENSOR_ENCODING_SPARSE_XOR8"
+            # Each changed word flips one byte or both; a gap over 255 bytes adds bridges.
+            assert 0 < changed <= 2 * t["picked_elements"] < t["bytes"] // 10
+            assert 4 + 2 * changed <= t["encoded_bytes"] < t["bytes"] // 10
     assert update["raw_bytes"] == sum(t["bytes"] for t in update["tensors"])
     assert update["encoded_bytes"] == sum(t["encoded_bytes"] for t in update["tensors"])
     assert update["chunks"] == sum(math.ceil(t["encoded_bytes"] / 1000) for t in update["tensors"])

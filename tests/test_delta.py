@@ -96,7 +96,9 @@ def test_twenty_delta_steps_serve_what_full_pushes_and_a_fresh_engine_serve(
         full_push(reference, weights)
         assert_same(served(client), served(reference))
     assert_same(served(client), fresh)
-    assert max(wire) < 0.5, f"wire share per step: {wire}"
+    # About a tenth of the values change a step: 12-20 % of the bytes travel
+    # (SPARSE_XOR8's 2 bytes per change, a few small tensors raw).
+    assert max(wire) < 0.3, f"wire share per step: {wire}"
 
 
 def test_a_delta_against_another_base_is_refused_untouched_and_the_client_falls_back(

@@ -19,38 +19,45 @@ from rollout_service.update.assembler import Placement, UpdateAssembler
 from tests.support.regions import FakeRegion
 
 
-def payload(values, gaps) -> bytes:
-    v = np.asarray(values, dtype="<u2").tobytes()
-    g = np.asarray(gaps, dtype="<u2").tobytes()
+def payload(values, gaps, unit="<u2") -> bytes:
+    v = np.asarray(values, dtype=unit).tobytes()
+    g = np.asarray(gaps, dtype=unit).tobytes()
     return len(values).to_bytes(4, "little") + v + g
+
+
+# SPARSE_XOR16 names 16-bit words, SPARSE_XOR8 bytes: every codec test runs on both.
+UNITS = {np.dtype(np.uint16): delta.SPARSE, np.dtype(np.uint8): delta.SPARSE8}
 
 
 @st.composite
 def base_and_new(draw):
+    unit = draw(st.sampled_from(list(UNITS)))
     n = draw(st.integers(1, 300_000))
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
-    base = rng.integers(0, 1 << 16, n, dtype=np.uint16)
+    top = 1 << (8 * unit.itemsize)
+    base = rng.integers(0, top, n, dtype=unit)
     new = base.copy()
-    share = draw(st.sampled_from([0.0, 1e-5, 0.01, 0.3, 1.0]))
+    share = draw(st.sampled_from([0.0, 1e-5, 0.003, 0.01, 0.3, 1.0]))
     changed = rng.random(n) < share
-    new[changed] ^= rng.integers(1, 1 << 16, int(changed.sum()), dtype=np.uint16)
-    if draw(st.booleans()):  # the last word, and one far from the others
+    new[changed] ^= rng.integers(1, top, int(changed.sum()), dtype=unit)
+    if draw(st.booleans()):  # the last element, and one far from the others
         new[-1] ^= 1
-        new[n // 2] ^= 0x8000
+        new[n // 2] ^= top >> 1
     return base, new
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(base_and_new())
 def test_encode_then_apply_gives_the_new_words_and_applying_again_undoes(pair):
     base, new = pair
+    encoding, size = UNITS[base.dtype], base.itemsize
     encoded = {c: delta.encode_sparse(base, new, compiled=c).tobytes() for c in (True, False)}
     assert encoded[True] == encoded[False], "compiled and numpy encoders differ"
     data = encoded[True]
-    k = delta.check_sparse(data, base.size)
-    assert len(data) == 4 + 4 * k <= delta.sparse_bound(2 * base.size)
-    gaps = np.frombuffer(data, "<u2", k, 4 + 2 * k)
+    k = delta.check_sparse(data, base.size, encoding)
+    assert len(data) == 4 + 2 * size * k <= delta.sparse_bound(base.nbytes, encoding)
+    gaps = np.frombuffer(data, base.dtype, k, 4 + size * k)
     assert k == 0 or (gaps.min() >= 1 and int(gaps.sum()) - 1 < base.size)
     for compiled in (True, False):
         words = base.copy()
@@ -67,17 +74,36 @@ def test_the_fused_apply_gives_the_same_bytes_and_their_crc(pair):
     data = delta.encode_sparse(base, new, compiled=False)
     crc = crc32c.crc32c(new.tobytes())
     target = bytearray(base.tobytes())
-    assert delta.apply_sparse_crc(target, data.tobytes()) == crc
+    assert delta.apply_sparse_crc(target, data.tobytes(), UNITS[base.dtype]) == crc
     assert bytes(target) == new.tobytes()
 
 
-def test_distances_over_65535_words_are_bridged_by_zero_entries():
+@pytest.mark.parametrize("compiled", [True, False])
+def test_distances_over_65535_words_are_bridged_by_zero_entries(compiled):
     base = np.zeros(200_000, dtype=np.uint16)
     new = base.copy()
     new[[0, 140_000]] = (7, 9)
-    data = delta.encode_sparse(base, new).tobytes()
+    data = delta.encode_sparse(base, new, compiled=compiled).tobytes()
     # entry at 0 (g=1), then bridges of 65535 with x=0, then the change
     assert data == payload([7, 0, 0, 9], [1, 65535, 65535, 140_000 - 2 * 65535])
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_sparse_xor8_bridges_distances_over_255_bytes_and_takes_two_bytes_an_entry(compiled):
+    base = np.zeros(1000, dtype=np.uint8)
+    new = base.copy()
+    new[[3, 258, 259, 800]] = (1, 2, 3, 4)
+    data = delta.encode_sparse(base, new, compiled=compiled).tobytes()
+    # 3 (g=4), 258 (g=255: no bridge), 259 (g=1), then 800: bridges at 514 and 769, then g=31
+    assert data == payload([1, 2, 3, 0, 0, 4], [4, 255, 1, 255, 255, 31], unit="u1")
+    assert len(data) == 4 + 2 * 6
+    # A bf16 value whose change flips only low bits: one entry (the low byte comes first).
+    words = np.array([0x3F80, 0x3F80], dtype="<u2")
+    moved = words.copy()
+    moved[1] += 1
+    assert delta.encode_sparse(words.view(np.uint8), moved.view(np.uint8)).tobytes() == payload(
+        [1], [3], unit="u1"
+    )
 
 
 def test_the_zstd_frame_round_trips_and_states_its_size():
@@ -103,6 +129,20 @@ def test_the_zstd_frame_round_trips_and_states_its_size():
 def test_malformed_sparse_bytes_are_refused_with_the_reason(data, words, why):
     with pytest.raises(delta.DeltaError, match=why):
         delta.check_sparse(data, words)
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (payload([1], [1], "u1")[:-1], "5 bytes, but its entry count 1 makes it 6"),
+        (payload([1], [1]), "8 bytes, but its entry count 1 makes it 6"),  # XOR16's entry
+        (payload([1, 2], [1, 0], "u1"), "gap 1 is 0"),
+        (payload([1, 2], [5, 5], "u1"), "names byte 9, but the tensor has 9"),
+    ],
+)
+def test_malformed_sparse_xor8_bytes_are_refused_with_the_reason(data, why):
+    with pytest.raises(delta.DeltaError, match=why):
+        delta.check_sparse(data, 9, delta.SPARSE8)
 
 
 def test_a_zstd_frame_that_hides_or_inflates_its_size_is_refused_before_decompressing():
@@ -174,6 +214,12 @@ def test_a_delta_against_another_base_is_refused_with_its_reason():
             "v0",
             "begin.tensors[0].encoding",
             "3 bytes, not whole 16-bit words",
+        ),
+        (
+            sparse_spec(encoding=delta.SPARSE8, encoded_bytes=10**9),
+            "v0",
+            "begin.tensors[0].encoded_bytes",
+            "1 to 134 for TENSOR_ENCODING_SPARSE_XOR8 of 64 bytes",
         ),
         (
             pb.TensorSpec(name="b", dtype=pb.D_TYPE_UINT8, shape=[3], encoded_bytes=3, crc32c=0),
@@ -267,23 +313,25 @@ def plan_of(b, payloads: dict[str, bytes], crcs: dict[str, int], encoding=delta.
     return DeltaPlan(base_version="v0", tensors=tensors)
 
 
-def test_a_refused_tensor_undoes_every_tensor_before_it(base):
+@pytest.mark.parametrize("encoding", [delta.SPARSE, delta.SPARSE8])
+def test_a_refused_tensor_undoes_every_tensor_before_it(base, encoding):
+    unit = delta.element(encoding)
     before = bytes(base.staging.ensure(0)[: 2 * 8192])
-    slots = {n: np.frombuffer(before, "<u2", 4096, base.offsets[n]) for n in "ab"}
+    slots = {n: np.frombuffer(before, unit, 8192 // unit.itemsize, base.offsets[n]) for n in "ab"}
     new_a = slots["a"].copy()
     new_a[::7] ^= 1
     good = delta.encode_sparse(slots["a"], new_a).tobytes()
     crc_a = crc32c.crc32c(new_a.tobytes())
     for bad, field, why in [
-        (payload([1, 2], [1, 0]), "begin.tensors[1].encoding", "gap 1 is 0"),
-        (payload([1], [1]), "begin.tensors[1].crc32c", "reconstructs bytes with CRC-32C"),
+        (payload([1, 2], [1, 0], unit), "begin.tensors[1].encoding", "gap 1 is 0"),
+        (payload([1], [1], unit), "begin.tensors[1].crc32c", "reconstructs bytes with CRC-32C"),
     ]:
-        plan = plan_of(base, {"a": good, "b": bad}, {"a": crc_a, "b": 12345})
+        plan = plan_of(base, {"a": good, "b": bad}, {"a": crc_a, "b": 12345}, encoding)
         with pytest.raises(InvalidArgument) as e:
             base.materialize(plan)
         assert e.value.field == field and why in str(e.value)
         assert bytes(base.staging.ensure(0)[: 2 * 8192]) == before, "the base is untouched"
-    plan = plan_of(base, {"a": good}, {"a": crc_a})
+    plan = plan_of(base, {"a": good}, {"a": crc_a}, encoding)
     base.materialize(plan)
     assert bytes(base.staging.ensure(0)[:8192]) == new_a.tobytes()
     base.undo(plan)

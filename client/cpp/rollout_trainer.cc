@@ -33,7 +33,8 @@
 // the elements change (P in [0, 100], default 3). The update names as
 // UpdateWeightsBegin.base_version V, or by default GetServerInfo's
 // delta_base_version (which must be the version the S0 push created), and
-// sends each tensor as TENSOR_ENCODING_SPARSE_XOR16 (the proto's
+// sends each tensor as TENSOR_ENCODING_SPARSE_XOR16 (--encoding xor16, the
+// default) or TENSOR_ENCODING_SPARSE_XOR8 (--encoding xor8) (the proto's
 // TensorEncoding) of S0's bytes to the new bytes, with encoded_bytes and the
 // crc32c of the new bytes; chunk offsets count inside the encoded bytes. A
 // tensor whose encoding is not smaller than its bytes travels raw in the same
@@ -44,12 +45,14 @@
 // "raw_bytes" (the new tensors' bytes) and "encoded_bytes" (what travelled).
 //
 //   rollout_trainer --target HOST:PORT --version step-2 --base-seed 1 --seed 2
-//       [--change-percent 3] [--base-version step-1] [the options above]
+//       [--change-percent 3] [--base-version step-1] [--encoding xor16|xor8]
+//       [the options above]
 //
-// Without a server, --encode-only OUT writes one tensor's SPARSE_XOR16 bytes
-// to OUT and prints a JSON summary (for tests of the encoding), either of the
-// delta-mode change of a tensor NAME of N elements, or of two files of raw
-// bytes (the same even length):
+// Without a server, --encode-only OUT writes one tensor's SPARSE_XOR16 (or,
+// with --encoding xor8, SPARSE_XOR8) bytes to OUT and prints a JSON summary
+// (for tests of the encoding), either of the delta-mode change of a tensor
+// NAME of N elements, or of two files of raw bytes (the same length, even for
+// xor16):
 //
 //   rollout_trainer --encode-only OUT --tensor NAME --dtype bf16|fp16|fp32|fp64
 //       --elements N --base-seed S0 [--seed S] [--change-percent P]
@@ -67,6 +70,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -111,6 +115,7 @@ struct Options {
   std::optional<uint64_t> base_seed;
   double change_percent = 3;
   std::string base_version;  // "": GetServerInfo.delta_base_version
+  std::string encoding = "xor16";  // --encoding: xor16 or xor8
   // --encode-only: no server.
   std::string encode_only, base_file, new_file, dtype;
   uint64_t elements = 0;
@@ -124,10 +129,11 @@ struct Options {
             << "  [--token T (or env ROLLOUT_TOKEN)] [--tls-ca CA.pem [--tls-cert CERT.pem "
                "--tls-key KEY.pem]]\n"
             << "  [--wait-seconds S] [--timeout-seconds S]\n"
-            << "  [--base-seed S0 [--change-percent P] [--base-version V]]   (delta mode)\n"
+            << "  [--base-seed S0 [--change-percent P] [--base-version V]\n"
+            << "   [--encoding xor16|xor8]]   (delta mode)\n"
             << "   or: rollout_trainer --encode-only OUT (--tensor NAME --dtype bf16|fp16|fp32|fp64\n"
             << "  --elements N --base-seed S0 [--seed S] [--change-percent P]\n"
-            << "  | --base-file BASE --new-file NEW)\n";
+            << "  | --base-file BASE --new-file NEW) [--encoding xor16|xor8]\n";
   std::exit(2);
 }
 
@@ -186,6 +192,10 @@ Options ParseArgs(int argc, char** argv) {
     else if (a == "--base-seed") o.base_seed = ParseUint(a, value);
     else if (a == "--change-percent") o.change_percent = ParsePercent(a, value);
     else if (a == "--base-version") o.base_version = value;
+    else if (a == "--encoding") {
+      if (value != "xor16" && value != "xor8") Usage("--encoding must be xor16 or xor8");
+      o.encoding = value;
+    }
     else if (a == "--encode-only") o.encode_only = value;
     else if (a == "--base-file") o.base_file = value;
     else if (a == "--new-file") o.new_file = value;
@@ -216,8 +226,9 @@ Options ParseArgs(int argc, char** argv) {
   }
   if (files || given("--dtype") || given("--elements"))
     Usage("--base-file, --new-file, --dtype and --elements go with --encode-only");
-  if (!o.base_seed && (given("--change-percent") || given("--base-version")))
-    Usage("--change-percent and --base-version go with --base-seed");
+  if (!o.base_seed && (given("--change-percent") || given("--base-version") ||
+                       given("--encoding")))
+    Usage("--change-percent, --base-version and --encoding go with --base-seed");
   if (o.tls_cert.empty() != o.tls_key.empty()) Usage("--tls-cert and --tls-key go together");
   if (!o.tls_cert.empty() && o.tls_ca.empty()) Usage("--tls-cert/--tls-key need --tls-ca");
   if (o.prompt_len == 0) Usage("--prompt-len must be at least 1");
@@ -506,39 +517,56 @@ std::vector<double> ChangedValues(const std::string& name, uint64_t count, uint6
   return out;
 }
 
-// TENSOR_ENCODING_SPARSE_XOR16 of `next` against `base` (the same even
-// number of bytes), as the proto's comment on TensorEncoding defines it.
-// `changed`: how many 16-bit words differ.
-std::string SparseXor16(const std::string& base, const std::string& next, uint64_t* changed) {
-  const uint64_t words = base.size() / 2;
-  std::vector<uint16_t> xs, gaps;
-  int64_t prev = -1;  // the last word an entry named
+// TENSOR_ENCODING_SPARSE_XOR16 (T = uint16_t: 16-bit words) or SPARSE_XOR8
+// (T = uint8_t: bytes) of `next` against `base` (the same length, a whole
+// number of T), as the proto's comment on TensorEncoding defines them.
+// `changed`: how many elements (words or bytes) differ.
+template <typename T>
+std::string SparseXor(const std::string& base, const std::string& next, uint64_t* changed) {
+  constexpr uint64_t kMaxGap = std::numeric_limits<T>::max();
+  constexpr size_t kSize = sizeof(T);
+  const uint64_t count = base.size() / kSize;
+  std::vector<T> xs, gaps;
+  int64_t prev = -1;  // the last element an entry named
   *changed = 0;
-  for (uint64_t j = 0; j < words; ++j) {
-    uint16_t b, n;
-    std::memcpy(&b, base.data() + 2 * j, 2);
-    std::memcpy(&n, next.data() + 2 * j, 2);
+  for (uint64_t j = 0; j < count; ++j) {
+    T b, n;
+    std::memcpy(&b, base.data() + kSize * j, kSize);
+    std::memcpy(&n, next.data() + kSize * j, kSize);
     if (b == n) continue;
     ++*changed;
     uint64_t gap = static_cast<uint64_t>(static_cast<int64_t>(j) - prev);
-    while (gap > 0xFFFF) {  // bridge: an entry with x = 0 names the word 65535 on
+    while (gap > kMaxGap) {  // bridge: an entry with x = 0 names the element kMaxGap on
       xs.push_back(0);
-      gaps.push_back(0xFFFF);
-      gap -= 0xFFFF;
+      gaps.push_back(static_cast<T>(kMaxGap));
+      gap -= kMaxGap;
     }
-    xs.push_back(static_cast<uint16_t>(b ^ n));
-    gaps.push_back(static_cast<uint16_t>(gap));
+    xs.push_back(static_cast<T>(b ^ n));
+    gaps.push_back(static_cast<T>(gap));
     prev = static_cast<int64_t>(j);
   }
   if (xs.size() > 0xFFFFFFFFULL) FailLocal("encode", "over 2^32 - 1 entries");
   const uint32_t k = static_cast<uint32_t>(xs.size());
-  std::string out(4 + 4 * static_cast<size_t>(k), '\0');
+  const size_t half = kSize * static_cast<size_t>(k);
+  std::string out(4 + 2 * half, '\0');
   std::memcpy(out.data(), &k, 4);  // little-endian hosts only (checked above)
   if (k) {
-    std::memcpy(out.data() + 4, xs.data(), 2 * static_cast<size_t>(k));
-    std::memcpy(out.data() + 4 + 2 * static_cast<size_t>(k), gaps.data(), 2 * static_cast<size_t>(k));
+    std::memcpy(out.data() + 4, xs.data(), half);
+    std::memcpy(out.data() + 4 + half, gaps.data(), half);
   }
   return out;
+}
+
+// --encoding's TensorEncoding, and how many bytes its elements take.
+pb::TensorEncoding SparseEncoding(const std::string& name) {
+  return name == "xor8" ? pb::TENSOR_ENCODING_SPARSE_XOR8 : pb::TENSOR_ENCODING_SPARSE_XOR16;
+}
+size_t SparseElementBytes(const std::string& name) { return name == "xor8" ? 1 : 2; }
+
+std::string SparseEncode(const std::string& name, const std::string& base, const std::string& next,
+                         uint64_t* changed) {
+  return name == "xor8" ? SparseXor<uint8_t>(base, next, changed)
+                        : SparseXor<uint16_t>(base, next, changed);
 }
 
 bool IsFloat(pb::DType d) {
@@ -775,7 +803,7 @@ Pushed Push(Session& s, const std::string& version, const std::string& base_vers
   return out;
 }
 
-// --encode-only: one tensor's SPARSE_XOR16 bytes to a file, no server.
+// --encode-only: one tensor's SPARSE_XOR16 (or XOR8) bytes to a file, no server.
 int EncodeOnly(const Options& o) {
   std::string base, next;
   uint64_t picked = 0;
@@ -790,9 +818,10 @@ int EncodeOnly(const Options& o) {
     next = ReadFile(o.new_file);
     if (base.size() != next.size()) Usage("--base-file and --new-file differ in length");
   }
-  if (base.size() % 2) Usage("an odd number of bytes (such a tensor is sent raw)");
+  const size_t unit = SparseElementBytes(o.encoding);
+  if (base.size() % unit) Usage("an odd number of bytes (such a tensor is sent raw or as xor8)");
   uint64_t changed = 0;
-  std::string payload = SparseXor16(base, next, &changed);
+  std::string payload = SparseEncode(o.encoding, base, next, &changed);
   std::ofstream f(o.encode_only, std::ios::binary | std::ios::trunc);
   f.write(payload.data(), static_cast<std::streamsize>(payload.size()));
   f.close();
@@ -802,11 +831,11 @@ int EncodeOnly(const Options& o) {
   std::vector<std::pair<std::string, std::string>> fields = {
       {"ok", "true"},
       {"out", Quote(o.encode_only)},
-      {"encoding", Quote(pb::TensorEncoding_Name(pb::TENSOR_ENCODING_SPARSE_XOR16))},
+      {"encoding", Quote(pb::TensorEncoding_Name(SparseEncoding(o.encoding)))},
       {"raw_bytes", std::to_string(next.size())},
       {"encoded_bytes", std::to_string(payload.size())},
-      {"words", std::to_string(next.size() / 2)},
-      {"changed_words", std::to_string(changed)},
+      {"elements", std::to_string(next.size() / unit)},
+      {"changed_elements", std::to_string(changed)},
       {"entries", std::to_string(entries)},
       {"base_crc32c", std::to_string(Crc32c(base))},
       {"crc32c", std::to_string(Crc32c(next))}};
@@ -871,7 +900,7 @@ int main(int argc, char** argv) {
   std::string base_version = o.base_version.empty() ? info.delta_base_version() : o.base_version;
   std::vector<pb::TensorSpec> sent = specs;  // as the applied update declared them
   std::vector<std::string> wire = data;      // their bytes as they travelled
-  std::vector<uint64_t> changed_words(specs.size(), 0);
+  std::vector<uint64_t> changed_elements(specs.size(), 0);
   Pushed pushed;
   if (delta && base_version.empty()) {
     delta = false;
@@ -883,11 +912,11 @@ int main(int argc, char** argv) {
     uint64_t encoded_total = 0;
     for (size_t i = 0; i < specs.size(); ++i) {
       auto& t = dspecs[i];
-      if (data[i].size() % 2 == 0) {  // odd: raw
+      if (data[i].size() % SparseElementBytes(o.encoding) == 0) {  // else raw
         std::string base = Encode(NewValues(t.name(), Elements(t), *o.base_seed), t.dtype());
-        std::string payload = SparseXor16(base, data[i], &changed_words[i]);
+        std::string payload = SparseEncode(o.encoding, base, data[i], &changed_elements[i]);
         if (payload.size() < data[i].size()) {
-          t.set_encoding(pb::TENSOR_ENCODING_SPARSE_XOR16);
+          t.set_encoding(SparseEncoding(o.encoding));
           t.set_encoded_bytes(payload.size());
           dwire[i] = std::move(payload);
         }
@@ -957,7 +986,7 @@ int main(int argc, char** argv) {
         {"encoded_bytes", std::to_string(wire[i].size())}};
     if (o.base_seed) {
       f.push_back({"picked_elements", std::to_string(picked[i])});
-      f.push_back({"changed_words", std::to_string(changed_words[i])});
+      f.push_back({"changed_elements", std::to_string(changed_elements[i])});
     }
     return Obj(f);
   });

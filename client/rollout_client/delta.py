@@ -3,10 +3,14 @@ place: the client's encoder and the server's decoder are both here, so the
 two sides cannot drift apart. The proto's comment on TensorEncoding is the
 definition for other languages.
 
-A tensor's bytes are read as little-endian 16-bit words. SPARSE_XOR16 lists
+SPARSE_XOR16 reads a tensor's bytes as little-endian 16-bit words and lists
 the words that changed: a uint32 count K, K uint16 XOR values, then K uint16
 gaps (word p[i] = g[0] + ... + g[i] - 1). SPARSE_XOR16_ZSTD is the same bytes
-in one zstd frame that states its content size.
+in one zstd frame that states its content size. SPARSE_XOR8 is SPARSE_XOR16's
+layout over the tensor's bytes (uint8 values and gaps): the usual RL change of
+a bf16 value flips low bits only and costs 2 bytes, not 4, with no codec to
+pay for. The element type of the arrays given (uint16 words or uint8 bytes)
+says which of the two a function reads or writes.
 
 The loops run compiled (delta_kernels.py) where numba is installed, else in
 numpy, with the same bytes out. Neither holds the GIL: callers run one
@@ -27,11 +31,12 @@ from rollout_client import extras
 RAW = pb.TENSOR_ENCODING_RAW
 SPARSE = pb.TENSOR_ENCODING_SPARSE_XOR16
 SPARSE_ZSTD = pb.TENSOR_ENCODING_SPARSE_XOR16_ZSTD
-ENCODED = (SPARSE, SPARSE_ZSTD)
-MAX_GAP = 0xFFFF
+SPARSE8 = pb.TENSOR_ENCODING_SPARSE_XOR8
+ENCODED = (SPARSE, SPARSE_ZSTD, SPARSE8)
 # Entries decoded per block: bounds the temporary positions (8 bytes each).
 _BLOCK = 1 << 20
 _U16 = np.dtype("<u2")
+_U8 = np.dtype("u1")
 
 
 class DeltaError(ValueError):
@@ -42,22 +47,37 @@ def is_raw(encoding: int) -> bool:
     return encoding in (pb.TENSOR_ENCODING_UNSPECIFIED, RAW)
 
 
-def sparse_bound(nbytes: int) -> int:
-    """The most bytes SPARSE_XOR16 takes for a tensor of `nbytes`: every
-    word changed, plus the bridging entries."""
-    words = nbytes // 2
-    return 4 + 4 * (words + words // MAX_GAP + 1)
+def element(encoding: int) -> np.dtype:
+    """What an entry of a sparse encoding names: a 16-bit word or a byte."""
+    return _U8 if encoding == SPARSE8 else _U16
+
+
+def _max_gap(unit: np.dtype) -> int:
+    return (1 << (8 * unit.itemsize)) - 1
+
+
+def sparse_bound(nbytes: int, encoding: int = SPARSE) -> int:
+    """The most bytes SPARSE_XOR16 (or SPARSE_XOR8) takes for a tensor of
+    `nbytes`: every element changed, plus the bridging entries."""
+    unit = element(encoding)
+    n = nbytes // unit.itemsize
+    return 4 + 2 * unit.itemsize * (n + n // _max_gap(unit) + 1)
 
 
 def max_encoded_bytes(encoding: int, nbytes: int) -> int:
     """The limit on TensorSpec.encoded_bytes (as the proto states it)."""
-    s = sparse_bound(nbytes)
+    s = sparse_bound(nbytes, encoding)
     return s + s // 128 + 1024 if encoding == SPARSE_ZSTD else s
 
 
 def words(buf: Any) -> np.ndarray:
     """A writable-if-possible uint16 view of a tensor's bytes (even length)."""
     return np.frombuffer(buf, dtype=_U16)
+
+
+def elements(buf: Any, encoding: int) -> np.ndarray:
+    """`buf` as the elements `encoding`'s entries name (writable if it is)."""
+    return np.frombuffer(buf, dtype=element(encoding))
 
 
 @functools.cache
@@ -73,47 +93,60 @@ def kernels() -> ModuleType | None:
 def warm_up() -> None:
     """Compiles the loops now (a fraction of a second, then cached on disk),
     so that the first delta does not pay for it."""
-    w = np.arange(4, dtype=_U16)
-    target = w.copy()
-    payload = encode_sparse(w, w[::-1].copy())
-    apply_sparse(target, payload)
-    apply_sparse_crc(target, payload)
+    for encoding in (SPARSE, SPARSE8):
+        w = np.arange(4, dtype=element(encoding))
+        target = w.copy()
+        payload = encode_sparse(w, w[::-1].copy())
+        apply_sparse(target, payload)
+        apply_sparse_crc(target, payload, encoding)
 
 
 def encode_sparse(base: np.ndarray, new: np.ndarray, compiled: bool = True) -> np.ndarray:
     """SPARSE_XOR16 of `new` against `base` (uint16 word arrays of one
-    length), as a uint8 array. `compiled=False`: numpy even with numba."""
+    length), or SPARSE_XOR8 (uint8 byte arrays), as a uint8 array.
+    `compiled=False`: numpy even with numba."""
+    unit = np.dtype(base.dtype)
+    max_gap = _max_gap(unit)
     jit = kernels() if compiled else None
     if jit is not None:
-        room = base.size + base.size // MAX_GAP + 1
+        room = base.size + base.size // max_gap + 1
         # Pages of these are only touched as far as entries are written.
-        values, gaps = np.empty(room, dtype=_U16), np.empty(room, dtype=_U16)
-        k = int(jit.encode(base, new, values, gaps))
+        values, gaps = np.empty(room, dtype=unit), np.empty(room, dtype=unit)
+        k = int(jit.encode(base, new, values, gaps, max_gap))
         return _payload(values[:k], gaps[:k])
     x = np.bitwise_xor(base, new)
     at = np.flatnonzero(x)
     distance = np.diff(at, prepend=-1)
-    pads = (distance - 1) // MAX_GAP
+    pads = (distance - 1) // max_gap
     if not pads.any():
-        return _payload(x[at], distance)
-    # Each long distance becomes `pads` entries (x = 0, g = MAX_GAP) before
+        return _payload(x[at], distance.astype(unit))
+    # Each long distance becomes `pads` entries (x = 0, g = max_gap) before
     # the real one, which keeps the rest of it.
     real = np.cumsum(pads + 1) - 1
     k = int(real[-1]) + 1
-    all_gaps = np.full(k, MAX_GAP, dtype=np.int64)
-    all_values = np.zeros(k, dtype=_U16)
-    all_gaps[real] = distance - pads * MAX_GAP
+    all_gaps = np.full(k, max_gap, dtype=unit)
+    all_values = np.zeros(k, dtype=unit)
+    all_gaps[real] = distance - pads * max_gap
     all_values[real] = x[at]
     return _payload(all_values, all_gaps)
 
 
 def _payload(values: np.ndarray, gaps: np.ndarray) -> np.ndarray:
-    k = values.size
-    out = np.empty(4 + 4 * k, dtype=np.uint8)
+    k, size = values.size, values.itemsize
+    out = np.empty(4 + 2 * size * k, dtype=np.uint8)
     out[:4] = np.frombuffer(k.to_bytes(4, "little"), dtype=np.uint8)
-    out[4 : 4 + 2 * k].view(_U16)[:] = values
-    out[4 + 2 * k :].view(_U16)[:] = gaps
+    out[4 : 4 + size * k].view(values.dtype)[:] = values
+    out[4 + size * k :].view(values.dtype)[:] = gaps
     return out
+
+
+def _entries(payload: Any, unit: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """The values and gaps of checked sparse bytes, as views."""
+    k = int.from_bytes(bytes(payload[:4]), "little")
+    size = unit.itemsize
+    values = np.frombuffer(payload, dtype=unit, count=k, offset=4)
+    gaps = np.frombuffer(payload, dtype=unit, count=k, offset=4 + size * k)
+    return values, gaps
 
 
 # The fused pass (apply, then CRC-32C) goes block by block, so that the CRC
@@ -122,27 +155,26 @@ def _payload(values: np.ndarray, gaps: np.ndarray) -> np.ndarray:
 _FUSED_BLOCK = 1 << 18
 
 
-def apply_sparse_crc(target_bytes: Any, payload: Any) -> int:
-    """apply_sparse of checked bytes into the tensor `target_bytes` (a
-    writable buffer), then the CRC-32C of the result, in one pass over
-    memory where numba is installed."""
+def apply_sparse_crc(target_bytes: Any, payload: Any, encoding: int = SPARSE) -> int:
+    """apply_sparse of checked `encoding` bytes (SPARSE_XOR16 or XOR8) into
+    the tensor `target_bytes` (a writable buffer), then the CRC-32C of the
+    result, in one pass over memory where numba is installed."""
     import crc32c
 
-    target = words(target_bytes)
+    target = elements(target_bytes, encoding)
     jit = kernels()
     if jit is None:
         apply_sparse(target, payload)
         return int(crc32c.crc32c(target_bytes))
     view = memoryview(target_bytes).cast("B")
-    k = int.from_bytes(bytes(payload[:4]), "little")
-    values = np.frombuffer(payload, dtype=_U16, count=k, offset=4)
-    gaps = np.frombuffer(payload, dtype=_U16, count=k, offset=4 + 2 * k)
+    size = target.itemsize
+    values, gaps = _entries(payload, target.dtype)
     i, pos, crc = 0, -1, 0
-    step = _FUSED_BLOCK // 2
+    step = _FUSED_BLOCK // size
     for start in range(0, target.size, step):
         end = min(start + step, target.size)
         i, pos = jit.apply_block(target, values, gaps, i, pos, end)
-        crc = crc32c.crc32c(view[2 * start : 2 * end], crc)
+        crc = crc32c.crc32c(view[size * start : size * end], crc)
     return int(crc)
 
 
@@ -175,30 +207,33 @@ def zstd_decompress(frame: Any, nbytes: int) -> bytes:
         raise DeltaError(f"the zstd frame does not decompress ({e})") from None
 
 
-def check_sparse(payload: Any, nwords: int) -> int:
-    """Checks SPARSE_XOR16 bytes against a tensor of `nwords` words without
-    writing anything; returns K. DeltaError says what is wrong."""
+def check_sparse(payload: Any, count: int, encoding: int = SPARSE) -> int:
+    """Checks SPARSE_XOR16 (or XOR8) bytes against a tensor of `count` words
+    (or bytes) without writing anything; returns K. DeltaError says what is
+    wrong."""
+    unit = element(encoding)
+    size, what = unit.itemsize, ("byte" if unit == _U8 else "word")
     n = len(payload)
     if n < 4:
         raise DeltaError(f"{n} bytes: shorter than the 4-byte entry count")
     k = int.from_bytes(bytes(payload[:4]), "little")
-    if n != 4 + 4 * k:
-        raise DeltaError(f"{n} bytes, but its entry count {k} makes it {4 + 4 * k}")
-    gaps = np.frombuffer(payload, dtype=_U16, count=k, offset=4 + 2 * k)
+    if n != 4 + 2 * size * k:
+        raise DeltaError(f"{n} bytes, but its entry count {k} makes it {4 + 2 * size * k}")
+    gaps = np.frombuffer(payload, dtype=unit, count=k, offset=4 + size * k)
     if k and not gaps.all():
         raise DeltaError(f"gap {int(np.argmin(gaps))} is 0 (every gap is >= 1)")
     last = int(gaps.sum(dtype=np.int64)) - 1
-    if last >= nwords:
-        raise DeltaError(f"names word {last}, but the tensor has {nwords}")
+    if last >= count:
+        raise DeltaError(f"names {what} {last}, but the tensor has {count}")
     return k
 
 
 def apply_sparse(target: np.ndarray, payload: Any, compiled: bool = True) -> None:
     """XORs checked (check_sparse) SPARSE_XOR16 bytes into `target`, the
-    tensor's words, in place. Applying the same bytes again undoes it."""
-    k = int.from_bytes(bytes(payload[:4]), "little")
-    values = np.frombuffer(payload, dtype=_U16, count=k, offset=4)
-    gaps = np.frombuffer(payload, dtype=_U16, count=k, offset=4 + 2 * k)
+    tensor's words (SPARSE_XOR8 bytes: its bytes, a uint8 array), in place.
+    Applying the same bytes again undoes it."""
+    values, gaps = _entries(payload, np.dtype(target.dtype))
+    k = values.size
     jit = kernels() if compiled else None
     if jit is not None:
         jit.apply(target, values, gaps)

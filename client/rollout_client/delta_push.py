@@ -4,10 +4,15 @@ delta against it (UpdateWeightsBegin.base_version; the encodings: delta.py).
 `PushedWeights` records the bytes of every tensor a client pushed and had
 acknowledged, and the version they make. When the server's
 GetServerInfo.delta_base_version is that version, the next push sends each
-tensor as the sparse XOR against its record (zstd-framed when that is
-smaller), raw when that would not be smaller than `raw_above` of its bytes,
-and not at all when it did not change. Every tensor declares the CRC-32C of
-its new bytes, which the server checks after decoding.
+tensor as the sparse XOR of its bytes against its record (SPARSE_XOR8), raw
+when that would not be smaller than `raw_above` of its bytes, and not at all
+when it did not change. Every tensor declares the CRC-32C of its new bytes,
+which the server checks after decoding.
+
+`PushedWeights(zstd=True)` sends SPARSE_XOR16 in a zstd frame instead (when
+that is smaller): about a third fewer bytes than SPARSE_XOR8, for a codec
+that runs at 0.2-0.3 GB/s of encoded bytes per core: worth it only on a link
+much slower than that (BENCHMARKS.md, "Delta updates").
 
 What it costs the trainer host:
 - memory: a copy of each recorded tensor, the size of the served model;
@@ -16,10 +21,10 @@ What it costs the trainer host:
 - while a push is sent: the encoded bytes of every tensor (a few percent of
   the model at RL learning rates) and a view of each new tensor;
 - time: one pass over old and new bytes per tensor, compiled with numba when
-  it is installed (1.5 to 2.5 GB/s per core here), numpy otherwise (5 to 10
-  times slower); tensors are encoded `threads` at a time, before the update
-  begins (its begin message states every encoded size, so that the server
-  bounds its memory before it receives anything).
+  it is installed, numpy otherwise (5 to 10 times slower); tensors are
+  encoded `threads` at a time, before the update begins (its begin message
+  states every encoded size, so that the server bounds its memory before it
+  receives anything).
 """
 
 from __future__ import annotations
@@ -50,7 +55,8 @@ class _Tensor:
     spec: pb.TensorSpec
     new: Any  # the new bytes (a view)
     wire: Any  # the bytes that travel
-    sparse: np.ndarray | None = None  # SPARSE_XOR16 bytes, for the record
+    sparse: np.ndarray | None = None  # SPARSE_XOR8 or XOR16 bytes, for the record
+    unit: int = delta.SPARSE8  # which of the two `sparse` is
     changed: bool = True
 
 
@@ -69,53 +75,48 @@ class DeltaUpdate:
 class PushedWeights:
     """The bytes a client last pushed to a server (see the module docstring)."""
 
-    def __init__(self, max_bytes: int | None = None) -> None:
+    def __init__(self, max_bytes: int | None = None, zstd: bool = False) -> None:
         self.max_bytes = max_bytes
+        self.zstd = zstd
         # The version the recorded bytes make on the server ("" : none).
         self.version = ""
-        self._words: dict[str, np.ndarray] = {}
+        self._bytes: dict[str, np.ndarray] = {}
 
     @property
     def nbytes(self) -> int:
         """Host memory held by the record."""
-        return sum(w.nbytes for w in self._words.values())
+        return sum(w.nbytes for w in self._bytes.values())
 
     def forget(self) -> None:
         self.version = ""
-        self._words.clear()
+        self._bytes.clear()
 
     def delta(
-        self,
-        u: Update,
-        zstd: bool = True,
-        raw_above: float = RAW_ABOVE,
-        threads: int | None = None,
+        self, u: Update, raw_above: float = RAW_ABOVE, threads: int | None = None
     ) -> DeltaUpdate:
         """`u` (a full update of the new bytes, from push.prepare) as a
         delta against the record; nothing is recorded until it is acknowledged."""
         crc32c = extras.require("crc32c", "delta updates").crc32c
-        try:
-            import zstandard  # noqa: F401
-        except ImportError:
-            zstd = False  # SPARSE_XOR16 alone: about twice the bytes
+        if self.zstd:
+            extras.require("zstandard", "the zstd delta encoding", extra="weights")
 
         def encode(item: tuple[SourceTensor, pb.TensorSpec]) -> _Tensor:
             t, spec = item
             new = t.read(0, t.nbytes)
             out = pb.TensorSpec()
             out.CopyFrom(spec)
-            old = self._words.get(t.name)
-            if old is None or t.nbytes % 2 or old.nbytes != t.nbytes:
-                out.crc32c = crc32c(new)
-                return _Tensor(t, out, new, new)
             out.crc32c = crc32c(new)
-            sparse = delta.encode_sparse(old, delta.words(new))
-            out.encoding = delta.SPARSE
+            old = self._bytes.get(t.name)
+            if old is None or old.nbytes != t.nbytes:
+                return _Tensor(t, out, new, new)
+            unit = delta.SPARSE if self.zstd and t.nbytes % 2 == 0 else delta.SPARSE8
+            sparse = delta.encode_sparse(delta.elements(old, unit), delta.elements(new, unit))
+            out.encoding = unit
             if sparse.size == 4:  # no entry: unchanged
                 out.encoded_bytes = 4
-                return _Tensor(t, out, new, sparse, sparse, changed=False)
+                return _Tensor(t, out, new, sparse, sparse, unit, changed=False)
             wire: Any = sparse
-            if zstd:
+            if unit == delta.SPARSE:
                 frame = delta.zstd_compress(sparse)
                 if len(frame) < sparse.size:
                     wire, out.encoding = frame, delta.SPARSE_ZSTD
@@ -123,7 +124,7 @@ class PushedWeights:
                 out.encoding = delta.RAW
                 return _Tensor(t, out, new, new)
             out.encoded_bytes = len(wire)
-            return _Tensor(t, out, new, wire, sparse)
+            return _Tensor(t, out, new, wire, sparse, unit)
 
         with ThreadPoolExecutor(threads or os.cpu_count() or 1) as pool:
             encoded = list(pool.map(encode, zip(u.tensors, u.begin.tensors)))
@@ -146,7 +147,7 @@ class PushedWeights:
         """The delta was acknowledged as `version`."""
         for e in d.tensors:
             if e.sparse is not None and e.changed and e.spec.encoding != delta.RAW:
-                delta.apply_sparse(self._words[e.source.name], e.sparse)
+                delta.apply_sparse(delta.elements(self._bytes[e.source.name], e.unit), e.sparse)
             elif e.changed:
                 self._keep(e.source.name, e.new)
             e.source.release()
@@ -157,23 +158,23 @@ class PushedWeights:
         left out keep their record only if it was made on the version the
         update replaced."""
         if ack.previous_weight_version != self.version:
-            self._words.clear()
+            self._bytes.clear()
         for t in tensors:
             self._keep(t.name, t.read(0, t.nbytes))
             t.release()
         self.version = ack.weight_version
 
     def _keep(self, name: str, data: Any) -> None:
-        new = delta.words(data) if len(data) % 2 == 0 else None
-        old = self._words.get(name)
-        if new is not None and old is not None and old.shape == new.shape:
+        new = np.frombuffer(data, dtype=np.uint8)
+        old = self._bytes.get(name)
+        if old is not None and old.shape == new.shape:
             np.copyto(old, new)
             return
-        self._words.pop(name, None)
+        self._bytes.pop(name, None)
         room = None if self.max_bytes is None else self.max_bytes - self.nbytes
-        if new is None or (room is not None and new.nbytes > room):
+        if room is not None and new.nbytes > room:
             return  # pushed raw from now on
-        self._words[name] = new.copy()
+        self._bytes[name] = new.copy()
 
 
 def _wire_tensor(e: _Tensor) -> SourceTensor:

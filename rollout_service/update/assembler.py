@@ -321,10 +321,11 @@ class UpdateAssembler:
                 f"{where}.encoding",
                 f"{spec.name}: {pb.TensorEncoding.Name(enc)} needs begin.base_version",
             )
-        if nbytes % 2:
+        if nbytes % delta.element(enc).itemsize:
             raise InvalidArgument(
                 f"{where}.encoding",
-                f"{spec.name}: {nbytes} bytes, not whole 16-bit words: send it raw",
+                f"{spec.name}: {nbytes} bytes, not whole 16-bit words: send it raw "
+                "or as SPARSE_XOR8",
             )
         most = delta.max_encoded_bytes(enc, nbytes)
         if not 0 < spec.encoded_bytes <= most:

@@ -8,8 +8,8 @@ tensors where the last one left the others and the region always holds the
 served bytes. At start the slots are filled from the checkpoint. No memory is
 added for deltas beyond the encoded bytes themselves (the incoming region).
 
-A delta is decoded in place (`materialize`): each tensor's sparse XOR is
-applied to its slot and the slot's CRC-32C checked against the declared one;
+A delta is decoded in place (`materialize`): each tensor's sparse XOR (of
+words or bytes) is applied to its slot and the slot's CRC-32C checked against the declared one;
 raw tensors of a delta are copied in from the incoming region after their old
 bytes are saved. `undo` reverses it (a sparse XOR is its own inverse), so a
 delta that is refused or fails in the engine leaves the base as it was.
@@ -150,7 +150,7 @@ class DeltaBase:
                     continue
                 payload = self._decoded(t)
                 plan._applied.add(t.index)
-                got = delta.apply_sparse_crc(slot, payload)
+                got = delta.apply_sparse_crc(slot, payload, t.encoding)
                 if got != t.crc32c:
                     raise InvalidArgument(
                         f"begin.tensors[{t.index}].crc32c",
@@ -169,7 +169,7 @@ class DeltaBase:
         try:
             if t.encoding == delta.SPARSE_ZSTD:
                 payload = delta.zstd_decompress(payload, t.nbytes)
-            delta.check_sparse(payload, t.nbytes // 2)
+            delta.check_sparse(payload, t.nbytes // delta.element(t.encoding).itemsize, t.encoding)
         except delta.DeltaError as e:
             raise InvalidArgument(
                 f"begin.tensors[{t.index}].encoding", f"{t.name}: {e}; the base is untouched"
@@ -182,7 +182,7 @@ class DeltaBase:
         for t in plan.tensors:
             slot = view[t.slot_offset : t.slot_offset + t.nbytes]
             if t.index in plan._applied:
-                delta.apply_sparse(delta.words(slot), self._decoded(t))
+                delta.apply_sparse(delta.elements(slot, t.encoding), self._decoded(t))
             elif (old := plan._saved.pop(t.index, None)) is not None:
                 slot[:] = old
         plan._applied.clear()

@@ -58,6 +58,7 @@ class TensorEncoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TENSOR_ENCODING_RAW: _ClassVar[TensorEncoding]
     TENSOR_ENCODING_SPARSE_XOR16: _ClassVar[TensorEncoding]
     TENSOR_ENCODING_SPARSE_XOR16_ZSTD: _ClassVar[TensorEncoding]
+    TENSOR_ENCODING_SPARSE_XOR8: _ClassVar[TensorEncoding]
 
 class PauseMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -128,6 +129,7 @@ TENSOR_ENCODING_UNSPECIFIED: TensorEncoding
 TENSOR_ENCODING_RAW: TensorEncoding
 TENSOR_ENCODING_SPARSE_XOR16: TensorEncoding
 TENSOR_ENCODING_SPARSE_XOR16_ZSTD: TensorEncoding
+TENSOR_ENCODING_SPARSE_XOR8: TensorEncoding
 PAUSE_MODE_UNSPECIFIED: PauseMode
 PAUSE_MODE_WAIT: PauseMode
 PAUSE_MODE_ABORT: PauseMode
