@@ -7,6 +7,7 @@ import pytest
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from rollout_service.update import assembler as assembler_module
 from rollout_service.update.assembler import UpdateAssembler, _Coverage
 from tests.support.regions import FakeRegion
 
@@ -105,11 +106,63 @@ def test_huge_offsets_and_unknown_enums_are_rejected():
 )
 def test_coverage_detects_overlap(ranges, ok):
     cov = _Coverage()
-    results = [cov.add(a, b) for a, b in ranges]
+    results = [cov.add(a, b) == "" for a, b in ranges]
     assert all(results) == ok
     if ok:
         assert cov.starts == [min(a for a, _ in ranges)]
         assert cov.received == sum(b - a for a, b in ranges)
+
+
+def batch(*chunks):
+    return pb.UpdateWeightsRequest(
+        chunks=pb.TensorChunkBatch(
+            chunks=[pb.TensorChunk(tensor_index=i, offset=o, data=d) for i, o, d in chunks]
+        )
+    )
+
+
+def test_a_batch_of_chunks_lands_as_its_chunks_would_one_by_one():
+    data_a, data_b = bytes(range(64)), b"abcdef"
+    asm = assembler()
+    asm.feed(begin(MANIFEST["a"], MANIFEST["b"]))
+    asm.feed(batch((1, 0, data_b), (0, 32, data_a[32:])))
+    asm.feed(chunk(0, 0, data_a[:32]))
+    asm.feed(COMMIT)
+    a, b = asm.finish().tensors
+    buf = asm._staging.buf
+    assert bytes(buf[a.offset : a.offset + 64]) == data_a
+    assert bytes(buf[b.offset : b.offset + 6]) == data_b
+
+
+@pytest.mark.parametrize(
+    ("chunks", "field", "why"),
+    [
+        ([(0, 0, b"xx"), (0, 1, b"y")], "chunks.chunks[1].offset", "overlap bytes already"),
+        ([(1, 4, b"xyz")], "chunks.chunks[0].offset", "run past the tensor's end"),
+        ([(0, 0, b"x"), (7, 0, b"x")], "chunks.chunks[1].tensor_index", "out of range"),
+        ([(0, 0, b"")], "chunks.chunks[0].data", "empty chunk"),
+        ([(0, i, b"x") for i in range(1025)], "chunks.chunks", "1025 chunks, at most 1024"),
+    ],
+)
+def test_a_bad_chunk_in_a_batch_is_refused_naming_it(chunks, field, why):
+    asm = assembler()
+    asm.feed(begin(MANIFEST["a"], MANIFEST["b"]))
+    with pytest.raises(InvalidArgument) as e:
+        asm.feed(batch(*chunks))
+    assert e.value.field == field and why in str(e.value)
+
+
+def test_a_tensors_bytes_may_form_only_so_many_separate_ranges(monkeypatch):
+    """Out-of-order chunks cost a sorted insertion each: their ranges are bounded."""
+    monkeypatch.setattr(assembler_module, "MAX_RANGES", 3)
+    asm = assembler()
+    asm.feed(begin(MANIFEST["a"]))
+    asm.feed(batch((0, 40, b"x"), (0, 20, b"x"), (0, 0, b"x")))
+    with pytest.raises(InvalidArgument, match="form 3 separate ranges") as e:
+        asm.feed(chunk(0, 10, b"x"))
+    assert e.value.field == "chunk.offset"
+    asm.feed(chunk(0, 1, b"x" * 19))  # joins two ranges: one fewer
+    asm.feed(chunk(0, 10 + 50, b"x"))  # a third again
 
 
 def test_a_piece_of_a_fused_group_is_refused_at_begin_naming_the_rest():

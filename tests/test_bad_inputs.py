@@ -132,6 +132,14 @@ RAW_CASES = {
 }
 
 
+def batch(chunks):
+    return pb.UpdateWeightsRequest(
+        chunks=pb.TensorChunkBatch(
+            chunks=[pb.TensorChunk(tensor_index=i, offset=o, data=d) for i, o, d in chunks]
+        )
+    )
+
+
 def update_cases(info):
     p0, p1 = info.parameters[0], info.parameters[1]
     v = version()
@@ -158,6 +166,17 @@ def update_cases(info):
         "offset overflowing": ([begin(v, [p0]), chunk(0, 2**64 - 1, b"ab")], INV, "past"),
         "empty chunk": ([begin(v, [p0]), chunk(0, 0, b"")], INV, "empty chunk"),
         "tensor index 2^32-1": ([begin(v, [p0]), chunk(U32, 0, b"x")], INV, "tensor_index"),
+        "batch of 1025 chunks": (
+            [begin(v, [p0]), batch([(0, i, b"x") for i in range(1025)])],
+            INV,
+            "chunks.chunks: 1025 chunks, at most 1024",
+        ),
+        "bad chunk in a batch": (
+            [begin(v, [p0]), batch([(0, 0, b"ab"), (0, 1, b"c")])],
+            INV,
+            "chunks.chunks[1].offset",
+        ),
+        "batch before begin": ([batch([(0, 0, b"x")]), COMMIT], INV, "begin"),
         "adapter without --enable-lora": (
             [
                 pb.UpdateWeightsRequest(

@@ -207,6 +207,49 @@ def test_a_bad_chunk_ends_its_stream_and_leaves_the_update_open(stub, weights):
         stub.AbortUpdate(pb.AbortUpdateRequest(update_id=uid))
 
 
+def test_a_batch_of_chunks_uploads_as_its_chunks_and_a_bad_one_is_named(client, stub, weights):
+    """UploadChunksRequest.chunks: the server says it takes them; chunk and
+    chunks together, or a bad chunk in a batch, are refused naming the field."""
+    assert client.server_info().accepts_chunk_batches
+    name, t = next(iter(weights.items()))
+    data = tensor_bytes(t)
+    v = version()
+    begin = pb.UpdateWeightsBegin(weight_version=v, tensors=[spec(name, t)])
+    uid = stub.BeginUpdate(pb.BeginUpdateRequest(begin=begin)).update_id
+    third = len(data) // 3
+    pieces = [(0, third), (third, 2 * third)]
+
+    def batch(ranges) -> pb.TensorChunkBatch:
+        return pb.TensorChunkBatch(
+            chunks=[pb.TensorChunk(offset=a, data=data[a:b]) for a, b in ranges]
+        )
+
+    try:
+        for req, field in [
+            (pb.UploadChunksRequest(update_id=uid, chunks=batch(pieces), chunk=pb.TensorChunk()),
+             "chunks: set chunk or chunks"),
+            (pb.UploadChunksRequest(update_id=uid, chunks=batch([(0, 4), (2, 6)])),
+             "chunks.chunks[1].offset"),
+        ]:  # fmt: skip
+            with pytest.raises(grpc.RpcError) as e:
+                stub.UploadChunks(iter([req]))
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+            assert field in e.value.details()
+        # The refused batch's first chunk landed, as its own message would have:
+        # what is missing says so, and the rest completes the tensor.
+        status = stub.GetUpdateStatus(pb.GetUpdateStatusRequest(update_id=uid))
+        assert [(r.offset, r.length) for r in status.missing] == [(4, len(data) - 4)]
+        rest = [(4, third), (third, 2 * third), (2 * third, len(data))]
+        got = stub.UploadChunks(iter([pb.UploadChunksRequest(update_id=uid, chunks=batch(rest))]))
+        assert got.bytes_received == len(data) - 4
+        ack = stub.CommitUpdate(pb.CommitUpdateRequest(update_id=uid)).result
+        assert ack.weight_version == v == client.server_info().weight_version
+        uid = ""
+    finally:
+        if uid:
+            stub.AbortUpdate(pb.AbortUpdateRequest(update_id=uid))
+
+
 def test_a_sharded_checkpoint_folder_streams_tensor_by_tensor(
     client, info, weights, expected, tmp_path
 ):

@@ -193,10 +193,11 @@ class RolloutClient(_Surface[stubs.RolloutStub]):
                 streams=streams,
                 same_host=same_host,
             )
+        info = None if target else self.server_info(timeout)
         u = core.prepare_update(
             source,
             version,
-            None if target else self.server_info(timeout).parameters,
+            None if info is None else info.parameters,
             progress=progress,
             timeout=timeout or self.timeout,
             metadata=self.options.metadata(),
@@ -206,6 +207,7 @@ class RolloutClient(_Surface[stubs.RolloutStub]):
             drain_timeout_seconds=drain_timeout_seconds,
             adapter=target,
         )
+        u.batch_chunks = info is not None and info.accepts_chunk_batches
         return self._send(u, streams, same_host)
 
     def _update_delta(
@@ -236,6 +238,7 @@ class RolloutClient(_Surface[stubs.RolloutStub]):
             metadata=self.options.metadata(),
             **begin,
         )
+        u.batch_chunks = info.accepts_chunk_batches
         if pushed.version and pushed.version == info.delta_base_version:
             d = pushed.delta(u)
             try:

@@ -140,6 +140,7 @@ class PushedWeights:
             chunk_bytes=u.chunk_bytes,
             timeout=u.timeout,
             metadata=u.metadata,
+            batch_chunks=u.batch_chunks,
         )
         return DeltaUpdate(update=update, tensors=encoded)
 

@@ -90,12 +90,54 @@ class Update:
     progress: Progress | None = None
     timeout: float | None = None
     metadata: stubs.Metadata = None
+    # The server takes TensorChunkBatch (GetServerInfo.accepts_chunk_batches).
+    batch_chunks: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def advance(self, n: int) -> None:
         if self.progress is not None:
             with self._lock:
                 self.progress.update(n)
+
+
+# What one TensorChunkBatch may hold (rollout.proto).
+MAX_BATCH_CHUNKS = 1024
+
+Piece = tuple[int, int, int]  # tensor index, offset, length
+
+
+def pieces(u: Update) -> Iterator[Piece]:
+    """Every chunk of the update, in order."""
+    for i, t in enumerate(u.tensors):
+        for off in range(0, t.nbytes, u.chunk_bytes):
+            yield i, off, min(u.chunk_bytes, t.nbytes - off)
+
+
+def groups(u: Update, items: Iterator[Piece]) -> Iterator[list[Piece]]:
+    """The chunks as messages: each alone, or, where the server takes
+    batches, runs of chunks under a quarter of the chunk size together, up
+    to half of it (with up to 1024 chunks' headers, a batch stays smaller
+    than a message of one whole chunk; gRPC costs as much per message as a
+    few hundred KB take here)."""
+    small = u.chunk_bytes // 4
+    budget = u.chunk_bytes // 2
+    group: list[Piece] = []
+    size = 0
+    for p in items:
+        n = p[2]
+        if not u.batch_chunks or n >= small:
+            if group:
+                yield group
+                group, size = [], 0
+            yield [p]
+            continue
+        if group and (size + n > budget or len(group) == MAX_BATCH_CHUNKS):
+            yield group
+            group, size = [], 0
+        group.append(p)
+        size += n
+    if group:
+        yield group
 
 
 UPDATE_WEIGHTS = _SERVICE + "UpdateWeights"
@@ -105,11 +147,26 @@ def update_weights_requests(u: Update) -> Iterator[bytes]:
     """The serialized messages of an UpdateWeights stream: begin, every
     chunk in order, commit. Call the method with request_serializer=None."""
     yield pb.UpdateWeightsRequest(begin=u.begin).SerializeToString()
-    for i, t in enumerate(u.tensors):
-        for offset, data in t.chunks(u.chunk_bytes):
-            yield wire.update_weights_chunk(i, offset, data)
-            u.advance(len(data))
+    for group in groups(u, pieces(u)):
+        if len(group) == 1:
+            i, off, n = group[0]
+            yield wire.update_weights_chunk(i, off, u.tensors[i].read(off, n))
+        else:
+            yield pb.UpdateWeightsRequest(chunks=_batch(u, group)).SerializeToString()
+        u.advance(sum(n for _, _, n in group))
+        for i, off, n in group:  # each tensor's bytes are let go once sent
+            if off + n == u.tensors[i].nbytes:
+                u.tensors[i].release()
     yield _COMMIT
+
+
+def _batch(u: Update, group: list[Piece]) -> pb.TensorChunkBatch:
+    return pb.TensorChunkBatch(
+        chunks=[
+            pb.TensorChunk(tensor_index=i, offset=off, data=bytes(u.tensors[i].read(off, n)))
+            for i, off, n in group
+        ]
+    )
 
 
 def one_stream(channel: grpc.Channel, u: Update) -> pb.UpdateWeightsResponse:
@@ -134,13 +191,9 @@ def parallel(
     )
     uid = opened.update_id
     try:
-        pieces: Iterator[tuple[int, int, int]] = (
-            (i, off, min(u.chunk_bytes, t.nbytes - off))
-            for i, t in enumerate(u.tensors)
-            for off in range(0, t.nbytes, u.chunk_bytes)
-        )
+        todo: Iterator[list[Piece]] = groups(u, pieces(u))
         for attempt in range(resume_attempts + 1):
-            errors = _upload(channels, u, uid, pieces)
+            errors = _upload(channels, u, uid, todo)
             status = stub.GetUpdateStatus(
                 pb.GetUpdateStatusRequest(update_id=uid), timeout=u.timeout, metadata=u.metadata
             )
@@ -148,10 +201,13 @@ def parallel(
                 break
             if attempt == resume_attempts:
                 raise errors[0] if errors else RuntimeError("upload incomplete")
-            pieces = (
-                (r.tensor_index, off, min(u.chunk_bytes, r.offset + r.length - off))
-                for r in status.missing
-                for off in range(r.offset, r.offset + r.length, u.chunk_bytes)
+            todo = groups(
+                u,
+                (
+                    (r.tensor_index, off, min(u.chunk_bytes, r.offset + r.length - off))
+                    for r in status.missing
+                    for off in range(r.offset, r.offset + r.length, u.chunk_bytes)
+                ),
             )
         return stub.CommitUpdate(
             pb.CommitUpdateRequest(update_id=uid), timeout=u.timeout, metadata=u.metadata
@@ -162,21 +218,26 @@ def parallel(
 
 
 def _upload(
-    channels: Sequence[grpc.Channel], u: Update, uid: str, pieces: Iterator[tuple[int, int, int]]
+    channels: Sequence[grpc.Channel], u: Update, uid: str, todo: Iterator[list[Piece]]
 ) -> list[grpc.RpcError]:
-    """One UploadChunks stream per channel, all pulling from `pieces`."""
+    """One UploadChunks stream per channel, all pulling from `todo`."""
     lock = threading.Lock()
     errors: list[grpc.RpcError] = []
 
     def requests() -> Iterator[bytes]:
         while True:
             with lock:
-                piece = next(pieces, None)
-            if piece is None:
+                group = next(todo, None)
+            if group is None:
                 return
-            i, off, n = piece
-            yield wire.upload_chunk(uid, i, off, u.tensors[i].read(off, n))
-            u.advance(n)
+            if len(group) == 1:
+                i, off, n = group[0]
+                yield wire.upload_chunk(uid, i, off, u.tensors[i].read(off, n))
+            else:
+                yield pb.UploadChunksRequest(
+                    update_id=uid, chunks=_batch(u, group)
+                ).SerializeToString()
+            u.advance(sum(n for _, _, n in group))
 
     def run(channel: grpc.Channel) -> None:
         call: stubs.StreamUnary[bytes, pb.UploadChunksResponse] = channel.stream_unary(

@@ -347,4 +347,5 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
             max_stream_tokens=self.config.max_stream_tokens,
             delta_base_version=self.updater.delta_base,
             delta_base_bytes=self.updater.base.nbytes if self.updater.base.enabled else 0,
+            accepts_chunk_batches=True,
         )

@@ -8,7 +8,6 @@ import os
 from typing import TYPE_CHECKING
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client.wire import RawChunk
 from rollout_service.engine.sleep import Sleeper
 from rollout_service.rpc.handlers import unary
 from rollout_service.staging import SHM_DIR
@@ -57,9 +56,7 @@ class UpdateRpcs:
                 msg.fail()
             if session is None or msg.update_id != session.id:
                 session = self.sessions.get(msg.update_id)
-            received += self.sessions.upload(
-                session, msg if isinstance(msg, RawChunk) else msg.chunk
-            )
+            received += self.sessions.upload(session, msg)
         return pb.UploadChunksResponse(bytes_received=received)
 
     @unary

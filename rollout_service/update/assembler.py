@@ -48,6 +48,14 @@ class Placement:
     writing: Callable[[set[str]], None] = lambda names: None
 
 
+# Chunks in one TensorChunkBatch (the proto says so).
+MAX_BATCH_CHUNKS = 1024
+# Separate byte ranges one tensor's received bytes may form: an in-order
+# stream keeps one, parallel streams a few per stream; the bound keeps each
+# insertion into the sorted lists cheap whatever order chunks come in.
+MAX_RANGES = 1 << 16
+
+
 @dataclass
 class _Coverage:
     """Byte ranges of one tensor written so far: sorted, disjoint, merged."""
@@ -56,13 +64,19 @@ class _Coverage:
     ends: list[int] = field(default_factory=list)
     received: int = 0
 
-    def add(self, start: int, end: int) -> bool:
-        """Records [start, end); False when it overlaps a recorded range."""
+    def add(self, start: int, end: int) -> str:
+        """Records [start, end); else says why not (an overlap with a
+        recorded range, or one range more than MAX_RANGES)."""
         i = bisect.bisect_right(self.starts, start)
         if i > 0 and self.ends[i - 1] > start:
-            return False
+            return "overlap"
         if i < len(self.starts) and self.starts[i] < end:
-            return False
+            return "overlap"
+        joins = (i > 0 and self.ends[i - 1] == start) or (
+            i < len(self.starts) and self.starts[i] == end
+        )
+        if not joins and len(self.starts) >= MAX_RANGES:
+            return "ranges"
         self.received += end - start
         # Merge with the neighbours it touches, to keep the lists short for
         # the usual in-order stream.
@@ -76,7 +90,7 @@ class _Coverage:
         else:
             self.starts.insert(i, start)
             self.ends.insert(i, end)
-        return True
+        return ""
 
 
 @dataclass
@@ -194,10 +208,12 @@ class UpdateAssembler:
             raise InvalidArgument(kind or "kind", "the first message must be begin")
         elif kind == "chunk":
             self.add_chunk(msg.chunk.tensor_index, msg.chunk.offset, msg.chunk.data)
+        elif kind == "chunks":
+            self.add_chunks(msg.chunks.chunks)
         elif kind == "commit":
             self._committed = True
         else:
-            raise InvalidArgument("kind", "message sets none of begin, chunk, commit")
+            raise InvalidArgument("kind", "message sets none of begin, chunk, chunks, commit")
 
     def begin(self, begin: pb.UpdateWeightsBegin) -> None:
         """Validates `begin` (a staged update's, without a stream)."""
@@ -349,28 +365,44 @@ class UpdateAssembler:
                     "(GetServerInfo.parameter_groups lists the groups)",
                 )
 
-    def add_chunk(self, tensor_index: int, start: int, data) -> None:
+    def add_chunks(self, chunks, where: str = "chunks") -> None:
+        """A TensorChunkBatch's chunks, each as add_chunk, in order."""
+        if len(chunks) > MAX_BATCH_CHUNKS:
+            raise InvalidArgument(
+                f"{where}.chunks", f"{len(chunks)} chunks, at most {MAX_BATCH_CHUNKS} in a batch"
+            )
+        for i, c in enumerate(chunks):
+            self.add_chunk(c.tensor_index, c.offset, c.data, where=f"{where}.chunks[{i}]")
+
+    def add_chunk(self, tensor_index: int, start: int, data, where: str = "chunk") -> None:
         """Validates one chunk and writes it into the region."""
         if tensor_index >= len(self._tensors):
             raise InvalidArgument(
-                "chunk.tensor_index",
+                f"{where}.tensor_index",
                 f"{tensor_index} is out of range: begin declared {len(self._tensors)} tensors",
             )
         t = self._tensors[tensor_index]
         size = len(data)
         if size == 0:
-            raise InvalidArgument("chunk.data", f"{t.spec.name}: empty chunk")
+            raise InvalidArgument(f"{where}.data", f"{t.spec.name}: empty chunk")
         end = start + size
         if end > t.wire_nbytes:
             raise InvalidArgument(
-                "chunk.offset",
+                f"{where}.offset",
                 f"{t.spec.name}: bytes [{start}, {end}) run past "
                 f"the tensor's end ({t.wire_nbytes} bytes)",
             )
-        if not t.coverage.add(start, end):
+        refused = t.coverage.add(start, end)
+        if refused == "overlap":
             raise InvalidArgument(
-                "chunk.offset",
+                f"{where}.offset",
                 f"{t.spec.name}: bytes [{start}, {end}) overlap bytes already received",
+            )
+        if refused:
+            raise InvalidArgument(
+                f"{where}.offset",
+                f"{t.spec.name}: its bytes so far form {MAX_RANGES} separate ranges, the most "
+                "one tensor may; send each tensor's chunks in order",
             )
         assert self._buf is not None
         self._buf[t.offset + start : t.offset + end] = data

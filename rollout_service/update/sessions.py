@@ -136,16 +136,24 @@ class UpdateSessions:
         s.touch()
         return s
 
-    def upload(self, session: UpdateSession, chunk: RawChunk | pb.TensorChunk) -> int:
-        """Writes one chunk; returns its size."""
+    def upload(self, session: UpdateSession, msg: RawChunk | pb.UploadChunksRequest) -> int:
+        """Writes an UploadChunksRequest's chunk or chunks; returns their size."""
         if session.state != "open":
             raise FailedPrecondition(
                 f"update_id: {session.id!r} is no longer open",
                 reason=pb.ERROR_REASON_UPDATE_NOT_OPEN,
             )
         session.touch()
-        session.assembler.add_chunk(chunk.tensor_index, chunk.offset, chunk.data)
-        return len(chunk.data)
+        if isinstance(msg, RawChunk):
+            session.assembler.add_chunk(msg.tensor_index, msg.offset, msg.data)
+            return len(msg.data)
+        if msg.HasField("chunks"):
+            if msg.HasField("chunk"):
+                raise InvalidArgument("chunks", "set chunk or chunks, not both")
+            session.assembler.add_chunks(msg.chunks.chunks)
+            return sum(len(c.data) for c in msg.chunks.chunks)
+        session.assembler.add_chunk(msg.chunk.tensor_index, msg.chunk.offset, msg.chunk.data)
+        return len(msg.chunk.data)
 
     def status(self, session: UpdateSession) -> pb.GetUpdateStatusResponse:
         a = session.assembler

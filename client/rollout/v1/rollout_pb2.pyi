@@ -467,19 +467,27 @@ class TensorChunk(_message.Message):
     data: bytes
     def __init__(self, tensor_index: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
+class TensorChunkBatch(_message.Message):
+    __slots__ = ("chunks",)
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    chunks: _containers.RepeatedCompositeFieldContainer[TensorChunk]
+    def __init__(self, chunks: _Optional[_Iterable[_Union[TensorChunk, _Mapping]]] = ...) -> None: ...
+
 class UpdateWeightsCommit(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class UpdateWeightsRequest(_message.Message):
-    __slots__ = ("begin", "chunk", "commit")
+    __slots__ = ("begin", "chunk", "commit", "chunks")
     BEGIN_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     COMMIT_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
     begin: UpdateWeightsBegin
     chunk: TensorChunk
     commit: UpdateWeightsCommit
-    def __init__(self, begin: _Optional[_Union[UpdateWeightsBegin, _Mapping]] = ..., chunk: _Optional[_Union[TensorChunk, _Mapping]] = ..., commit: _Optional[_Union[UpdateWeightsCommit, _Mapping]] = ...) -> None: ...
+    chunks: TensorChunkBatch
+    def __init__(self, begin: _Optional[_Union[UpdateWeightsBegin, _Mapping]] = ..., chunk: _Optional[_Union[TensorChunk, _Mapping]] = ..., commit: _Optional[_Union[UpdateWeightsCommit, _Mapping]] = ..., chunks: _Optional[_Union[TensorChunkBatch, _Mapping]] = ...) -> None: ...
 
 class BeginUpdateRequest(_message.Message):
     __slots__ = ("begin", "same_host")
@@ -510,12 +518,14 @@ class BeginUpdateResponse(_message.Message):
     def __init__(self, update_id: _Optional[str] = ..., total_bytes: _Optional[int] = ..., shared_staging: _Optional[_Union[SharedStaging, _Mapping]] = ..., idle_timeout_seconds: _Optional[float] = ...) -> None: ...
 
 class UploadChunksRequest(_message.Message):
-    __slots__ = ("update_id", "chunk")
+    __slots__ = ("update_id", "chunk", "chunks")
     UPDATE_ID_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
     update_id: str
     chunk: TensorChunk
-    def __init__(self, update_id: _Optional[str] = ..., chunk: _Optional[_Union[TensorChunk, _Mapping]] = ...) -> None: ...
+    chunks: TensorChunkBatch
+    def __init__(self, update_id: _Optional[str] = ..., chunk: _Optional[_Union[TensorChunk, _Mapping]] = ..., chunks: _Optional[_Union[TensorChunkBatch, _Mapping]] = ...) -> None: ...
 
 class UploadChunksResponse(_message.Message):
     __slots__ = ("bytes_received",)
@@ -642,7 +652,7 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetServerInfoResponse(_message.Message):
-    __slots__ = ("model", "max_model_len", "vocab_size", "weight_version", "supports_images", "parameters", "max_message_bytes", "recommended_chunk_bytes", "max_update_bytes", "max_logprobs", "server_version", "degraded", "engine_requests", "parameter_groups", "drain_timeout_seconds", "logprobs_mode", "tokenizer", "lora_adapters", "lora_limits", "supports_sleep", "sleeping", "max_generations_per_stream", "max_stream_tokens", "delta_base_version", "delta_base_bytes")
+    __slots__ = ("model", "max_model_len", "vocab_size", "weight_version", "supports_images", "parameters", "max_message_bytes", "recommended_chunk_bytes", "max_update_bytes", "max_logprobs", "server_version", "degraded", "engine_requests", "parameter_groups", "drain_timeout_seconds", "logprobs_mode", "tokenizer", "lora_adapters", "lora_limits", "supports_sleep", "sleeping", "max_generations_per_stream", "max_stream_tokens", "delta_base_version", "delta_base_bytes", "accepts_chunk_batches")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -668,6 +678,7 @@ class GetServerInfoResponse(_message.Message):
     MAX_STREAM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DELTA_BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
     DELTA_BASE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTS_CHUNK_BATCHES_FIELD_NUMBER: _ClassVar[int]
     model: str
     max_model_len: int
     vocab_size: int
@@ -693,7 +704,8 @@ class GetServerInfoResponse(_message.Message):
     max_stream_tokens: int
     delta_base_version: str
     delta_base_bytes: int
-    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., weight_version: _Optional[str] = ..., supports_images: bool = ..., parameters: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., max_message_bytes: _Optional[int] = ..., recommended_chunk_bytes: _Optional[int] = ..., max_update_bytes: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., server_version: _Optional[str] = ..., degraded: bool = ..., engine_requests: _Optional[int] = ..., parameter_groups: _Optional[_Iterable[_Union[ParameterGroup, _Mapping]]] = ..., drain_timeout_seconds: _Optional[float] = ..., logprobs_mode: _Optional[_Union[LogprobsMode, str]] = ..., tokenizer: _Optional[_Union[TokenizerInfo, _Mapping]] = ..., lora_adapters: _Optional[_Iterable[_Union[LoraAdapter, _Mapping]]] = ..., lora_limits: _Optional[_Union[LoraLimits, _Mapping]] = ..., supports_sleep: bool = ..., sleeping: bool = ..., max_generations_per_stream: _Optional[int] = ..., max_stream_tokens: _Optional[int] = ..., delta_base_version: _Optional[str] = ..., delta_base_bytes: _Optional[int] = ...) -> None: ...
+    accepts_chunk_batches: bool
+    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., weight_version: _Optional[str] = ..., supports_images: bool = ..., parameters: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., max_message_bytes: _Optional[int] = ..., recommended_chunk_bytes: _Optional[int] = ..., max_update_bytes: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., server_version: _Optional[str] = ..., degraded: bool = ..., engine_requests: _Optional[int] = ..., parameter_groups: _Optional[_Iterable[_Union[ParameterGroup, _Mapping]]] = ..., drain_timeout_seconds: _Optional[float] = ..., logprobs_mode: _Optional[_Union[LogprobsMode, str]] = ..., tokenizer: _Optional[_Union[TokenizerInfo, _Mapping]] = ..., lora_adapters: _Optional[_Iterable[_Union[LoraAdapter, _Mapping]]] = ..., lora_limits: _Optional[_Union[LoraLimits, _Mapping]] = ..., supports_sleep: bool = ..., sleeping: bool = ..., max_generations_per_stream: _Optional[int] = ..., max_stream_tokens: _Optional[int] = ..., delta_base_version: _Optional[str] = ..., delta_base_bytes: _Optional[int] = ..., accepts_chunk_batches: bool = ...) -> None: ...
 
 class TokenizerInfo(_message.Message):
     __slots__ = ("eos_token_ids", "bos_token_id", "pad_token_id", "has_chat_template", "image_placeholder", "image_token_id")
