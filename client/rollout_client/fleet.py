@@ -307,6 +307,9 @@ class Fleet:
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"a partial update needs a replica on {self.version!r}; all lag: {lagging}",
                 )
+            u.batch_chunks = all(
+                r.client.server_info(timeout).accepts_chunk_batches for r in targets
+            )
             prints: list[int] | None = None if unreplayable else []
             d = self._delta(u, targets, timeout) if delta else None
             opened = fleet_staging.stage(

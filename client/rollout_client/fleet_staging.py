@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 # A chunk on its way to the upload streams: (tensor index, offset, data).
 _Chunk = tuple[int, int, bytes | memoryview]
+# A message's worth of chunks: one, or a batch (push.groups).
+_Group = list[_Chunk]
 
 
 def _checksum() -> Callable[[bytes | memoryview, int], int]:
@@ -145,7 +147,7 @@ def _fan_out(
 ) -> dict[str, str]:
     """Reads every chunk once and sends it to every replica, one upload
     stream each; a replica whose stream fails stops getting chunks."""
-    queues: dict[str, queue.Queue[_Chunk | None]] = {
+    queues: dict[str, queue.Queue[_Group | None]] = {
         r.target: queue.Queue(maxsize=8) for r, _ in targets
     }
     errors: dict[str, str] = {}
@@ -154,9 +156,17 @@ def _fan_out(
         q = queues[r.target]
 
         def requests() -> Iterator[bytes]:
-            while (item := q.get()) is not None:
-                i, off, data = item
-                yield wire.upload_chunk(uid, i, off, data)
+            while (group := q.get()) is not None:
+                if len(group) == 1:
+                    i, off, data = group[0]
+                    yield wire.upload_chunk(uid, i, off, data)
+                    continue
+                chunks = [
+                    pb.TensorChunk(tensor_index=i, offset=o, data=bytes(d)) for i, o, d in group
+                ]
+                yield pb.UploadChunksRequest(
+                    update_id=uid, chunks=pb.TensorChunkBatch(chunks=chunks)
+                ).SerializeToString()
 
         call: stubs.StreamUnary[bytes, pb.UploadChunksResponse] = r.client.channel.stream_unary(
             "/rollout.v1.RolloutService/UploadChunks",
@@ -174,16 +184,22 @@ def _fan_out(
     for t in threads:
         t.start()
     crc_of = _checksum() if fingerprints is not None else None
+    crcs = [0] * len(u.tensors)
     try:
-        for i, tensor in enumerate(u.tensors):
-            crc = 0
-            for off, data in tensor.chunks(u.chunk_bytes):
+        for pieces in push.groups(u, push.pieces(u)):
+            group: _Group = []
+            for i, off, n in pieces:
+                data = u.tensors[i].read(off, n)
                 if crc_of is not None:  # set when fingerprints are asked for
-                    crc = crc_of(data, crc)
-                for q in queues.values():
-                    q.put((i, off, data))
-            if fingerprints is not None:
-                fingerprints.append(crc)
+                    crcs[i] = crc_of(data, crcs[i])
+                group.append((i, off, data))
+            for q in queues.values():
+                q.put(group)
+            for i, off, n in pieces:  # each tensor's bytes are let go once read
+                if off + n == u.tensors[i].nbytes:
+                    u.tensors[i].release()
+        if fingerprints is not None:
+            fingerprints.extend(crcs)
     finally:
         for q in queues.values():
             q.put(None)
