@@ -70,11 +70,6 @@ def max_encoded_bytes(encoding: int, nbytes: int) -> int:
     return s + s // 128 + 1024 if encoding == SPARSE_ZSTD else s
 
 
-def words(buf: Any) -> np.ndarray:
-    """A writable-if-possible uint16 view of a tensor's bytes (even length)."""
-    return np.frombuffer(buf, dtype=_U16)
-
-
 def elements(buf: Any, encoding: int) -> np.ndarray:
     """`buf` as the elements `encoding`'s entries name (writable if it is)."""
     return np.frombuffer(buf, dtype=element(encoding))

@@ -307,11 +307,10 @@ class Fleet:
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"a partial update needs a replica on {self.version!r}; all lag: {lagging}",
                 )
-            u.batch_chunks = all(
-                r.client.server_info(timeout).accepts_chunk_batches for r in targets
-            )
+            infos = [r.client.server_info(timeout) for r in targets]
+            u.batch_chunks = all(i.accepts_chunk_batches for i in infos)
             prints: list[int] | None = None if unreplayable else []
-            d = self._delta(u, targets, timeout) if delta else None
+            d = self._delta(u, [i.delta_base_version for i in infos]) if delta else None
             opened = fleet_staging.stage(
                 u if d is None else d.update,
                 targets,
@@ -327,19 +326,16 @@ class Fleet:
                 self._record(u, d, next(iter(acks.values())))
             return self._committed(u, targets, acks, dropped, lagging, full, prints, unreplayable)
 
-    def _delta(self, u: push.Update, targets: list[Replica], timeout: float) -> DeltaUpdate | None:
-        """`u` as a delta, when every target's delta base is what this fleet
-        pushed last; None (a full update) otherwise."""
+    def _delta(self, u: push.Update, bases: list[str]) -> DeltaUpdate | None:
+        """`u` as a delta, when every target's delta base (`bases`) is what
+        this fleet pushed last; None (a full update) otherwise."""
         from rollout_client.delta_push import PushedWeights
 
         if self.pushed is None:
             self.pushed = PushedWeights()
         base = self.pushed.version
-        if not base:
+        if not base or any(b != base for b in bases):
             return None
-        for r in targets:
-            if r.client.server_info(timeout).delta_base_version != base:
-                return None
         return self.pushed.delta(u)
 
     def _record(self, u: push.Update, d: DeltaUpdate | None, ack: pb.UpdateWeightsResponse) -> None:

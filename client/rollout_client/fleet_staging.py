@@ -21,15 +21,10 @@ import grpc
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
-from rollout_client import push, stubs, wire
+from rollout_client import push, stubs
 
 if TYPE_CHECKING:
     from rollout_client.fleet_health import Replica
-
-# A chunk on its way to the upload streams: (tensor index, offset, data).
-_Chunk = tuple[int, int, bytes | memoryview]
-# A message's worth of chunks: one, or a batch (push.groups).
-_Group = list[_Chunk]
 
 
 def _checksum() -> Callable[[bytes | memoryview, int], int]:
@@ -147,7 +142,8 @@ def _fan_out(
 ) -> dict[str, str]:
     """Reads every chunk once and sends it to every replica, one upload
     stream each; a replica whose stream fails stops getting chunks."""
-    queues: dict[str, queue.Queue[_Group | None]] = {
+    # A message's worth of chunks on its way to the upload streams (push.groups).
+    queues: dict[str, queue.Queue[list[push.Chunk] | None]] = {
         r.target: queue.Queue(maxsize=8) for r, _ in targets
     }
     errors: dict[str, str] = {}
@@ -156,17 +152,8 @@ def _fan_out(
         q = queues[r.target]
 
         def requests() -> Iterator[bytes]:
-            while (group := q.get()) is not None:
-                if len(group) == 1:
-                    i, off, data = group[0]
-                    yield wire.upload_chunk(uid, i, off, data)
-                    continue
-                chunks = [
-                    pb.TensorChunk(tensor_index=i, offset=o, data=bytes(d)) for i, o, d in group
-                ]
-                yield pb.UploadChunksRequest(
-                    update_id=uid, chunks=pb.TensorChunkBatch(chunks=chunks)
-                ).SerializeToString()
+            while (chunks := q.get()) is not None:
+                yield push.upload_message(uid, chunks)
 
         call: stubs.StreamUnary[bytes, pb.UploadChunksResponse] = r.client.channel.stream_unary(
             "/rollout.v1.RolloutService/UploadChunks",
@@ -186,18 +173,14 @@ def _fan_out(
     crc_of = _checksum() if fingerprints is not None else None
     crcs = [0] * len(u.tensors)
     try:
-        for pieces in push.groups(u, push.pieces(u)):
-            group: _Group = []
-            for i, off, n in pieces:
-                data = u.tensors[i].read(off, n)
-                if crc_of is not None:  # set when fingerprints are asked for
+        for group in push.groups(u, push.pieces(u)):
+            chunks = push.read(u, group)
+            if crc_of is not None:  # set when fingerprints are asked for
+                for i, _, data in chunks:
                     crcs[i] = crc_of(data, crcs[i])
-                group.append((i, off, data))
             for q in queues.values():
-                q.put(group)
-            for i, off, n in pieces:  # each tensor's bytes are let go once read
-                if off + n == u.tensors[i].nbytes:
-                    u.tensors[i].release()
+                q.put(chunks)
+            push.let_go(u, group)
         if fingerprints is not None:
             fingerprints.extend(crcs)
     finally:

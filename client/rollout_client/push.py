@@ -104,6 +104,7 @@ class Update:
 MAX_BATCH_CHUNKS = 1024
 
 Piece = tuple[int, int, int]  # tensor index, offset, length
+Chunk = tuple[int, int, bytes | memoryview]  # tensor index, offset, data
 
 
 def pieces(u: Update) -> Iterator[Piece]:
@@ -148,25 +149,46 @@ def update_weights_requests(u: Update) -> Iterator[bytes]:
     chunk in order, commit. Call the method with request_serializer=None."""
     yield pb.UpdateWeightsRequest(begin=u.begin).SerializeToString()
     for group in groups(u, pieces(u)):
-        if len(group) == 1:
-            i, off, n = group[0]
-            yield wire.update_weights_chunk(i, off, u.tensors[i].read(off, n))
-        else:
-            yield pb.UpdateWeightsRequest(chunks=_batch(u, group)).SerializeToString()
+        yield update_weights_message(read(u, group))
         u.advance(sum(n for _, _, n in group))
-        for i, off, n in group:  # each tensor's bytes are let go once sent
-            if off + n == u.tensors[i].nbytes:
-                u.tensors[i].release()
+        let_go(u, group)
     yield _COMMIT
 
 
-def _batch(u: Update, group: list[Piece]) -> pb.TensorChunkBatch:
+def read(u: Update, group: list[Piece]) -> list[Chunk]:
+    """The bytes of a group of pieces."""
+    return [(i, off, u.tensors[i].read(off, n)) for i, off, n in group]
+
+
+def let_go(u: Update, group: list[Piece]) -> None:
+    """Releases each tensor whose last piece is in `group` (read in order)."""
+    for i, off, n in group:
+        if off + n == u.tensors[i].nbytes:
+            u.tensors[i].release()
+
+
+def _batch(chunks: list[Chunk]) -> pb.TensorChunkBatch:
     return pb.TensorChunkBatch(
-        chunks=[
-            pb.TensorChunk(tensor_index=i, offset=off, data=bytes(u.tensors[i].read(off, n)))
-            for i, off, n in group
-        ]
+        chunks=[pb.TensorChunk(tensor_index=i, offset=o, data=bytes(d)) for i, o, d in chunks]
     )
+
+
+def update_weights_message(chunks: list[Chunk]) -> bytes:
+    """A serialized UpdateWeightsRequest: one chunk (its data copied once,
+    wire.py), or a batch."""
+    if len(chunks) == 1:
+        return wire.update_weights_chunk(*chunks[0])
+    out: bytes = pb.UpdateWeightsRequest(chunks=_batch(chunks)).SerializeToString()
+    return out
+
+
+def upload_message(update_id: str, chunks: list[Chunk]) -> bytes:
+    """A serialized UploadChunksRequest: one chunk or a batch."""
+    if len(chunks) == 1:
+        return wire.upload_chunk(update_id, *chunks[0])
+    request = pb.UploadChunksRequest(update_id=update_id, chunks=_batch(chunks))
+    out: bytes = request.SerializeToString()
+    return out
 
 
 def one_stream(channel: grpc.Channel, u: Update) -> pb.UpdateWeightsResponse:
@@ -230,13 +252,7 @@ def _upload(
                 group = next(todo, None)
             if group is None:
                 return
-            if len(group) == 1:
-                i, off, n = group[0]
-                yield wire.upload_chunk(uid, i, off, u.tensors[i].read(off, n))
-            else:
-                yield pb.UploadChunksRequest(
-                    update_id=uid, chunks=_batch(u, group)
-                ).SerializeToString()
+            yield upload_message(uid, read(u, group))
             u.advance(sum(n for _, _, n in group))
 
     def run(channel: grpc.Channel) -> None:

@@ -9,10 +9,11 @@ served bytes. At start the slots are filled from the checkpoint. No memory is
 added for deltas beyond the encoded bytes themselves (the incoming region).
 
 A delta is decoded in place (`materialize`): each tensor's sparse XOR (of
-words or bytes) is applied to its slot and the slot's CRC-32C checked against the declared one;
-raw tensors of a delta are copied in from the incoming region after their old
-bytes are saved. `undo` reverses it (a sparse XOR is its own inverse), so a
-delta that is refused or fails in the engine leaves the base as it was.
+words or bytes) is applied to its slot and the slot's CRC-32C checked
+against the declared one; raw tensors of a delta are copied in from the
+incoming region after their old bytes are saved. `undo` reverses it (a
+sparse XOR is its own inverse), so a delta that is refused or fails in the
+engine leaves the base as it was.
 
 The base is offered (GetServerInfo.delta_base_version) only while every slot
 holds the served version's bytes. A full update that writes slots and then
