@@ -56,6 +56,7 @@ async def build_app(
     config: ServerConfig,
     staging: StagingRegion,
     on_degraded: Callable[[bool], object],
+    cpus: set[int] | None = None,
 ) -> App:
     """Builds the app on a started engine and warms it up. Raises
     staging.StagingSpaceError when /dev/shm cannot hold the staging region."""
@@ -76,6 +77,8 @@ async def build_app(
         broadcast=config.weight_broadcast,
         keep_refusal=KEEP_REFUSAL_MULTIMODAL if info.limits.supports_images else None,
         adapters=adapters,
+        decode_threads=config.delta_decode_threads or min(8, len(cpus or os.sched_getaffinity(0))),
+        decode_cpus=cpus,
     )
     if nbytes := region_bytes(info.manifest, max_update):
         staging.ensure(nbytes, prefault=config.prefault_staging)

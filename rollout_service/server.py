@@ -201,6 +201,9 @@ async def serve(config: ServerConfig, engine_args) -> int:
             engine = await start
             return 0
         engine = start.result()
+        # Every CPU the process was given, before placement moves it off the
+        # worker's: a delta's decode runs on all of them (delta_base.py).
+        cpus = os.sched_getaffinity(0)
         placement.apply(config.cpu_placement)
         try:
             app = await build_app(
@@ -208,6 +211,7 @@ async def serve(config: ServerConfig, engine_args) -> int:
                 config,
                 staging,
                 on_degraded=lambda degraded: _set_health(health_servicer, serving=not degraded),
+                cpus=cpus,
             )
         except StagingSpaceError as e:
             log.error("cannot start: %s", e)

@@ -18,11 +18,14 @@ from concurrent.futures import ThreadPoolExecutor
 import crc32c
 import grpc
 import numpy as np
+import psutil
 import pytest
+import torch
 
 from harness.weights_util import COMMIT, chunk, spec, tensor_bytes, version
 from rollout.v1 import rollout_pb2_grpc
 from rollout_client import RolloutClient, RolloutError, delta, pb
+from tests.support.cpus import thread_cpus, vllm_process
 from tests.support.delta_steps import initial, simulate
 from tests.support.stall import stalled, wait_stalled
 
@@ -139,16 +142,33 @@ def spec_of(name: str, weights: dict, **kw) -> pb.TensorSpec:
     return spec(name, t, crc32c=crc32c.crc32c(tensor_bytes(t)), **kw)
 
 
-def delta_stream(base_version: str, v: str, name: str, old: dict, new: dict, crc_delta: int = 0):
-    """A one-tensor SPARSE_XOR16 delta stream of `name` from `old` to `new`."""
-    words = {k: np.frombuffer(tensor_bytes(w[name]), "<u2") for k, w in (("o", old), ("n", new))}
-    data = delta.encode_sparse(words["o"], words["n"]).tobytes()
-    s = spec_of(name, new, encoding=delta.SPARSE, encoded_bytes=len(data))
-    s.crc32c = (s.crc32c + crc_delta) & 0xFFFFFFFF
-    begin = pb.UpdateWeightsBegin(weight_version=v, base_version=base_version, tensors=[s])
+def delta_stream(
+    base_version: str,
+    v: str,
+    names: str | list[str],
+    old: dict,
+    new: dict,
+    crc_delta: int = 0,
+    wrong: str | None = None,
+):
+    """A SPARSE_XOR16 delta stream of `names` from `old` to `new`; the
+    CRC-32C declared for `wrong` (default: the first) is off by `crc_delta`."""
+    names = [names] if isinstance(names, str) else names
+    wrong = wrong or names[0]
+    specs, payloads = [], []
+    for name in names:
+        words = [np.frombuffer(tensor_bytes(w[name]), "<u2") for w in (old, new)]
+        data = delta.encode_sparse(*words).tobytes()
+        s = spec_of(name, new, encoding=delta.SPARSE, encoded_bytes=len(data))
+        if name == wrong:
+            s.crc32c = (s.crc32c + crc_delta) & 0xFFFFFFFF
+        specs.append(s)
+        payloads.append(data)
+    begin = pb.UpdateWeightsBegin(weight_version=v, base_version=base_version, tensors=specs)
     yield pb.UpdateWeightsRequest(begin=begin)
-    for off in range(0, len(data), 1 << 14):
-        yield chunk(0, off, data[off : off + (1 << 14)])
+    for i, data in enumerate(payloads):
+        for off in range(0, len(data), 1 << 14):
+            yield chunk(i, off, data[off : off + (1 << 14)])
     yield COMMIT
 
 
@@ -170,6 +190,41 @@ def test_a_delta_that_reconstructs_the_wrong_crc_is_refused_and_the_base_is_inta
     ack = stub.UpdateWeights(delta_stream(base, version(), name, steps[0], steps[1]), timeout=60)
     assert ack.timings.decode_seconds > 0
     client.pushed = None  # the record no longer matches what is served
+
+
+def test_one_wrong_tensor_among_many_refuses_the_whole_delta_and_the_worker_cores_come_back(
+    server, client, stub, reference, steps
+):
+    """The tensors of a delta are decoded on several threads that borrow
+    the worker's cores (delta_base.py): one wrong CRC-32C in the middle
+    refuses the whole update with the base intact, names that tensor, and
+    every thread of the server is back off the worker's cores after."""
+    client.update_weights(steps[0], version(), delta=True)
+    base = client.server_info().delta_base_version
+    before = served(client)
+    names = [
+        n
+        for n, t in steps[1].items()
+        if t.dtype == torch.bfloat16 and not torch.equal(t, steps[0][n])
+    ]
+    assert len(names) > 4, names
+    wrong = names[len(names) // 2]
+    with pytest.raises(grpc.RpcError) as e:
+        stub.UpdateWeights(
+            delta_stream(base, version(), names, steps[0], steps[1], 1, wrong), timeout=60
+        )
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"begin.tensors[{len(names) // 2}].crc32c" in e.value.details()
+    assert client.server_info().delta_base_version == base
+    assert_same(served(client), before, noise=0.0)
+    ack = stub.UpdateWeights(delta_stream(base, version(), names, steps[0], steps[1]), timeout=60)
+    assert ack.timings.decode_seconds > 0
+    client.pushed = None
+    full_push(reference, steps[1])
+    assert_same(served(client), served(reference))
+    root = psutil.Process(server.proc.pid)
+    worker = thread_cpus(vllm_process(root, "VLLM::Worker"))
+    assert not thread_cpus(root) & worker, "a server thread stayed on the worker's cores"
 
 
 def test_a_delta_cancelled_after_commit_and_retried_is_replayed(client, stub, steps, fault_file):

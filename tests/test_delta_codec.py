@@ -6,6 +6,8 @@ word is written."""
 
 from __future__ import annotations
 
+import os
+
 import crc32c
 import numpy as np
 import pytest
@@ -283,18 +285,19 @@ def test_the_clients_record_is_bounded_and_what_does_not_fit_goes_raw():
 # ------------------------------------------------------------ the server's base
 
 
-@pytest.fixture
-def base():
+@pytest.fixture(params=[1, 2], ids=["one-decode-thread", "two-decode-threads"])
+def base(request):
     from rollout_service.staging import StagingRegion
     from rollout_service.update.delta_base import DeltaBase
 
     manifest = {n: pb.TensorSpec(name=n, dtype=pb.D_TYPE_BFLOAT16, shape=[4096]) for n in "ab"}
     staging, incoming = StagingRegion(), StagingRegion()
     staging.ensure(2 * 8192)
-    b = DeltaBase(manifest, staging, incoming)
+    b = DeltaBase(manifest, staging, incoming, decode_threads=request.param)
     rng = np.random.default_rng(5)
     staging.ensure(0)[: 2 * 8192] = rng.integers(0, 1 << 16, 8192, dtype=np.uint16).tobytes()
     yield b
+    b.close()
     staging.close()
     incoming.close()
 
@@ -336,6 +339,59 @@ def test_a_refused_tensor_undoes_every_tensor_before_it(base, encoding):
     assert bytes(base.staging.ensure(0)[:8192]) == new_a.tobytes()
     base.undo(plan)
     assert bytes(base.staging.ensure(0)[: 2 * 8192]) == before
+
+
+def test_of_several_refused_tensors_the_first_is_named_and_none_is_applied(base):
+    before = bytes(base.staging.ensure(0)[: 2 * 8192])
+    bad = payload([1], [1])  # decodes, to another CRC-32C than the declared 0
+    plan = plan_of(base, {"a": bad, "b": bad}, {"a": 0, "b": 0})
+    for _ in range(5):  # whichever thread ends first
+        with pytest.raises(InvalidArgument) as e:
+            base.materialize(plan)
+        assert e.value.field == "begin.tensors[0].crc32c"
+        assert bytes(base.staging.ensure(0)[: 2 * 8192]) == before
+
+
+def test_decode_threads_borrow_every_cpu_and_give_them_back(base, monkeypatch):
+    """With more than one decode thread, each tensor is decoded on every CPU
+    the process was given (the worker's too, on a CPU host), and the thread
+    is back on the server's own CPUs after it."""
+    import threading
+
+    cpus = os.sched_getaffinity(0)
+    own = {min(cpus)}
+    base.decode_cpus = cpus
+    seen: list[tuple[int, set[int]]] = []
+    apply = delta.apply_sparse_crc
+
+    def spying(*args):
+        seen.append((threading.get_native_id(), os.sched_getaffinity(0)))
+        return apply(*args)
+
+    monkeypatch.setattr(delta, "apply_sparse_crc", spying)
+    slots = {n: np.frombuffer(base.staging.ensure(0), "<u2", 4096, base.offsets[n]) for n in "ab"}
+    payloads, crcs = {}, {}
+    for n, words in slots.items():
+        new = words.copy()
+        new[::5] ^= 3
+        payloads[n] = delta.encode_sparse(words, new).tobytes()
+        crcs[n] = crc32c.crc32c(new.tobytes())
+    plan = plan_of(base, payloads, crcs)
+
+    def on_one_cpu():  # as placement.py leaves the server's threads
+        os.sched_setaffinity(0, own)
+        base.materialize(plan)
+
+    t = threading.Thread(target=on_one_cpu)
+    t.start()
+    t.join()
+    assert len(seen) == 2
+    if base.decode_threads == 1:
+        assert all(got == own for _, got in seen), "one thread stays on the server's CPUs"
+        return
+    assert all(got == cpus for _, got in seen), seen
+    for native_id, _ in seen:
+        assert os.sched_getaffinity(native_id) == own, "back on the server's CPUs"
 
 
 def test_a_zstd_frame_claiming_more_than_its_tensor_allows_is_refused_untouched(base):

@@ -18,21 +18,15 @@ from rollout_service.engine.placement import (
     keep_off_worker_cores,
     worker_binding,
 )
-from tests.support.cpus import thread_cpus
-
-
-def _vllm_process(root: psutil.Process, title: str) -> psutil.Process:
-    found = [p for p in root.children(recursive=True) if " ".join(p.cmdline()).startswith(title)]
-    assert len(found) == 1, [p.cmdline() for p in root.children(recursive=True)]
-    return found[0]
+from tests.support.cpus import thread_cpus, vllm_process
 
 
 def test_server_and_engine_core_run_off_the_worker_cores(server, client):
     client.generate(prompt_token_ids=[1, 2, 3], max_tokens=2)  # a serving server
     root = psutil.Process(server.proc.pid)
-    worker_cpus = thread_cpus(_vllm_process(root, "VLLM::Worker"))
+    worker_cpus = thread_cpus(vllm_process(root, "VLLM::Worker"))
     assert worker_cpus < os.sched_getaffinity(0), "vLLM bound its worker to every CPU"
-    for proc in (root, _vllm_process(root, "VLLM::EngineCore")):
+    for proc in (root, vllm_process(root, "VLLM::EngineCore")):
         assert not thread_cpus(proc) & worker_cpus, " ".join(proc.cmdline())
 
 

@@ -84,6 +84,8 @@ class WeightUpdater:
         keep_refusal: str | None = None,
         adapters: Adapters | None = None,
         incoming: StagingRegion | None = None,
+        decode_threads: int = 1,
+        decode_cpus: set[int] | None = None,
     ) -> None:
         self.engine = engine
         # Called with True when an update fails inside the engine, False when
@@ -104,7 +106,7 @@ class WeightUpdater:
         # Deltas, adapters and possible retries arrive here instead, so
         # that they never write the served bytes in the slots.
         self.incoming = incoming or StagingRegion()
-        self.base = DeltaBase(manifest, self.staging, self.incoming)
+        self.base = DeltaBase(manifest, self.staging, self.incoming, decode_threads, decode_cpus)
         # Set when an engine failure may have left weights half-loaded.
         self.degraded = False
         # Why PAUSE_MODE_KEEP is refused on this server (None: accepted).
@@ -133,6 +135,7 @@ class WeightUpdater:
         log.info("weight transfer backend %s ready", BACKEND_NAME)
 
     def close(self) -> None:
+        self.base.close()
         self.staging.close()
         self.incoming.close()
 
