@@ -182,15 +182,20 @@ class StagingRegion:
     def size(self) -> int:
         return 0 if self._seg is None else self._seg.size
 
-    def ensure(self, nbytes: int, prefault: bool = False) -> memoryview:
+    def ensure(self, nbytes: int, prefault: bool = False, room: int = 0) -> memoryview:
         """Returns a writable view of at least `nbytes` (the same view while
         the segment is kept). Growing replaces the segment: the old one is
-        unlinked and unmapped, and views of it stop working. With `prefault`,
+        unlinked and unmapped, and views of it stop working; it grows to
+        `nbytes + room` where /dev/shm has that much free, so that slightly
+        larger requests after it do not replace it again. With `prefault`,
         every page is touched once (so the first update writes at memcpy
         speed). Raises StagingSpaceError when /dev/shm cannot hold it."""
         if self._seg is None or self._seg.size < nbytes:
             self.close()
-            self._seg = _Segment(max(nbytes, 1))
+            size = max(nbytes, 1)
+            if room > 0 and size + room <= shm_free_bytes():
+                size += room
+            self._seg = _Segment(size)
             log.info("staging region %s: %d bytes reserved", self._seg.name, self._seg.size)
         if prefault and not self._seg.touched:
             self._seg.prefault()

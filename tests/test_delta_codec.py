@@ -237,6 +237,33 @@ def test_a_bad_encoding_is_refused_naming_the_field(spec, base, field, why):
     assert e.value.field == field and why in str(e.value)
 
 
+def test_the_incoming_region_grows_with_a_quarter_to_spare():
+    """So that the next step's delta, a little larger, does not pay for
+    growing it (allocating and faulting in its pages) again."""
+    asm = assembler()
+    asm.begin(begin(sparse_spec(encoded_bytes=64)))
+    assert asm.region.size == 64 + 16
+    full = assembler()
+    full.begin(begin(pb.TensorSpec(name="w", dtype=pb.D_TYPE_BFLOAT16, shape=[8, 4]), base=""))
+    assert full.region is full._staging and full.region.size == 64, "slots: no room added"
+
+
+def test_a_delta_that_does_not_fit_in_dev_shm_is_resource_exhausted(monkeypatch):
+    from rollout_service.errors import ResourceExhausted
+    from rollout_service.staging import StagingSpaceError
+
+    asm = assembler()
+
+    def full(*args, **kwargs):
+        raise StagingSpaceError(1 << 30, 1 << 20)
+
+    monkeypatch.setattr(asm._place.incoming, "ensure", full)
+    with pytest.raises(ResourceExhausted) as e:
+        asm.begin(begin(sparse_spec(encoded_bytes=8)))
+    assert "begin.tensors: the update's 8 bytes do not fit" in str(e.value)
+    assert "--shm-size" in str(e.value)
+
+
 def test_a_delta_arrives_packed_in_the_incoming_region_never_in_the_slots():
     asm = assembler()
     asm.begin(begin(sparse_spec(encoded_bytes=8)))

@@ -162,6 +162,19 @@ def test_growing_unlinks_and_unmaps_the_old_segment(region):
         view[0]
 
 
+def test_growing_with_room_keeps_the_segment_for_slightly_larger_requests(region, monkeypatch):
+    region.ensure(4096)
+    region.ensure(1 << 20, room=1 << 18)
+    grown = region.name
+    assert region.size == (1 << 20) + (1 << 18)
+    region.ensure((1 << 20) + 4096, room=1 << 18)
+    assert region.name == grown, "fits in the room: not replaced"
+    # Without that much free in /dev/shm, it grows to what was asked only.
+    monkeypatch.setattr("rollout_service.staging.shm_free_bytes", lambda: 3 << 20)
+    region.ensure(2 << 20, room=2 << 20)
+    assert region.size == 2 << 20
+
+
 def test_a_slice_still_held_keeps_the_old_mapping_until_it_goes(region):
     piece = region.ensure(4096)[:16]
     old = region.name

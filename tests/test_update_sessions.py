@@ -4,6 +4,7 @@ time, a stalled UpdateWeights stream."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -17,13 +18,54 @@ BEGIN = pb.UpdateWeightsBegin(weight_version="v1", tensors=[SPEC])
 
 
 class _Staging:
-    def ensure(self, nbytes):
+    size = 0
+
+    def ensure(self, nbytes, prefault=False, room=0):
         return memoryview(bytearray(max(nbytes, 1)))
 
 
 class _Updater:
+    def __init__(self, staging=None) -> None:
+        self.staging = staging or _Staging()
+
     async def assembler(self, begin=None):
-        return UpdateAssembler({"a": SPEC}, 1 << 20, _Staging(), "v0")
+        return UpdateAssembler({"a": SPEC}, 1 << 20, self.staging, "v0")
+
+
+class _Growing(_Staging):
+    """A region whose growth takes until `grown` is set (a delta larger
+    than any before it: allocating and faulting in gigabytes)."""
+
+    def __init__(self) -> None:
+        self.threads: list[threading.Thread] = []
+        self.grown = threading.Event()
+
+    def ensure(self, nbytes, prefault=False, room=0):
+        self.threads.append(threading.current_thread())
+        assert self.grown.wait(10)
+        return super().ensure(nbytes)
+
+
+def test_the_region_grows_off_the_event_loop_and_a_cancelled_begin_waits_for_it():
+    region = _Growing()
+
+    async def main():
+        sessions = UpdateSessions(_Updater(region))
+        begun = asyncio.ensure_future(sessions.begin(BEGIN))
+        await asyncio.sleep(0.2)  # the loop goes on meanwhile
+        assert region.threads and region.threads[0] is not threading.current_thread()
+        begun.cancel()
+        await asyncio.sleep(0.2)
+        assert not begun.done(), "the begin ends with the growth, not before"
+        with pytest.raises(Aborted):
+            await sessions.begin(BEGIN)  # the region is still this update's
+        region.grown.set()
+        with pytest.raises(asyncio.CancelledError):
+            await begun
+        region.threads.clear()
+        assert (await sessions.begin(BEGIN)).assembler is not None  # then free
+
+    asyncio.run(main())
 
 
 def test_an_idle_update_expires_and_frees_the_region():

@@ -27,7 +27,7 @@ from rollout_client import delta, dtypes
 from rollout_client.wire import RawChunk
 from rollout_service.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from rollout_service.staged import StagedTensor
-from rollout_service.staging import ALIGN, StagingRegion
+from rollout_service.staging import ALIGN, StagingRegion, StagingSpaceError
 from rollout_service.update.delta_base import DeltaPlan, DeltaTensor
 
 
@@ -185,6 +185,8 @@ class UpdateAssembler:
         self._begin: pb.UpdateWeightsBegin | None = None
         self._tensors: list[_Staged] = []
         self._buf: memoryview | None = None
+        self._end = 0  # the bytes of the region the update begun takes
+        self._packed = False
         self._committed = False
         self.bytes_received = 0
 
@@ -215,13 +217,14 @@ class UpdateAssembler:
         else:
             raise InvalidArgument("kind", "message sets none of begin, chunk, chunks, commit")
 
-    def begin(self, begin: pb.UpdateWeightsBegin) -> None:
-        """Validates `begin` (a staged update's, without a stream)."""
+    def begin(self, begin: pb.UpdateWeightsBegin, reserve: bool = True) -> None:
+        """Validates `begin`; `reserve=False`: the caller calls `reserve`
+        after (UpdateSessions.begin, in a thread)."""
         if self._begin is not None:
             raise InvalidArgument("begin", "the update has two begin messages")
-        self._on_begin(begin)
+        self._on_begin(begin, reserve)
 
-    def _on_begin(self, begin: pb.UpdateWeightsBegin) -> None:
+    def _on_begin(self, begin: pb.UpdateWeightsBegin, reserve: bool = True) -> None:
         if not begin.weight_version:
             raise InvalidArgument("begin.weight_version", "must not be empty")
         if begin.weight_version == self._current_version != self._replayable:
@@ -286,10 +289,27 @@ class UpdateAssembler:
                 f"{self._max_bytes} bytes (max_update_bytes)"
             )
         self._begin = begin
-        end = max((t.offset + t.wire_nbytes for t in self._tensors), default=0)
-        self._buf = self._region.ensure(end)
+        self._end = max((t.offset + t.wire_nbytes for t in self._tensors), default=0)
+        if reserve:
+            self.reserve()
         if not packed:
             self._place.writing(seen)
+
+    def reserve(self) -> None:
+        """Makes the region hold the update begun (begin). Growing it (a
+        delta larger than any before it) allocates and faults in its pages:
+        in a thread (UpdateSessions.begin), time that grows with the update.
+        The incoming region grows with a quarter to spare, so that the next
+        steps' deltas, a little larger or smaller, fit without growing it
+        again."""
+        room = min(self._end // 4, max(self._max_bytes - self._end, 0)) if self._packed else 0
+        grows = self._region.size < self._end
+        try:
+            self._buf = self._region.ensure(self._end, prefault=grows, room=room)
+        except StagingSpaceError as e:
+            raise ResourceExhausted(
+                f"begin.tensors: the update's {self._end} bytes do not fit: {e}"
+            ) from None
 
     def _check_base(self, begin: pb.UpdateWeightsBegin) -> None:
         """A delta's base: the server's, unless the update is a possible retry

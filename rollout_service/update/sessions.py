@@ -85,10 +85,18 @@ class UpdateSessions:
         self._take_slot()
         # Taken before the first await, so that a concurrent begin is refused.
         self._current = placeholder = UpdateSession(begin, same_host)
+        reserving = None
         try:
             assembler = await self.updater.assembler(begin)
-            assembler.begin(begin)
+            assembler.begin(begin, reserve=False)
+            # Growing the region takes time that grows with the update: in a
+            # thread, which ends before the slot is given up even if the
+            # call is cancelled, so the next update never finds it half-grown.
+            reserving = asyncio.ensure_future(asyncio.to_thread(assembler.reserve))
+            await asyncio.shield(reserving)
         except BaseException:
+            if reserving is not None and not reserving.done():
+                await asyncio.wait([reserving])
             self._current = None
             raise
         placeholder.assembler = assembler

@@ -9,7 +9,11 @@ class FakeRegion:
     def __init__(self) -> None:
         self.buf = bytearray()
 
-    def ensure(self, nbytes: int) -> memoryview:
+    @property
+    def size(self) -> int:
+        return len(self.buf)
+
+    def ensure(self, nbytes: int, prefault: bool = False, room: int = 0) -> memoryview:
         if len(self.buf) < nbytes:
-            self.buf = bytearray(nbytes)
+            self.buf = bytearray(nbytes + room)
         return memoryview(self.buf)
