@@ -15,7 +15,13 @@ GB/s of model per core, the server's receive / decode / apply / reset
 seconds (UpdateTimings), the delta's receive+decode against the full push's
 receive (the phases besides the engine's apply and reset), end to end
 against the full push, the server's and client's peak RSS, and the server's
-CPU seconds per GB of model received. Run it with nothing else running:
+CPU seconds per GB of model received. Two ceilings independent of this
+project's code, measured in the same run: a bytes-only gRPC stream
+(benchmarks/sink_server.py, raw 1 MiB messages, on the server's cores) of the
+delta's wire bytes and of the model's, whose ratio is what receiving a delta
+instead of the model could save on this transport at best; and memcpy, one
+core, against which the decode's GB/s of model stands. Run it with nothing
+else running:
 
     .venv/bin/python -m benchmarks.delta_sync [--model mid|2g] [--steps 4]
         [--lrs 1e-6,3e-6,1e-5] [--transports one,four,host] [--zstd]
@@ -30,6 +36,8 @@ import argparse
 import os
 import resource
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -37,7 +45,8 @@ import psutil
 import torch
 
 from benchmarks.bigmodel import BIG_2G_DIR, BIG_DIR, build_2g_model, build_big_model
-from harness.serverproc import ServerProcess
+from benchmarks.weight_sync import MiB
+from harness.serverproc import ServerProcess, free_port
 from rollout_client import RolloutClient
 from rollout_client.delta_push import PushedWeights
 
@@ -102,8 +111,35 @@ class Timed(PushedWeights):
             self.encode_s = time.perf_counter() - t
 
 
+def sink_seconds(target: str, nbytes: int) -> float:
+    """Seconds to stream `nbytes` as raw 1 MiB messages to the bytes-only sink."""
+    import grpc
+
+    piece = bytes(MiB)
+    pieces = [piece] * (nbytes // MiB) + ([bytes(nbytes % MiB)] if nbytes % MiB else [])
+    with grpc.insecure_channel(target, options=[("grpc.max_send_message_length", 64 * MiB)]) as ch:
+        call = ch.stream_unary("/sink.Sink/Bytes", request_serializer=None)
+        call(iter(pieces[:4]), timeout=60)  # connect and warm
+        t0 = time.perf_counter()
+        call(iter(pieces), timeout=600)
+        return time.perf_counter() - t0
+
+
+def memcpy_gbs(nbytes: int = 512 * MiB) -> float:
+    """memcpy's GB/s on one core, out of cache (the median of 5)."""
+    src = memoryview(bytearray(os.urandom(MiB) * (nbytes // MiB)))
+    dst = memoryview(bytearray(nbytes))
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        dst[:] = src  # a memoryview's slice assignment is a memcpy
+        times.append(time.perf_counter() - t0)
+    return nbytes / statistics.median(times) / 1e9
+
+
 def run(
     target: str,
+    sink: str,
     pid: int,
     start,
     lr: float,
@@ -160,6 +196,14 @@ def run(
             add("ratio_e2e", d_e2e / f_e2e)
             srv = (c1.user + c1.system) - (c0.user + c0.system)
             add("srv_cpu_per_gb", srv / (model_bytes / 1e9))
+            if "same_host" not in how:
+                sink_d, sink_f = (
+                    sink_seconds(sink, d.bytes_received),
+                    sink_seconds(sink, model_bytes),
+                )
+                add("sink_d", sink_d)
+                add("sink_f", sink_f)
+                add("sink_ratio", sink_d / sink_f)
     out = {k: statistics.median(v) for k, v in rows.items()}
     out["server_rss_gb"] = peak_rss(pid) / 1e9
     out["client_peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
@@ -202,14 +246,25 @@ def main() -> None:
         f"steps 2..{args.steps} (step 1 apart); "
         f"{'SPARSE_XOR16 + zstd' if args.zstd else 'SPARSE_XOR8'}"
     )
+    print(f"ceiling: memcpy {memcpy_gbs():.2f} GB/s (one core)")
     server = ServerProcess("--model", str(model), "--max-model-len", "512")
+    sink_port = free_port()
+    sink = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.sink_server", "--port", str(sink_port)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
+        sink_pid = int(sink.stdout.readline().split()[-1])
         server.wait_ready(timeout=900)
         pid = server.proc.pid
+        # The sink receives on the cores the server receives on (placement.py).
+        for t in psutil.Process(sink_pid).threads():
+            os.sched_setaffinity(t.id, psutil.Process(pid).cpu_affinity())
         header = (
             "lr      transport  wire%   enc s  enc GB/s  recv s  dec s  dec GB/s  apply s  "
             "reset s | full recv s  (recv+dec)/full recv | e2e s  full e2e s  ratio | "
-            "srv CPU s/GB  srv RSS GB  cli RSS GB"
+            "srv CPU s/GB  srv RSS GB  cli RSS GB | sink s: delta  model  ratio"
         )
         print(header)
         for lr in [float(x) for x in args.lrs.split(",")]:
@@ -217,6 +272,7 @@ def main() -> None:
                 how = TRANSPORTS[name]
                 r = run(
                     server.target,
+                    f"127.0.0.1:{sink_port}",
                     pid,
                     start,
                     lr,
@@ -232,10 +288,16 @@ def main() -> None:
                     f"{r['decode_gbs']:8.2f}  {r['d_apply']:7.3f}  {r['d_reset']:7.3f} | "
                     f"{r['f_receive']:11.3f}  {r['ratio_rdv']:20.3f} | {r['d_e2e']:5.2f}  "
                     f"{r['f_e2e']:10.2f}  {r['ratio_e2e']:5.2f} | {r['srv_cpu_per_gb']:12.2f}  "
-                    f"{r['server_rss_gb']:10.2f}  {r['client_peak_rss_gb']:10.2f}",
+                    f"{r['server_rss_gb']:10.2f}  {r['client_peak_rss_gb']:10.2f} | "
+                    + (
+                        f"{r['sink_d']:13.3f}  {r['sink_f']:5.3f}  {r['sink_ratio']:5.3f}"
+                        if "sink_d" in r
+                        else "(same host: memcpy)"
+                    ),
                     flush=True,
                 )
     finally:
+        sink.terminate()
         server.stop()
 
 

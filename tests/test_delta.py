@@ -227,6 +227,46 @@ def test_one_wrong_tensor_among_many_refuses_the_whole_delta_and_the_worker_core
     assert not thread_cpus(root) & worker, "a server thread stayed on the worker's cores"
 
 
+def test_a_tensor_sent_in_more_separate_ranges_than_the_bound_is_refused_untouched(
+    client, stub, steps
+):
+    """Each separate range of a tensor's received bytes costs the server a
+    sorted insertion: at most 65,536 per tensor (assembler.MAX_RANGES). A
+    delta's encoded bytes may be twice its tensor's, so one 1-byte chunk at
+    every other offset reaches the bound on the embedded model's largest
+    tensor; the next chunk is refused naming its place in the batch, and
+    nothing is served differently."""
+    from rollout_service.update.assembler import MAX_RANGES
+
+    client.update_weights(steps[0], version(), delta=True)
+    base = client.server_info().delta_base_version
+    before = served(client)
+    name = max(steps[0], key=lambda n: steps[0][n].numel() * steps[0][n].element_size())
+    nbytes = len(tensor_bytes(steps[0][name]))
+    encoded = delta.max_encoded_bytes(delta.SPARSE8, nbytes)
+    assert encoded >= 2 * (MAX_RANGES + 1), (name, nbytes)
+    s = spec_of(name, steps[1], encoding=delta.SPARSE8, encoded_bytes=encoded)
+    begin = pb.UpdateWeightsBegin(weight_version=version(), base_version=base, tensors=[s])
+
+    def stream():
+        yield pb.UpdateWeightsRequest(begin=begin)
+        offsets = list(range(0, 2 * (MAX_RANGES + 1), 2))
+        for at in range(0, len(offsets), 1024):
+            batch = [
+                pb.TensorChunk(tensor_index=0, offset=o, data=b"x") for o in offsets[at : at + 1024]
+            ]
+            yield pb.UpdateWeightsRequest(chunks=pb.TensorChunkBatch(chunks=batch))
+        yield COMMIT
+
+    with pytest.raises(grpc.RpcError) as e:
+        stub.UpdateWeights(stream(), timeout=120)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"chunks.chunks[{MAX_RANGES % 1024}].offset" in e.value.details()
+    assert f"form {MAX_RANGES} separate ranges" in e.value.details()
+    assert client.server_info().delta_base_version == base
+    assert_same(served(client), before, noise=0.0)
+
+
 def test_a_delta_cancelled_after_commit_and_retried_is_replayed(client, stub, steps, fault_file):
     client.update_weights(steps[0], version(), delta=True)
     base = client.server_info().delta_base_version
