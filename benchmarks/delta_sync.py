@@ -14,13 +14,15 @@ first: the wire bytes as a share of the model, the client's encode time and
 GB/s of model per core, the server's receive / decode / apply / reset
 seconds (UpdateTimings), the delta's receive+decode against the full push's
 receive (the phases besides the engine's apply and reset), end to end
-against the full push, the server's and client's peak RSS, and the server's
-CPU seconds per GB of model received. Two ceilings independent of this
-project's code, measured in the same run: a bytes-only gRPC stream
-(benchmarks/sink_server.py, raw 1 MiB messages, on the server's cores) of the
-delta's wire bytes and of the model's, whose ratio is what receiving a delta
-instead of the model could save on this transport at best; and memcpy, one
-core, against which the decode's GB/s of model stands. Run it with nothing
+against the full push, with and without the engine's apply (the same work
+for both, vLLM's oneDNN repack on CPU, a copy on a GPU), the server's and
+client's peak RSS, and the server's CPU seconds per GB of model received.
+Two ceilings independent of this project's code, measured in the same run:
+a bytes-only gRPC stream (benchmarks/sink_server.py, raw 1 MiB messages, on
+the server's cores) of the delta's wire bytes and of the model's, whose
+ratio is what receiving a delta instead of the model could save on this
+transport at best; and memcpy, one core, against which the decode's GB/s of
+model stands. Run it with nothing
 else running:
 
     .venv/bin/python -m benchmarks.delta_sync [--model mid|2g] [--steps 4]
@@ -194,6 +196,12 @@ def run(
             add("d_e2e", d_e2e)
             add("f_e2e", f_e2e)
             add("ratio_e2e", d_e2e / f_e2e)
+            # The engine's apply (vLLM's oneDNN repack on CPU, a copy on a
+            # GPU) is the same work for both and varies by itself: apart.
+            add(
+                "ratio_e2e_na",
+                (d_e2e - d.timings.apply_seconds) / (f_e2e - f.timings.apply_seconds),
+            )
             srv = (c1.user + c1.system) - (c0.user + c0.system)
             add("srv_cpu_per_gb", srv / (model_bytes / 1e9))
             if "same_host" not in how:
@@ -263,7 +271,8 @@ def main() -> None:
             os.sched_setaffinity(t.id, psutil.Process(pid).cpu_affinity())
         header = (
             "lr      transport  wire%   enc s  enc GB/s  recv s  dec s  dec GB/s  apply s  "
-            "reset s | full recv s  (recv+dec)/full recv | e2e s  full e2e s  ratio | "
+            "reset s | full recv s  (recv+dec)/full recv | e2e s  full e2e s  ratio  "
+            "ratio w/o apply | "
             "srv CPU s/GB  srv RSS GB  cli RSS GB | sink s: delta  model  ratio"
         )
         print(header)
@@ -287,7 +296,8 @@ def main() -> None:
                     f"{r['encode_gbs']:8.2f}  {r['d_receive']:6.3f}  {r['d_decode']:5.3f}  "
                     f"{r['decode_gbs']:8.2f}  {r['d_apply']:7.3f}  {r['d_reset']:7.3f} | "
                     f"{r['f_receive']:11.3f}  {r['ratio_rdv']:20.3f} | {r['d_e2e']:5.2f}  "
-                    f"{r['f_e2e']:10.2f}  {r['ratio_e2e']:5.2f} | {r['srv_cpu_per_gb']:12.2f}  "
+                    f"{r['f_e2e']:10.2f}  {r['ratio_e2e']:5.2f}  {r['ratio_e2e_na']:15.2f} | "
+                    f"{r['srv_cpu_per_gb']:12.2f}  "
                     f"{r['server_rss_gb']:10.2f}  {r['client_peak_rss_gb']:10.2f} | "
                     + (
                         f"{r['sink_d']:13.3f}  {r['sink_f']:5.3f}  {r['sink_ratio']:5.3f}"

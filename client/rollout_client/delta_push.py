@@ -144,13 +144,19 @@ class PushedWeights:
         )
         return DeltaUpdate(update=update, tensors=encoded)
 
-    def record_delta(self, d: DeltaUpdate, version: str) -> None:
-        """The delta was acknowledged as `version`."""
-        for e in d.tensors:
+    def record_delta(self, d: DeltaUpdate, version: str, threads: int | None = None) -> None:
+        """The delta was acknowledged as `version`: its tensors are applied
+        to the record, `threads` at a time (a pass over the model's bytes)."""
+
+        def record(e: _Tensor) -> None:
             if e.sparse is not None and e.changed and e.spec.encoding != delta.RAW:
                 delta.apply_sparse(delta.elements(self._bytes[e.source.name], e.unit), e.sparse)
-            elif e.changed:
-                self._keep(e.source.name, e.new)
+
+        with ThreadPoolExecutor(threads or os.cpu_count() or 1) as pool:
+            list(pool.map(record, d.tensors))
+        for e in d.tensors:
+            if e.changed and (e.sparse is None or e.spec.encoding == delta.RAW):
+                self._keep(e.source.name, e.new)  # may drop records past max_bytes: in order
             e.source.release()
         self.version = version
 
