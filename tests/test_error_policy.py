@@ -29,7 +29,7 @@ from rollout_service.errors import (
     abort,
     from_exception,
 )
-from rollout_service.rpc.handlers import streaming, unary
+from rollout_service.rpc.handlers import Ending, streaming, unary
 from tests.support.aborts import Context, aborted
 
 INV = grpc.StatusCode.INVALID_ARGUMENT
@@ -193,6 +193,9 @@ def test_abort_error_passes_untouched():
 
 
 class Service:
+    def __init__(self) -> None:
+        self.ending = Ending()
+
     @unary
     async def Unary(self, request, context):
         raise request
@@ -201,6 +204,15 @@ class Service:
     async def Stream(self, request, context):
         yield 1
         raise request
+
+    @unary
+    async def Waits(self, request, context):
+        await asyncio.sleep(60)  # on an engine that died before it answered
+
+    @streaming
+    async def StreamWaits(self, request, context):
+        yield 1
+        await asyncio.sleep(60)
 
 
 async def drain(stream) -> list:
@@ -218,3 +230,38 @@ def test_decorators_apply_the_policy_and_let_cancellation_pass(kind):
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(call(asyncio.CancelledError(), context))
     assert context.aborted is None
+
+
+@pytest.mark.parametrize("kind", ["unary", "streaming"])
+def test_calls_running_when_the_engine_dies_end_unavailable_and_a_cancelled_one_stays_so(kind):
+    """The server ends its running calls when the engine dies (server.py):
+    UNAVAILABLE, which clients retry elsewhere, not the CANCELLED gRPC
+    would send at the end of the shutdown grace."""
+    from rollout_service.errors import Unavailable
+
+    async def main(end: bool, context: Context) -> None:
+        service = Service()
+        waits = service.Waits if kind == "unary" else service.StreamWaits
+        call = asyncio.ensure_future(
+            waits(None, context) if kind == "unary" else drain(waits(None, context))
+        )
+        await asyncio.sleep(0.05)
+        assert len(service.ending.tasks) == 1
+        if end:
+            service.ending.end_all(Unavailable("the engine has died"))
+        else:
+            call.cancel()  # its client went away
+        try:
+            await call
+        finally:
+            assert not service.ending.tasks
+
+    ended = Context()
+    with pytest.raises(grpc.aio.AbortError):
+        asyncio.run(main(True, ended))
+    assert ended.aborted[0] == grpc.StatusCode.UNAVAILABLE
+    assert ended.aborted[1] == "the engine has died"
+    cancelled = Context()
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(main(False, cancelled))
+    assert cancelled.aborted is None

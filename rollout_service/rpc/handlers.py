@@ -4,6 +4,7 @@ ops/shapes.py, which the interceptors share)."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 
 import grpc
@@ -72,17 +73,43 @@ def add_to_server(servicer, server) -> None:
     )
 
 
+class Ending:
+    """The calls running now, so that a server whose engine died ends them
+    UNAVAILABLE before it stops: a call still waiting on the dead engine
+    would otherwise be cancelled by gRPC at the end of the shutdown grace,
+    and its client would see CANCELLED, which no retry policy retries."""
+
+    def __init__(self) -> None:
+        self.tasks: set[asyncio.Task] = set()
+        self.why: Exception | None = None
+
+    def end_all(self, why: Exception) -> None:
+        """Ends every running call with the status for `why`."""
+        self.why = why
+        for task in list(self.tasks):
+            task.cancel()
+
+
 def unary(method):
     """Applies the error policy (errors.abort) to a unary-response RPC."""
 
     @functools.wraps(method)
     async def wrapper(self, request, context):
+        task = asyncio.current_task()
+        assert task is not None
+        self.ending.tasks.add(task)
         try:
             if isinstance(request, Malformed):
                 request.fail()
             return await method(self, request, context)
         except Exception as e:  # CancelledError is a BaseException: it passes
             await abort(context, e, method.__name__)
+        except asyncio.CancelledError:
+            if self.ending.why is None:
+                raise  # its client went away
+            await abort(context, self.ending.why, method.__name__)
+        finally:
+            self.ending.tasks.discard(task)
 
     return wrapper
 
@@ -94,6 +121,9 @@ def streaming(method):
 
     @functools.wraps(method)
     async def wrapper(self, request, context):
+        task = asyncio.current_task()
+        assert task is not None
+        self.ending.tasks.add(task)
         try:
             if isinstance(request, Malformed):
                 request.fail()
@@ -101,5 +131,11 @@ def streaming(method):
                 yield item
         except Exception as e:
             await abort(context, e, method.__name__)
+        except asyncio.CancelledError:
+            if self.ending.why is None:
+                raise  # its client went away
+            await abort(context, self.ending.why, method.__name__)
+        finally:
+            self.ending.tasks.discard(task)
 
     return wrapper

@@ -25,7 +25,7 @@ from rollout_service.ops import logs, metrics, tracing
 from rollout_service.ops.auth import CALLER
 from rollout_service.rpc import many
 from rollout_service.rpc.calls import Call, RunningCalls
-from rollout_service.rpc.handlers import streaming, unary
+from rollout_service.rpc.handlers import Ending, streaming, unary
 from rollout_service.rpc.update_rpcs import UpdateRpcs
 
 if TYPE_CHECKING:
@@ -41,6 +41,8 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
         self.config = config
         self.engine: AsyncLLM | None = None
         self.calls = RunningCalls()
+        # Every running call (handlers.py), for ending them if the engine dies.
+        self.ending = Ending()
 
     def attach(self, app: App) -> None:
         """Starts serving on a running engine (app.py built what it holds)."""
