@@ -47,7 +47,7 @@ import psutil
 import torch
 
 from benchmarks.bigmodel import BIG_2G_DIR, BIG_DIR, build_2g_model, build_big_model
-from benchmarks.weight_sync import MiB
+from benchmarks.weight_sync import MiB, to_sink
 from harness.serverproc import ServerProcess, free_port
 from rollout_client import RolloutClient
 from rollout_client.delta_push import PushedWeights
@@ -115,16 +115,8 @@ class Timed(PushedWeights):
 
 def sink_seconds(target: str, nbytes: int) -> float:
     """Seconds to stream `nbytes` as raw 1 MiB messages to the bytes-only sink."""
-    import grpc
-
-    piece = bytes(MiB)
-    pieces = [piece] * (nbytes // MiB) + ([bytes(nbytes % MiB)] if nbytes % MiB else [])
-    with grpc.insecure_channel(target, options=[("grpc.max_send_message_length", 64 * MiB)]) as ch:
-        call = ch.stream_unary("/sink.Sink/Bytes", request_serializer=None)
-        call(iter(pieces[:4]), timeout=60)  # connect and warm
-        t0 = time.perf_counter()
-        call(iter(pieces), timeout=600)
-        return time.perf_counter() - t0
+    pieces = [bytes(MiB)] * (nbytes // MiB) + ([bytes(nbytes % MiB)] if nbytes % MiB else [])
+    return to_sink(target, pieces)
 
 
 def memcpy_gbs(nbytes: int = 512 * MiB) -> float:

@@ -41,9 +41,14 @@ MiB = 1 << 20
 
 def ceiling(target: str, data: memoryview, chunk: int = MiB) -> float:
     """Seconds to stream `data` as raw 1 MiB messages to the sink."""
+    return to_sink(target, [bytes(data[i : i + chunk]) for i in range(0, len(data), chunk)])
+
+
+def to_sink(target: str, pieces: list[bytes]) -> float:
+    """Seconds to stream `pieces` as raw messages to the sink (after a
+    warm-up of its first four)."""
     import grpc
 
-    pieces = [bytes(data[i : i + chunk]) for i in range(0, len(data), chunk)]
     with grpc.insecure_channel(target, options=[("grpc.max_send_message_length", 64 * MiB)]) as ch:
         call = ch.stream_unary("/sink.Sink/Bytes", request_serializer=None)
         call(iter(pieces[:4]), timeout=60)  # connect and warm

@@ -5,7 +5,9 @@ ops/shapes.py, which the interceptors share)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+from collections.abc import AsyncIterator
 
 import grpc
 
@@ -90,52 +92,49 @@ class Ending:
             task.cancel()
 
 
+@contextlib.asynccontextmanager
+async def _policy(ending: Ending, context, rpc: str) -> AsyncIterator[None]:
+    """Runs a call's body as one of `ending`'s tasks, its errors answered by
+    the error policy (errors.abort); a cancellation passes (its client went
+    away) unless `ending.end_all` ended the call."""
+    task = asyncio.current_task()
+    assert task is not None
+    ending.tasks.add(task)
+    try:
+        yield
+    except Exception as e:  # CancelledError is a BaseException: not here
+        await abort(context, e, rpc)
+    except asyncio.CancelledError:
+        if ending.why is None:
+            raise
+        await abort(context, ending.why, rpc)
+    finally:
+        ending.tasks.discard(task)
+
+
 def unary(method):
-    """Applies the error policy (errors.abort) to a unary-response RPC."""
+    """Applies the error policy to a unary-response RPC."""
 
     @functools.wraps(method)
     async def wrapper(self, request, context):
-        task = asyncio.current_task()
-        assert task is not None
-        self.ending.tasks.add(task)
-        try:
+        async with _policy(self.ending, context, method.__name__):
             if isinstance(request, Malformed):
                 request.fail()
             return await method(self, request, context)
-        except Exception as e:  # CancelledError is a BaseException: it passes
-            await abort(context, e, method.__name__)
-        except asyncio.CancelledError:
-            if self.ending.why is None:
-                raise  # its client went away
-            await abort(context, self.ending.why, method.__name__)
-        finally:
-            self.ending.tasks.discard(task)
 
     return wrapper
 
 
 def streaming(method):
-    """Applies the error policy (errors.abort) inside a response-streaming
-    RPC: its errors surface while it is iterated, so the handling sits in
-    the generator."""
+    """Applies the error policy inside a response-streaming RPC: its errors
+    surface while it is iterated, so the handling sits in the generator."""
 
     @functools.wraps(method)
     async def wrapper(self, request, context):
-        task = asyncio.current_task()
-        assert task is not None
-        self.ending.tasks.add(task)
-        try:
+        async with _policy(self.ending, context, method.__name__):
             if isinstance(request, Malformed):
                 request.fail()
             async for item in method(self, request, context):
                 yield item
-        except Exception as e:
-            await abort(context, e, method.__name__)
-        except asyncio.CancelledError:
-            if self.ending.why is None:
-                raise  # its client went away
-            await abort(context, self.ending.why, method.__name__)
-        finally:
-            self.ending.tasks.discard(task)
 
     return wrapper
