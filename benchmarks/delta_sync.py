@@ -22,8 +22,7 @@ a bytes-only gRPC stream (benchmarks/sink_server.py, raw 1 MiB messages, on
 the server's cores) of the delta's wire bytes and of the model's, whose
 ratio is what receiving a delta instead of the model could save on this
 transport at best; and memcpy, one core, against which the decode's GB/s of
-model stands. Run it with nothing
-else running:
+model stands. Run it with nothing else running:
 
     .venv/bin/python -m benchmarks.delta_sync [--model mid|2g] [--steps 4]
         [--lrs 1e-6,3e-6,1e-5] [--transports one,four,host] [--zstd]

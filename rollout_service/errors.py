@@ -146,6 +146,11 @@ class Unavailable(RpcError):
     reason = pb.ERROR_REASON_ENGINE_DEAD
 
 
+def engine_dead() -> Unavailable:
+    """What every call gets once the engine has died."""
+    return Unavailable("the engine has died; the server is shutting down")
+
+
 def reason_name(reason: pb.ErrorReason) -> str:
     """ErrorInfo.reason: the ErrorReason's name without its prefix."""
     return pb.ErrorReason.Name(reason).removeprefix("ERROR_REASON_")
@@ -232,7 +237,7 @@ def from_exception(e: Exception) -> RpcError | None:
     if isinstance(e, (QueueOverflowError, MaxQueuedTokensError)):
         return ResourceExhausted(e.message, reason=pb.ERROR_REASON_QUEUE_FULL)
     if isinstance(e, EngineDeadError):
-        return Unavailable("the engine has died; the server is shutting down")
+        return engine_dead()
     return None
 
 

@@ -23,7 +23,7 @@ from rollout_service.app import App, build_app
 from rollout_service.config import ServerConfig
 from rollout_service.engine import placement
 from rollout_service.engine.startup import build_engine, settle
-from rollout_service.errors import Unavailable
+from rollout_service.errors import engine_dead
 from rollout_service.ops import metrics, tracing
 from rollout_service.ops.auth import AuthInterceptor, Tokens
 from rollout_service.ops.metrics import MetricsInterceptor
@@ -229,7 +229,7 @@ async def serve(config: ServerConfig, engine_args) -> int:
         if watchdog.done():
             # A supervisor restarts us; a dead engine cannot be revived here.
             log.error("the engine died: NOT_SERVING, exiting with status 1")
-            servicer.ending.end_all(Unavailable("the engine has died; the server is shutting down"))
+            servicer.ending.end_all(engine_dead())
             return 1
         watchdog.cancel()
         log.info(

@@ -18,7 +18,7 @@ from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
 from rollout_service import __version__, vllm_compat
 from rollout_service.app import App
-from rollout_service.errors import FailedPrecondition, InvalidArgument, Unavailable
+from rollout_service.errors import FailedPrecondition, InvalidArgument, Unavailable, engine_dead
 from rollout_service.gate import Ticket
 from rollout_service.generation import convert
 from rollout_service.ops import logs, metrics, tracing
@@ -62,7 +62,7 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
                 "the engine is starting; wait for health SERVING", reason=pb.ERROR_REASON_STARTING
             )
         if self.engine.errored:
-            raise Unavailable("the engine has died; the server is shutting down")
+            raise engine_dead()
         return self.engine
 
     def _decoder(self, params):
