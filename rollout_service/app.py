@@ -18,6 +18,7 @@ from rollout_service.engine.sleep import Sleeper
 from rollout_service.engine.startup import EngineInfo, engine_info, warm_up
 from rollout_service.gate import AdmissionGate
 from rollout_service.generation.tokenizing import Tokenizing, eos_token_ids, image_placeholder
+from rollout_service.sessions.store import SessionLimits, SessionStore
 from rollout_service.staging import StagingRegion
 from rollout_service.update.lora import Adapters
 from rollout_service.update.reservation import region_bytes
@@ -43,6 +44,7 @@ class App:
     tokenizing: Tokenizing
     adapters: Adapters
     sleeper: Sleeper
+    session_store: SessionStore
 
     def close(self) -> None:
         """After the engine has shut down (its workers read the staging
@@ -95,7 +97,12 @@ async def build_app(
     await engine.update_weight_version(config.initial_weight_version)
     await warm_up(engine)
     tokenizer = engine.get_tokenizer()
-    tokenizing = Tokenizing(tokenizer, eos_token_ids(engine, tokenizer), image_placeholder(engine))
+    tokenizing = Tokenizing(
+        tokenizer,
+        eos_token_ids(engine, tokenizer),
+        image_placeholder(engine),
+        chat_template=_read(config.chat_template) if config.chat_template else None,
+    )
     return App(
         engine=engine,
         info=info,
@@ -105,4 +112,18 @@ async def build_app(
         tokenizing=tokenizing,
         adapters=adapters,
         sleeper=Sleeper(engine, updater),
+        session_store=SessionStore(
+            SessionLimits(
+                max_sessions=config.max_sessions,
+                max_sessions_per_caller=config.max_sessions_per_caller,
+                max_session_tokens=config.max_session_tokens,
+                idle_timeout_seconds=config.session_idle_timeout_seconds,
+                max_model_len=info.limits.max_model_len,
+            )
+        ),
     )
+
+
+def _read(path: str) -> str:
+    with open(path) as f:  # noqa: ASYNC230 (once, before serving)
+        return f.read()

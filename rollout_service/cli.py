@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("rollout-service: --tls-cert and --tls-key go together")
     if config.tls_client_ca and not config.tls_cert:
         sys.exit("rollout-service: --tls-client-ca needs --tls-cert and --tls-key")
+    if config.chat_template and not os.access(config.chat_template, os.R_OK):
+        sys.exit(f"rollout-service: --chat-template {config.chat_template}: no readable file")
     from rollout_service.engine.startup import UnsupportedConfig, check_supported
 
     engine_args = _engine_args(args)

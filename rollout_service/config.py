@@ -88,6 +88,23 @@ class ServerConfig:
     update_idle_timeout_seconds: float = 300.0
     """an open update (staged, or an UpdateWeights stream between two messages) idle for
     longer is discarded"""
+    chat_template: str | None = None
+    """a Jinja chat template file that replaces the model's own (Generate, Tokenize and
+    sessions render chat messages with it)"""
+    # A few thousand concurrent trajectories is what one RL job's rollout
+    # workers keep open; the token budget below bounds their memory anyway.
+    max_sessions: int = 4096
+    """sessions open at once over all callers; over it OpenSession is RESOURCE_EXHAUSTED"""
+    max_sessions_per_caller: int = 1024
+    """sessions one caller (bearer token) may have open at once"""
+    # 16 Mi tokens at most 24 bytes each (sessions/trajectory.py): under
+    # 400 MB of server memory for every session's history together.
+    max_session_tokens: int = 1 << 24
+    """the sum of open sessions' token budgets (each reserves its whole budget when it opens)"""
+    # Long enough for a slow tool call between two turns, short enough that
+    # trajectories a crashed rollout worker left behind are freed.
+    session_idle_timeout_seconds: float = 600.0
+    """a session with no call for this long expires"""
     weight_broadcast: bool = False
     """with several workers: only the first reads each update from the staging region and
     broadcasts it to the others over vLLM's process group (as workers on other hosts would

@@ -3,7 +3,8 @@
 Handlers only raise; `abort` turns what they raise into the call's status:
 
     raised                                   status
-    RpcError subclasses (ours)               their own code
+    RpcError subclasses (ours)               their own code (NotFound, PermissionDenied,
+                                               FailedPrecondition, Aborted, ...)
     vLLM's VLLMClientError (VLLMValidation-  INVALID_ARGUMENT naming the field
       Error, ...; not a ValueError)            ("sampling_params.n: ...")
     ValueError (vLLM's unmigrated checks)    INVALID_ARGUMENT, likewise
@@ -116,6 +117,20 @@ class FailedPrecondition(RpcError):
 
     code = grpc.StatusCode.FAILED_PRECONDITION
     reason = pb.ERROR_REASON_DEGRADED
+
+
+class NotFound(RpcError):
+    """What the request names does not exist here (a session)."""
+
+    code = grpc.StatusCode.NOT_FOUND
+    reason = pb.ERROR_REASON_SESSION_NOT_FOUND
+
+
+class PermissionDenied(RpcError):
+    """What the request names belongs to another caller (a session)."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+    reason = pb.ERROR_REASON_SESSION_NOT_OWNED
 
 
 class Aborted(RpcError):

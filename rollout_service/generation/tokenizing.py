@@ -38,7 +38,7 @@ class RenderedChat:
     images: list[pb.Image] = field(default_factory=list)
 
 
-def _conversation(
+def conversation_of(
     messages: Sequence[pb.ChatMessage], field_name: str
 ) -> tuple[RenderedChat, list[dict[str, Any]]]:
     """The messages as a Hugging Face conversation, and their images."""
@@ -67,8 +67,16 @@ def _conversation(
 class Tokenizing:
     """Tokenization on the served model's tokenizer (None: the model has none)."""
 
-    def __init__(self, tokenizer, eos_token_ids: Sequence[int] = (), image_placeholder: str = ""):
+    def __init__(
+        self,
+        tokenizer,
+        eos_token_ids: Sequence[int] = (),
+        image_placeholder: str = "",
+        chat_template: str | None = None,
+    ):
         self.tokenizer = tokenizer
+        # --chat-template: replaces the model's own.
+        self.chat_template = chat_template
         self._eos = sorted(set(eos_token_ids))
         self.image_placeholder = image_placeholder
         self.max_token_chars = _longest_token(tokenizer)
@@ -97,7 +105,9 @@ class Tokenizing:
 
     @property
     def has_chat_template(self) -> bool:
-        return self.tokenizer is not None and bool(getattr(self.tokenizer, "chat_template", None))
+        return self.tokenizer is not None and bool(
+            self.chat_template or getattr(self.tokenizer, "chat_template", None)
+        )
 
     def encode(self, text: str, field_name: str, add_special_tokens: bool = True) -> list[int]:
         return self._require(field_name).encode(text, add_special_tokens=add_special_tokens)
@@ -109,28 +119,44 @@ class Tokenizing:
         field_name: str = "messages",
     ) -> RenderedChat:
         """Renders chat messages to prompt text with the chat template."""
-        tokenizer = self._require(field_name)
-        if not self.has_chat_template:
-            raise InvalidArgument(
-                field_name, "the model's tokenizer has no chat template; send prompt_text"
-            )
-        rendered, conversation = _conversation(messages, field_name)
+        rendered, conversation = conversation_of(messages, field_name)
         cont = options.continue_final_message
         if cont and messages[-1].role != "assistant":
             raise InvalidArgument(
                 "chat_options.continue_final_message",
                 f"the last message must be the assistant's to continue, got {messages[-1].role!r}",
             )
+        rendered.text = self.renderconversation_of(
+            conversation, field_name, add_generation_prompt=not cont, continue_final_message=cont
+        )
+        return rendered
+
+    def renderconversation_of(
+        self,
+        conversation: list[dict[str, Any]],
+        field_name: str,
+        add_generation_prompt: bool,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """A Hugging Face conversation rendered to text with the chat template
+        (--chat-template's, else the model's)."""
+        tokenizer = self._require(field_name)
+        if not self.has_chat_template:
+            raise InvalidArgument(
+                field_name, "the model's tokenizer has no chat template; send prompt_text"
+            )
         try:
-            rendered.text = tokenizer.apply_chat_template(
+            return tokenizer.apply_chat_template(
                 conversation,
+                tools=tools,
+                chat_template=self.chat_template,
                 tokenize=False,
-                add_generation_prompt=not cont,
-                continue_final_message=cont,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
             )
         except Exception as e:  # jinja2 errors: the template refused these messages
             raise InvalidArgument(field_name, f"the chat template failed: {e}") from e
-        return rendered
 
     def chat_ids(self, rendered: RenderedChat, field_name: str = "messages") -> list[int]:
         """Token ids of a rendered chat: the template already placed every

@@ -47,6 +47,14 @@ ROLE_OF = {
     "Detokenize": "generate",
     # Scoped: a generate caller ends only its own calls (RunningCalls.abort).
     "Abort": "generate",
+    # Sessions: a generate caller uses and closes only its own
+    # (sessions/store.py); admin any.
+    "OpenSession": "generate",
+    "SessionGenerate": "generate",
+    "SessionGenerateStream": "generate",
+    "AppendToSession": "generate",
+    "GetSession": "generate",
+    "CloseSession": "generate",
     "UpdateWeights": "admin",
     "BeginUpdate": "admin",
     "UploadChunks": "admin",

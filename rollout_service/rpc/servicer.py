@@ -26,13 +26,14 @@ from rollout_service.ops.auth import CALLER
 from rollout_service.rpc import many
 from rollout_service.rpc.calls import Call, RunningCalls
 from rollout_service.rpc.handlers import Ending, streaming, unary
+from rollout_service.rpc.session_rpcs import SessionRpcs
 from rollout_service.rpc.update_rpcs import UpdateRpcs
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
 
 
-class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
+class RolloutServicer(UpdateRpcs, SessionRpcs, rollout_pb2_grpc.RolloutServiceServicer):
     """Serves rollout.v1.RolloutService on one AsyncLLM."""
 
     def __init__(self, config) -> None:
@@ -53,6 +54,7 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
         self.gate = app.gate
         self.updater = app.updater
         self.sessions = app.sessions
+        self.session_store = app.session_store
         self.engine = cast("AsyncLLM", app.engine)
 
     def _check_ready(self) -> AsyncLLM:
@@ -144,6 +146,17 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
         )
         return convert.version_spans(spans, start, count, fallback)
 
+    def _delta_spans(self, ticket: Ticket, c, start: int, count: int) -> list[tuple[str, int, int]]:
+        """Version spans of a delta's tokens [start, start + count) of
+        completion `c`: vLLM's own once it has finished; the admission
+        version while no PAUSE_MODE_KEEP update applied since; else read live."""
+        version = ticket.version
+        if c.finished():
+            return convert.version_spans(c.weight_versions, start, count, version)
+        if ticket.keep_epoch == self.gate.keep_epoch:
+            return convert.version_spans(None, start, count, version)
+        return self._live_spans(ticket.engine_id, c.index, start, count, version)
+
     @unary
     async def Generate(self, request, context):
         request_id, prompt, params = await self._prepare(request, RequestOutputKind.FINAL_ONLY)
@@ -218,14 +231,7 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
                             continue
                         start, count = delivered.get(c.index, 0), len(c.token_ids)
                         delivered[c.index] = start + count
-                        if c.finished():
-                            spans = convert.version_spans(c.weight_versions, start, count, version)
-                        elif ticket.keep_epoch == self.gate.keep_epoch:
-                            spans = convert.version_spans(None, start, count, version)
-                        else:
-                            spans = self._live_spans(
-                                ticket.engine_id, c.index, start, count, version
-                            )
+                        spans = self._delta_spans(ticket, c, start, count)
                         d = convert.stream_delta_to_proto(
                             request_id, c, top_k, version, spans, omit_text, ticket.adapter_version
                         )
@@ -350,4 +356,6 @@ class RolloutServicer(UpdateRpcs, rollout_pb2_grpc.RolloutServiceServicer):
             delta_base_version=self.updater.delta_base,
             delta_base_bytes=self.updater.base.nbytes if self.updater.base.enabled else 0,
             accepts_chunk_batches=True,
+            session_limits=self.session_store.limits.to_proto(),
+            open_sessions=len(self.session_store),
         )

@@ -28,6 +28,12 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_REASON_INTERNAL_ERROR: _ClassVar[ErrorReason]
     ERROR_REASON_WRONG_WEIGHT_VERSION: _ClassVar[ErrorReason]
     ERROR_REASON_DELTA_BASE_MISMATCH: _ClassVar[ErrorReason]
+    ERROR_REASON_SESSION_NOT_FOUND: _ClassVar[ErrorReason]
+    ERROR_REASON_SESSION_LOST: _ClassVar[ErrorReason]
+    ERROR_REASON_SESSION_NOT_OWNED: _ClassVar[ErrorReason]
+    ERROR_REASON_SESSION_BUSY: _ClassVar[ErrorReason]
+    ERROR_REASON_SESSION_BUDGET: _ClassVar[ErrorReason]
+    ERROR_REASON_TEMPLATE_NOT_APPEND_ONLY: _ClassVar[ErrorReason]
 
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -35,6 +41,7 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_STOP: _ClassVar[FinishReason]
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
     FINISH_REASON_ABORT: _ClassVar[FinishReason]
+    FINISH_REASON_BUDGET: _ClassVar[FinishReason]
 
 class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -88,6 +95,19 @@ class LogprobsMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LOGPROBS_MODE_RAW_LOGITS: _ClassVar[LogprobsMode]
     LOGPROBS_MODE_PROCESSED_LOGPROBS: _ClassVar[LogprobsMode]
     LOGPROBS_MODE_PROCESSED_LOGITS: _ClassVar[LogprobsMode]
+
+class AppendRender(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    APPEND_RENDER_UNSPECIFIED: _ClassVar[AppendRender]
+    APPEND_RENDER_WHOLE: _ClassVar[AppendRender]
+    APPEND_RENDER_ISOLATED: _ClassVar[AppendRender]
+
+class TokenSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TOKEN_SOURCE_UNSPECIFIED: _ClassVar[TokenSource]
+    TOKEN_SOURCE_PROMPT: _ClassVar[TokenSource]
+    TOKEN_SOURCE_SAMPLED: _ClassVar[TokenSource]
+    TOKEN_SOURCE_APPENDED: _ClassVar[TokenSource]
 ERROR_REASON_UNSPECIFIED: ErrorReason
 ERROR_REASON_INVALID_FIELD: ErrorReason
 ERROR_REASON_VERSION_ALREADY_SERVED: ErrorReason
@@ -108,10 +128,17 @@ ERROR_REASON_UPDATE_IDLE_TIMEOUT: ErrorReason
 ERROR_REASON_INTERNAL_ERROR: ErrorReason
 ERROR_REASON_WRONG_WEIGHT_VERSION: ErrorReason
 ERROR_REASON_DELTA_BASE_MISMATCH: ErrorReason
+ERROR_REASON_SESSION_NOT_FOUND: ErrorReason
+ERROR_REASON_SESSION_LOST: ErrorReason
+ERROR_REASON_SESSION_NOT_OWNED: ErrorReason
+ERROR_REASON_SESSION_BUSY: ErrorReason
+ERROR_REASON_SESSION_BUDGET: ErrorReason
+ERROR_REASON_TEMPLATE_NOT_APPEND_ONLY: ErrorReason
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_ABORT: FinishReason
+FINISH_REASON_BUDGET: FinishReason
 D_TYPE_UNSPECIFIED: DType
 D_TYPE_BFLOAT16: DType
 D_TYPE_FLOAT16: DType
@@ -147,9 +174,16 @@ LOGPROBS_MODE_RAW_LOGPROBS: LogprobsMode
 LOGPROBS_MODE_RAW_LOGITS: LogprobsMode
 LOGPROBS_MODE_PROCESSED_LOGPROBS: LogprobsMode
 LOGPROBS_MODE_PROCESSED_LOGITS: LogprobsMode
+APPEND_RENDER_UNSPECIFIED: AppendRender
+APPEND_RENDER_WHOLE: AppendRender
+APPEND_RENDER_ISOLATED: AppendRender
+TOKEN_SOURCE_UNSPECIFIED: TokenSource
+TOKEN_SOURCE_PROMPT: TokenSource
+TOKEN_SOURCE_SAMPLED: TokenSource
+TOKEN_SOURCE_APPENDED: TokenSource
 
 class SamplingParams(_message.Message):
-    __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "n", "logprobs", "stop", "stop_token_ids", "ignore_eos", "repetition_penalty", "presence_penalty", "frequency_penalty", "min_tokens", "prompt_logprobs", "structured_output")
+    __slots__ = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "n", "logprobs", "stop", "stop_token_ids", "ignore_eos", "repetition_penalty", "presence_penalty", "frequency_penalty", "min_tokens", "prompt_logprobs", "structured_output", "allowed_token_ids")
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
@@ -167,6 +201,7 @@ class SamplingParams(_message.Message):
     MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     STRUCTURED_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     max_tokens: int
     temperature: float
     top_p: float
@@ -184,7 +219,8 @@ class SamplingParams(_message.Message):
     min_tokens: int
     prompt_logprobs: int
     structured_output: StructuredOutput
-    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., n: _Optional[int] = ..., logprobs: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: bool = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., min_tokens: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ...) -> None: ...
+    allowed_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., n: _Optional[int] = ..., logprobs: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: bool = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., min_tokens: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ..., allowed_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StructuredOutput(_message.Message):
     __slots__ = ("json_schema", "regex", "choice", "grammar", "json_object")
@@ -652,7 +688,7 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetServerInfoResponse(_message.Message):
-    __slots__ = ("model", "max_model_len", "vocab_size", "weight_version", "supports_images", "parameters", "max_message_bytes", "recommended_chunk_bytes", "max_update_bytes", "max_logprobs", "server_version", "degraded", "engine_requests", "parameter_groups", "drain_timeout_seconds", "logprobs_mode", "tokenizer", "lora_adapters", "lora_limits", "supports_sleep", "sleeping", "max_generations_per_stream", "max_stream_tokens", "delta_base_version", "delta_base_bytes", "accepts_chunk_batches")
+    __slots__ = ("model", "max_model_len", "vocab_size", "weight_version", "supports_images", "parameters", "max_message_bytes", "recommended_chunk_bytes", "max_update_bytes", "max_logprobs", "server_version", "degraded", "engine_requests", "parameter_groups", "drain_timeout_seconds", "logprobs_mode", "tokenizer", "lora_adapters", "lora_limits", "supports_sleep", "sleeping", "max_generations_per_stream", "max_stream_tokens", "delta_base_version", "delta_base_bytes", "accepts_chunk_batches", "session_limits", "open_sessions")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -679,6 +715,8 @@ class GetServerInfoResponse(_message.Message):
     DELTA_BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
     DELTA_BASE_BYTES_FIELD_NUMBER: _ClassVar[int]
     ACCEPTS_CHUNK_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    SESSION_LIMITS_FIELD_NUMBER: _ClassVar[int]
+    OPEN_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     model: str
     max_model_len: int
     vocab_size: int
@@ -705,7 +743,29 @@ class GetServerInfoResponse(_message.Message):
     delta_base_version: str
     delta_base_bytes: int
     accepts_chunk_batches: bool
-    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., weight_version: _Optional[str] = ..., supports_images: bool = ..., parameters: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., max_message_bytes: _Optional[int] = ..., recommended_chunk_bytes: _Optional[int] = ..., max_update_bytes: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., server_version: _Optional[str] = ..., degraded: bool = ..., engine_requests: _Optional[int] = ..., parameter_groups: _Optional[_Iterable[_Union[ParameterGroup, _Mapping]]] = ..., drain_timeout_seconds: _Optional[float] = ..., logprobs_mode: _Optional[_Union[LogprobsMode, str]] = ..., tokenizer: _Optional[_Union[TokenizerInfo, _Mapping]] = ..., lora_adapters: _Optional[_Iterable[_Union[LoraAdapter, _Mapping]]] = ..., lora_limits: _Optional[_Union[LoraLimits, _Mapping]] = ..., supports_sleep: bool = ..., sleeping: bool = ..., max_generations_per_stream: _Optional[int] = ..., max_stream_tokens: _Optional[int] = ..., delta_base_version: _Optional[str] = ..., delta_base_bytes: _Optional[int] = ..., accepts_chunk_batches: bool = ...) -> None: ...
+    session_limits: SessionLimits
+    open_sessions: int
+    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., weight_version: _Optional[str] = ..., supports_images: bool = ..., parameters: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., max_message_bytes: _Optional[int] = ..., recommended_chunk_bytes: _Optional[int] = ..., max_update_bytes: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., server_version: _Optional[str] = ..., degraded: bool = ..., engine_requests: _Optional[int] = ..., parameter_groups: _Optional[_Iterable[_Union[ParameterGroup, _Mapping]]] = ..., drain_timeout_seconds: _Optional[float] = ..., logprobs_mode: _Optional[_Union[LogprobsMode, str]] = ..., tokenizer: _Optional[_Union[TokenizerInfo, _Mapping]] = ..., lora_adapters: _Optional[_Iterable[_Union[LoraAdapter, _Mapping]]] = ..., lora_limits: _Optional[_Union[LoraLimits, _Mapping]] = ..., supports_sleep: bool = ..., sleeping: bool = ..., max_generations_per_stream: _Optional[int] = ..., max_stream_tokens: _Optional[int] = ..., delta_base_version: _Optional[str] = ..., delta_base_bytes: _Optional[int] = ..., accepts_chunk_batches: bool = ..., session_limits: _Optional[_Union[SessionLimits, _Mapping]] = ..., open_sessions: _Optional[int] = ...) -> None: ...
+
+class SessionLimits(_message.Message):
+    __slots__ = ("max_sessions", "max_sessions_per_caller", "max_session_tokens", "bytes_per_held_token", "idle_timeout_seconds", "max_total_tokens", "max_segments", "bytes_per_segment")
+    MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SESSIONS_PER_CALLER_FIELD_NUMBER: _ClassVar[int]
+    MAX_SESSION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_PER_HELD_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    IDLE_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_PER_SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    max_sessions: int
+    max_sessions_per_caller: int
+    max_session_tokens: int
+    bytes_per_held_token: int
+    idle_timeout_seconds: float
+    max_total_tokens: int
+    max_segments: int
+    bytes_per_segment: int
+    def __init__(self, max_sessions: _Optional[int] = ..., max_sessions_per_caller: _Optional[int] = ..., max_session_tokens: _Optional[int] = ..., bytes_per_held_token: _Optional[int] = ..., idle_timeout_seconds: _Optional[float] = ..., max_total_tokens: _Optional[int] = ..., max_segments: _Optional[int] = ..., bytes_per_segment: _Optional[int] = ...) -> None: ...
 
 class TokenizerInfo(_message.Message):
     __slots__ = ("eos_token_ids", "bos_token_id", "pad_token_id", "has_chat_template", "image_placeholder", "image_token_id")
@@ -812,3 +872,177 @@ class WakeUpResponse(_message.Message):
     NEEDS_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     needs_weights: bool
     def __init__(self, needs_weights: bool = ...) -> None: ...
+
+class OpenSessionRequest(_message.Message):
+    __slots__ = ("prompt_token_ids", "prompt_text", "messages", "tools_json", "max_total_tokens", "lora_adapter", "pin_weight_version", "append_render")
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_JSON_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LORA_ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    PIN_WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    APPEND_RENDER_FIELD_NUMBER: _ClassVar[int]
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    prompt_text: str
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    tools_json: _containers.RepeatedScalarFieldContainer[str]
+    max_total_tokens: int
+    lora_adapter: str
+    pin_weight_version: bool
+    append_render: AppendRender
+    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_text: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., tools_json: _Optional[_Iterable[str]] = ..., max_total_tokens: _Optional[int] = ..., lora_adapter: _Optional[str] = ..., pin_weight_version: bool = ..., append_render: _Optional[_Union[AppendRender, str]] = ...) -> None: ...
+
+class OpenSessionResponse(_message.Message):
+    __slots__ = ("session_id", "prompt_token_ids", "weight_version", "max_total_tokens", "idle_timeout_seconds")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    weight_version: str
+    max_total_tokens: int
+    idle_timeout_seconds: float
+    def __init__(self, session_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., weight_version: _Optional[str] = ..., max_total_tokens: _Optional[int] = ..., idle_timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class SessionGenerateRequest(_message.Message):
+    __slots__ = ("session_id", "request_id", "sampling_params")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    request_id: str
+    sampling_params: SamplingParams
+    def __init__(self, session_id: _Optional[str] = ..., request_id: _Optional[str] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
+
+class SessionState(_message.Message):
+    __slots__ = ("segment_index", "total_tokens", "budget_remaining", "generation_prompt_token_ids", "resumed")
+    SEGMENT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_REMAINING_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FIELD_NUMBER: _ClassVar[int]
+    segment_index: int
+    total_tokens: int
+    budget_remaining: int
+    generation_prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    resumed: bool
+    def __init__(self, segment_index: _Optional[int] = ..., total_tokens: _Optional[int] = ..., budget_remaining: _Optional[int] = ..., generation_prompt_token_ids: _Optional[_Iterable[int]] = ..., resumed: bool = ...) -> None: ...
+
+class SessionGenerateResponse(_message.Message):
+    __slots__ = ("request_id", "completion", "weight_version", "usage", "state", "lora_adapter_version")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LORA_ADAPTER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    completion: Completion
+    weight_version: str
+    usage: Usage
+    state: SessionState
+    lora_adapter_version: str
+    def __init__(self, request_id: _Optional[str] = ..., completion: _Optional[_Union[Completion, _Mapping]] = ..., weight_version: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., state: _Optional[_Union[SessionState, _Mapping]] = ..., lora_adapter_version: _Optional[str] = ...) -> None: ...
+
+class SessionGenerateStreamRequest(_message.Message):
+    __slots__ = ("session_id", "request_id", "sampling_params", "stream_options")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    STREAM_OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    request_id: str
+    sampling_params: SamplingParams
+    stream_options: StreamOptions
+    def __init__(self, session_id: _Optional[str] = ..., request_id: _Optional[str] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ...) -> None: ...
+
+class SessionGenerateStreamResponse(_message.Message):
+    __slots__ = ("delta", "state")
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    delta: GenerateStreamResponse
+    state: SessionState
+    def __init__(self, delta: _Optional[_Union[GenerateStreamResponse, _Mapping]] = ..., state: _Optional[_Union[SessionState, _Mapping]] = ...) -> None: ...
+
+class AppendToSessionRequest(_message.Message):
+    __slots__ = ("session_id", "token_ids", "messages")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    def __init__(self, session_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
+
+class AppendToSessionResponse(_message.Message):
+    __slots__ = ("token_ids", "total_tokens", "budget_remaining")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_REMAINING_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    total_tokens: int
+    budget_remaining: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., total_tokens: _Optional[int] = ..., budget_remaining: _Optional[int] = ...) -> None: ...
+
+class TrajectorySegment(_message.Message):
+    __slots__ = ("source", "start", "count", "finish_reason", "stop_reason", "resumed_at", "cached_prompt_tokens", "lora_adapter_version")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_AT_FIELD_NUMBER: _ClassVar[int]
+    CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LORA_ADAPTER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    source: TokenSource
+    start: int
+    count: int
+    finish_reason: FinishReason
+    stop_reason: str
+    resumed_at: _containers.RepeatedScalarFieldContainer[int]
+    cached_prompt_tokens: int
+    lora_adapter_version: str
+    def __init__(self, source: _Optional[_Union[TokenSource, str]] = ..., start: _Optional[int] = ..., count: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_reason: _Optional[str] = ..., resumed_at: _Optional[_Iterable[int]] = ..., cached_prompt_tokens: _Optional[int] = ..., lora_adapter_version: _Optional[str] = ...) -> None: ...
+
+class GetSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class GetSessionResponse(_message.Message):
+    __slots__ = ("session_id", "token_ids", "sources", "logprobs", "version_spans", "segments", "max_total_tokens", "pinned_weight_version", "busy")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_SPANS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PINNED_WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    sources: _containers.RepeatedScalarFieldContainer[TokenSource]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    version_spans: _containers.RepeatedCompositeFieldContainer[VersionSpan]
+    segments: _containers.RepeatedCompositeFieldContainer[TrajectorySegment]
+    max_total_tokens: int
+    pinned_weight_version: str
+    busy: bool
+    def __init__(self, session_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sources: _Optional[_Iterable[_Union[TokenSource, str]]] = ..., logprobs: _Optional[_Iterable[float]] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[TrajectorySegment, _Mapping]]] = ..., max_total_tokens: _Optional[int] = ..., pinned_weight_version: _Optional[str] = ..., busy: bool = ...) -> None: ...
+
+class CloseSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class CloseSessionResponse(_message.Message):
+    __slots__ = ("aborted_turn",)
+    ABORTED_TURN_FIELD_NUMBER: _ClassVar[int]
+    aborted_turn: bool
+    def __init__(self, aborted_turn: bool = ...) -> None: ...

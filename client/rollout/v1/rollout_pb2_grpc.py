@@ -122,6 +122,36 @@ class RolloutServiceStub(object):
                 request_serializer=rollout_dot_v1_dot_rollout__pb2.WakeUpRequest.SerializeToString,
                 response_deserializer=rollout_dot_v1_dot_rollout__pb2.WakeUpResponse.FromString,
                 _registered_method=True)
+        self.OpenSession = channel.unary_unary(
+                '/rollout.v1.RolloutService/OpenSession',
+                request_serializer=rollout_dot_v1_dot_rollout__pb2.OpenSessionRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_rollout__pb2.OpenSessionResponse.FromString,
+                _registered_method=True)
+        self.SessionGenerate = channel.unary_unary(
+                '/rollout.v1.RolloutService/SessionGenerate',
+                request_serializer=rollout_dot_v1_dot_rollout__pb2.SessionGenerateRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_rollout__pb2.SessionGenerateResponse.FromString,
+                _registered_method=True)
+        self.SessionGenerateStream = channel.unary_stream(
+                '/rollout.v1.RolloutService/SessionGenerateStream',
+                request_serializer=rollout_dot_v1_dot_rollout__pb2.SessionGenerateStreamRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_rollout__pb2.SessionGenerateStreamResponse.FromString,
+                _registered_method=True)
+        self.AppendToSession = channel.unary_unary(
+                '/rollout.v1.RolloutService/AppendToSession',
+                request_serializer=rollout_dot_v1_dot_rollout__pb2.AppendToSessionRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_rollout__pb2.AppendToSessionResponse.FromString,
+                _registered_method=True)
+        self.GetSession = channel.unary_unary(
+                '/rollout.v1.RolloutService/GetSession',
+                request_serializer=rollout_dot_v1_dot_rollout__pb2.GetSessionRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_rollout__pb2.GetSessionResponse.FromString,
+                _registered_method=True)
+        self.CloseSession = channel.unary_unary(
+                '/rollout.v1.RolloutService/CloseSession',
+                request_serializer=rollout_dot_v1_dot_rollout__pb2.CloseSessionRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_rollout__pb2.CloseSessionResponse.FromString,
+                _registered_method=True)
 
 
 class RolloutServiceServicer(object):
@@ -326,6 +356,71 @@ class RolloutServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenSession(self, request, context):
+        """Opens a session: one trajectory (a multi-turn, agentic rollout) whose
+        token ids the server holds from its prompt to its last turn, so that no
+        token is ever re-tokenized between turns (docs/sessions.md). A session
+        belongs to the caller that opened it (its bearer token): another
+        generate-role caller gets PERMISSION_DENIED (SESSION_NOT_OWNED) for it;
+        admin may use and close any. Sessions live in the server's memory: a
+        restart loses them (SESSION_LOST), one idle for longer than
+        OpenSessionResponse.idle_timeout_seconds expires (SESSION_NOT_FOUND).
+        Bounded by GetServerInfoResponse.session_limits (RESOURCE_EXHAUSTED,
+        LIMIT_EXCEEDED, naming the flag, past them).
+        Role: generate (or admin).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SessionGenerate(self, request, context):
+        """Generates the session's next model turn, conditioned on exactly the
+        token ids the session holds, and appends what it sampled (see
+        SessionGenerateRequest for the rules). Admitted like Generate (the gate,
+        --max-queued-generate, updates' pause modes, Abort by request_id).
+        Role: generate (or admin), on the caller's own session.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SessionGenerateStream(self, request, context):
+        """SessionGenerate, streamed as GenerateStream streams; the last message
+        carries the session's state.
+        Role: generate (or admin), on the caller's own session.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AppendToSession(self, request, context):
+        """Appends the environment's output to the session: token ids as they are,
+        or chat messages rendered with the model's chat template (see
+        AppendToSessionRequest for the rule that keeps the history append-only).
+        Role: generate (or admin), on the caller's own session.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSession(self, request, context):
+        """The session's trajectory: every token id with its source, the logprob and
+        weight version of every sampled token, and its segments (turns).
+        Role: generate (or admin), on the caller's own session.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CloseSession(self, request, context):
+        """Closes a session and frees what it holds; a turn running on it is
+        aborted first (it ends FINISH_REASON_ABORT for its caller).
+        Role: generate for the caller's own sessions; admin for any.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -408,6 +503,36 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     servicer.WakeUp,
                     request_deserializer=rollout_dot_v1_dot_rollout__pb2.WakeUpRequest.FromString,
                     response_serializer=rollout_dot_v1_dot_rollout__pb2.WakeUpResponse.SerializeToString,
+            ),
+            'OpenSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenSession,
+                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.OpenSessionRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_rollout__pb2.OpenSessionResponse.SerializeToString,
+            ),
+            'SessionGenerate': grpc.unary_unary_rpc_method_handler(
+                    servicer.SessionGenerate,
+                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.SessionGenerateRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_rollout__pb2.SessionGenerateResponse.SerializeToString,
+            ),
+            'SessionGenerateStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.SessionGenerateStream,
+                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.SessionGenerateStreamRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_rollout__pb2.SessionGenerateStreamResponse.SerializeToString,
+            ),
+            'AppendToSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.AppendToSession,
+                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.AppendToSessionRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_rollout__pb2.AppendToSessionResponse.SerializeToString,
+            ),
+            'GetSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSession,
+                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.GetSessionRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_rollout__pb2.GetSessionResponse.SerializeToString,
+            ),
+            'CloseSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseSession,
+                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.CloseSessionRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_rollout__pb2.CloseSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -850,6 +975,168 @@ class RolloutService(object):
             '/rollout.v1.RolloutService/WakeUp',
             rollout_dot_v1_dot_rollout__pb2.WakeUpRequest.SerializeToString,
             rollout_dot_v1_dot_rollout__pb2.WakeUpResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollout.v1.RolloutService/OpenSession',
+            rollout_dot_v1_dot_rollout__pb2.OpenSessionRequest.SerializeToString,
+            rollout_dot_v1_dot_rollout__pb2.OpenSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SessionGenerate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollout.v1.RolloutService/SessionGenerate',
+            rollout_dot_v1_dot_rollout__pb2.SessionGenerateRequest.SerializeToString,
+            rollout_dot_v1_dot_rollout__pb2.SessionGenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SessionGenerateStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/rollout.v1.RolloutService/SessionGenerateStream',
+            rollout_dot_v1_dot_rollout__pb2.SessionGenerateStreamRequest.SerializeToString,
+            rollout_dot_v1_dot_rollout__pb2.SessionGenerateStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AppendToSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollout.v1.RolloutService/AppendToSession',
+            rollout_dot_v1_dot_rollout__pb2.AppendToSessionRequest.SerializeToString,
+            rollout_dot_v1_dot_rollout__pb2.AppendToSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollout.v1.RolloutService/GetSession',
+            rollout_dot_v1_dot_rollout__pb2.GetSessionRequest.SerializeToString,
+            rollout_dot_v1_dot_rollout__pb2.GetSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CloseSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollout.v1.RolloutService/CloseSession',
+            rollout_dot_v1_dot_rollout__pb2.CloseSessionRequest.SerializeToString,
+            rollout_dot_v1_dot_rollout__pb2.CloseSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

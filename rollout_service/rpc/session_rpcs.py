@@ -1,0 +1,265 @@
+"""The session RPCs: OpenSession, SessionGenerate(Stream), AppendToSession,
+GetSession, CloseSession. Adapters over sessions/: the store finds the
+caller's session, the tokenizing thread plans and renders, a turn runs
+through the same gate, engine request and Abort registry as Generate."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from rollout.v1 import rollout_pb2 as pb
+from rollout_service.generation.convert import EnginePrompt, stream_delta_to_proto
+from rollout_service.ops import logs
+from rollout_service.ops.auth import CALLER
+from rollout_service.rpc.handlers import streaming, unary
+from rollout_service.sessions import appends, trajectory, turns
+from rollout_service.sessions.opening import budget_of, open_prompt
+from rollout_service.sessions.store import Session, SessionStore
+
+if TYPE_CHECKING:
+    from contextlib import AbstractAsyncContextManager
+
+    from rollout_service.engine.startup import EngineInfo
+    from rollout_service.gate import AdmissionGate, Ticket
+    from rollout_service.generation.tokenizing import Tokenizing
+    from rollout_service.rpc.calls import RunningCalls
+    from rollout_service.update.lora import Adapters
+    from rollout_service.update.updates import WeightUpdater
+
+_ISOLATED = pb.APPEND_RENDER_ISOLATED
+
+
+def _open(session: Session, request: pb.OpenSessionRequest, limits, tok) -> list[int]:
+    """On the tokenizing thread: the prompt into the new session."""
+    prompt = open_prompt(request, limits, tok, session.budget)
+    session.trajectory.append(pb.TOKEN_SOURCE_PROMPT, prompt.ids)
+    session.chat = prompt.conversation is not None
+    if session.chat and request.append_render != _ISOLATED:
+        session.conversation = list(prompt.conversation or [])
+        session.text_bytes = prompt.text_bytes
+    session.tools = prompt.tools
+    return prompt.ids
+
+
+class SessionRpcs:
+    """Mixed into RolloutServicer, which sets these on attach and defines
+    the generation steps a turn shares with Generate."""
+
+    session_store: SessionStore
+    tok: Tokenizing
+    info: EngineInfo
+    gate: AdmissionGate
+    updater: WeightUpdater
+    adapters: Adapters
+    calls: RunningCalls
+
+    def _check_ready(self) -> Any:
+        raise NotImplementedError
+
+    def _admitted(self, required_version: str = "") -> AbstractAsyncContextManager[Ticket]:
+        raise NotImplementedError
+
+    def _run(self, ticket: Ticket, call, prompt, params, adapter: str) -> AsyncIterator[Any]:
+        raise NotImplementedError
+
+    def _delta_spans(self, ticket: Ticket, c, start: int, count: int) -> list[tuple[str, int, int]]:
+        raise NotImplementedError
+
+    @unary
+    async def OpenSession(self, request, context):
+        self._check_ready()
+        self.updater.check_serving()
+        if request.lora_adapter:
+            self.adapters.check_known(request.lora_adapter)
+        limits = self.info.limits
+        budget = budget_of(request, limits)
+        # Counted before any tokenizing: a caller at its limit costs nothing.
+        session = self.session_store.new(
+            CALLER.get().owner,
+            budget,
+            lora_adapter=request.lora_adapter,
+            pinned_version=self.gate.version if request.pin_weight_version else "",
+        )
+        try:
+            ids = await self.tok.off_loop(_open, session, request, limits, self.tok)
+        except BaseException:
+            self.session_store.release(session)
+            raise
+        self.session_store.add(session)
+        return pb.OpenSessionResponse(
+            session_id=session.id,
+            prompt_token_ids=ids,
+            weight_version=self.gate.version,
+            max_total_tokens=budget,
+            idle_timeout_seconds=self.session_store.limits.idle_timeout_seconds,
+        )
+
+    async def _turn(
+        self, request, stream: pb.StreamOptions | None, result: dict[str, Any]
+    ) -> AsyncIterator[tuple[pb.GenerateStreamResponse, pb.SessionState | None]]:
+        """Runs one turn; yields each delta (with the session's state on the
+        one that finishes it) and leaves the outcome in `result`."""
+        engine = self._check_ready()
+        self.updater.check_serving()
+        session = self.session_store.get(request.session_id, CALLER.get())
+        request_id = result["request_id"] = request.request_id or uuid.uuid4().hex
+        logs.request_id.set(request_id)
+        with self.session_store.using(session):
+            plan = await self.tok.off_loop(
+                turns.plan_turn,
+                session,
+                request.sampling_params,
+                self.info.limits,
+                self.tok,
+                stream or pb.StreamOptions(omit_text=True),
+            )
+            result["plan"] = plan
+            out = result["out"] = turns.TurnOutput()
+            top_k = plan.params.logprobs or 0
+            prompt = EnginePrompt({"prompt_token_ids": plan.prompt_ids}, len(plan.prompt_ids))
+            omit_text = stream.omit_text if stream is not None else True
+            with self.calls.running(request_id) as call:
+
+                async def abort_turn() -> None:
+                    call.aborted = True
+                    if call.engine_id is not None:
+                        await engine.abort([call.engine_id])
+
+                session.abort_turn = abort_turn
+                committed = False
+                try:
+                    async with self._admitted(session.pinned_version) as ticket:
+                        result["ticket"] = ticket
+                        async for o in self._run(
+                            ticket, call, prompt, plan.params, session.lora_adapter
+                        ):
+                            out.cached_prompt_tokens = max(
+                                out.cached_prompt_tokens, o.num_cached_tokens or 0
+                            )
+                            deltas = []
+                            for c in o.outputs:
+                                if not (c.token_ids or c.finish_reason):
+                                    continue
+                                spans = self._delta_spans(ticket, c, len(out.ids), len(c.token_ids))
+                                out.add(c, top_k, spans)
+                                deltas.append(
+                                    stream_delta_to_proto(
+                                        request_id,
+                                        c,
+                                        top_k,
+                                        ticket.version,
+                                        spans,
+                                        omit_text,
+                                        ticket.adapter_version,
+                                    )
+                                )
+                            state = None
+                            if o.finished:
+                                committed = True
+                                seg = result["seg"] = turns.commit(
+                                    session, plan, out, ticket.adapter_version
+                                )
+                                state = turns.state(session, plan, seg)
+                            for i, d in enumerate(deltas):
+                                yield d, state if i == len(deltas) - 1 else None
+                        if not committed:  # aborted before it reached the engine
+                            committed = True
+                            result["seg"] = None
+                            yield _aborted(request_id, ticket), turns.state(session, plan, None)
+                finally:
+                    session.abort_turn = None
+                    if not committed and "ticket" in result:
+                        # Cancelled mid-turn: what it sampled stays, interrupted.
+                        turns.commit(session, plan, out, result["ticket"].adapter_version)
+
+    @unary
+    async def SessionGenerate(self, request, context):
+        result: dict[str, Any] = {}
+        state = None
+        async for _, s in self._turn(request, None, result):
+            state = s or state
+        plan, out, ticket = result["plan"], result["out"], result["ticket"]
+        completion = pb.Completion(
+            token_ids=out.ids,
+            logprobs=out.logprobs,
+            finish_reason=out.final_reason(plan),
+            top_logprobs=out.top,
+            stop_reason=out.stop_reason,
+        )
+        for v, start, count in out.spans:
+            completion.version_spans.add(weight_version=v, start=start, count=count)
+        if out.ids and self.tok.tokenizer is not None:
+            completion.text = await self.tok.off_loop(self.tok.decode, out.ids, True)
+        return pb.SessionGenerateResponse(
+            request_id=result["request_id"],
+            completion=completion,
+            weight_version=ticket.version,
+            usage=_usage(plan, out),
+            state=state,
+            lora_adapter_version=ticket.adapter_version,
+        )
+
+    @streaming
+    async def SessionGenerateStream(self, request, context):
+        result: dict[str, Any] = {}
+        options = request.stream_options
+        async for delta, state in self._turn(request, options, result):
+            if state is not None:
+                plan, out = result["plan"], result["out"]
+                delta.finish_reason = out.final_reason(plan)
+                delta.usage.CopyFrom(_usage(plan, out))
+            yield pb.SessionGenerateStreamResponse(delta=delta, state=state)
+
+    @unary
+    async def AppendToSession(self, request, context):
+        self._check_ready()
+        session = self.session_store.get(request.session_id, CALLER.get())
+        with self.session_store.using(session):
+            ids = await self.tok.off_loop(
+                appends.append, session, request, self.info.limits, self.tok
+            )
+        return pb.AppendToSessionResponse(
+            token_ids=ids, total_tokens=len(session.trajectory), budget_remaining=session.remaining
+        )
+
+    @unary
+    async def GetSession(self, request, context):
+        self._check_ready()
+        session = self.session_store.get(request.session_id, CALLER.get())
+        t = session.trajectory
+        # Counted here, built off the loop: a running turn only adds after.
+        counts = (len(t), len(t.segments), len(t.spans))
+        response = await self.tok.off_loop(trajectory.to_proto, t, *counts)
+        response.session_id = session.id
+        response.max_total_tokens = session.budget
+        response.pinned_weight_version = session.pinned_version
+        response.busy = session.busy
+        return response
+
+    @unary
+    async def CloseSession(self, request, context):
+        session = self.session_store.get(request.session_id, CALLER.get())
+        self.session_store.close(session)
+        aborted = session.abort_turn is not None
+        if session.abort_turn is not None:
+            await session.abort_turn()
+        return pb.CloseSessionResponse(aborted_turn=aborted)
+
+
+def _aborted(request_id: str, ticket) -> pb.GenerateStreamResponse:
+    return pb.GenerateStreamResponse(
+        request_id=request_id,
+        finish_reason=pb.FINISH_REASON_ABORT,
+        weight_version=ticket.version,
+        lora_adapter_version=ticket.adapter_version,
+    )
+
+
+def _usage(plan: turns.TurnPlan, out: turns.TurnOutput) -> pb.Usage:
+    return pb.Usage(
+        prompt_tokens=len(plan.prompt_ids),
+        completion_tokens=len(out.ids),
+        cached_prompt_tokens=out.cached_prompt_tokens,
+    )

@@ -1,0 +1,1 @@
+"""Sessions: multi-turn trajectories the server holds, token for token (docs/sessions.md)."""

@@ -1,0 +1,52 @@
+"""AppendToSession: the environment's output into a session, on the
+tokenizing thread (rendering grows with the history), while the session is
+held for this call alone (store.using)."""
+
+from __future__ import annotations
+
+from rollout.v1 import rollout_pb2 as pb
+from rollout_service.engine.limits import ModelLimits
+from rollout_service.errors import FailedPrecondition, InvalidArgument
+from rollout_service.generation import convert
+from rollout_service.sessions.conversation import rendered_ids
+from rollout_service.sessions.opening import check_text, text_chars, text_conversation
+from rollout_service.sessions.store import Session
+
+
+def append(
+    session: Session, request: pb.AppendToSessionRequest, limits: ModelLimits, tok
+) -> list[int]:
+    """Appends token ids as they are, or messages as the template renders
+    them after the history; refused with nothing changed otherwise."""
+    if bool(request.token_ids) == bool(request.messages):
+        raise InvalidArgument("token_ids/messages", "exactly one must be set")
+    t = session.trajectory
+    if request.token_ids:
+        ids = list(request.token_ids)
+        convert.check_vocabulary(ids, limits.vocab_size, "token_ids")
+        session.check_room(len(ids), "token_ids")
+        t.append(pb.TOKEN_SOURCE_APPENDED, ids)
+        # Ids the conversation cannot describe: later messages render isolated,
+        # and the next turn gets no generation prompt (the caller sent its own).
+        session.conversation = None
+        session.chat = False
+        return ids
+    new = text_conversation(request.messages, "messages")
+    held = session.text_bytes if session.conversation is not None else 0
+    nbytes = check_text(new, "messages", held, session.budget)
+    if (least := tok.min_tokens(text_chars(new))) > session.remaining:
+        raise FailedPrecondition(
+            f"messages: at least {least} tokens do not fit the {session.remaining} left of "
+            f"the session's budget ({session.budget})",
+            reason=pb.ERROR_REASON_SESSION_BUDGET,
+        )
+    ids = rendered_ids(session, tok, new, add_generation_prompt=False)
+    if not ids:
+        raise InvalidArgument("messages", "render to no tokens")
+    session.check_room(len(ids), "messages")
+    t.append(pb.TOKEN_SOURCE_APPENDED, ids)
+    if session.conversation is not None:
+        session.conversation.extend(new)
+        session.text_bytes += nbytes
+    session.chat = True
+    return ids

@@ -1,0 +1,165 @@
+"""One session's trajectory: the token ids the server holds, each with its
+source, the logprob and weight version of each sampled one, and the segments
+(prompt, turns, appends) they came in. Pure data: no engine, no event loop;
+tested alone.
+
+Memory is bounded by what it stores per token: the id (4 bytes), the source
+(1) and the logprob (4), in flat arrays, plus per segment one small object
+(`SEGMENT_BYTES`). The store reserves a session's whole budget when it opens
+(store.py), so these never grow past what GetServerInfo states.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from rollout.v1 import rollout_pb2 as pb
+
+# Flat arrays: id + source + logprob.
+TOKEN_BYTES = 9
+# A Segment and its list slot, measured with sys.getsizeof on CPython 3.11
+# (about 300 bytes with two version spans), rounded up.
+SEGMENT_BYTES = 512
+
+
+@dataclass
+class Segment:
+    """A run of tokens of one source (a model turn stays one segment when it
+    is interrupted and resumed)."""
+
+    source: int  # pb.TokenSource
+    start: int
+    count: int = 0
+    finish_reason: int = pb.FINISH_REASON_UNSPECIFIED
+    stop_reason: str = ""
+    resumed_at: list[int] = field(default_factory=list)
+    cached_prompt_tokens: int = 0
+    lora_adapter_version: str = ""
+    # A model turn that ended on a stop token: that token's id (the bridge
+    # of the next append does not repeat it).
+    stop_token: int | None = None
+
+    @property
+    def interrupted(self) -> bool:
+        return (
+            self.source == pb.TOKEN_SOURCE_SAMPLED and self.finish_reason == pb.FINISH_REASON_ABORT
+        )
+
+
+class Trajectory:
+    """Token ids with their sources, logprobs and versions, in segments."""
+
+    def __init__(self) -> None:
+        self.ids = array("I")
+        self.sources = array("B")
+        self.logprobs = array("f")
+        # [version, start, count] over ids, sampled tokens only, in order;
+        # adjacent runs of one version merged.
+        self.spans: list[list] = []
+        self.segments: list[Segment] = []
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def last(self) -> Segment | None:
+        return self.segments[-1] if self.segments else None
+
+    def append(self, source: int, ids: Sequence[int]) -> Segment:
+        """A new segment of prompt or appended tokens."""
+        seg = Segment(source=source, start=len(self.ids), count=len(ids))
+        self.ids.extend(ids)
+        self.sources.extend([source] * len(ids))
+        self.logprobs.extend([0.0] * len(ids))
+        self.segments.append(seg)
+        return seg
+
+    def begin_turn(self, cached_prompt_tokens: int = 0, lora_adapter_version: str = "") -> Segment:
+        """A new model turn, or the interrupted one to resume (its
+        `resumed_at` gets the point where this call's tokens start)."""
+        last = self.last
+        if last is not None and last.interrupted:
+            last.resumed_at.append(last.count)
+            last.finish_reason = pb.FINISH_REASON_UNSPECIFIED
+            return last
+        seg = Segment(
+            source=pb.TOKEN_SOURCE_SAMPLED,
+            start=len(self.ids),
+            cached_prompt_tokens=cached_prompt_tokens,
+            lora_adapter_version=lora_adapter_version,
+        )
+        self.segments.append(seg)
+        return seg
+
+    def sampled(
+        self,
+        seg: Segment,
+        ids: Sequence[int],
+        logprobs: Sequence[float],
+        spans: Sequence[tuple[str, int, int]],
+    ) -> None:
+        """Adds tokens the turn `seg` (the last segment) sampled; `spans`:
+        (version, start, count) indexed into `ids`."""
+        assert seg is self.last
+        base = len(self.ids)
+        self.ids.extend(ids)
+        self.sources.extend([pb.TOKEN_SOURCE_SAMPLED] * len(ids))
+        lps = list(logprobs)
+        self.logprobs.extend(lps + [0.0] * (len(ids) - len(lps)))
+        seg.count += len(ids)
+        for version, start, count in spans:
+            top = self.spans[-1] if self.spans else None
+            if top is not None and top[0] == version and top[1] + top[2] == base + start:
+                top[2] += count
+            else:
+                self.spans.append([version, base + start, count])
+
+    def end_turn(self, seg: Segment, finish_reason: int, stop_reason: str = "") -> None:
+        seg.finish_reason = finish_reason
+        seg.stop_reason = stop_reason
+        seg.stop_token = None
+        if finish_reason == pb.FINISH_REASON_STOP and seg.count and stop_reason == "":
+            # vLLM leaves stop_reason unset for an eos token (kept in the ids).
+            seg.stop_token = self.ids[seg.start + seg.count - 1]
+        elif finish_reason == pb.FINISH_REASON_STOP and stop_reason.isdigit() and seg.count:
+            if self.ids[seg.start + seg.count - 1] == int(stop_reason):
+                seg.stop_token = int(stop_reason)
+
+    def drop_empty_turn(self, seg: Segment) -> None:
+        """Forgets a new turn that sampled nothing and was never resumed (a
+        turn refused or aborted before its first token leaves no segment)."""
+        if seg is self.last and seg.count == 0 and not seg.resumed_at:
+            self.segments.pop()
+
+    def turn_tokens(self, seg: Segment) -> list[int]:
+        return list(self.ids[seg.start : seg.start + seg.count])
+
+
+def segment_to_proto(seg: Segment) -> pb.TrajectorySegment:
+    return pb.TrajectorySegment(
+        source=seg.source,  # type: ignore[arg-type]
+        start=seg.start,
+        count=seg.count,
+        finish_reason=seg.finish_reason,  # type: ignore[arg-type]
+        stop_reason=seg.stop_reason,
+        resumed_at=seg.resumed_at,
+        cached_prompt_tokens=seg.cached_prompt_tokens,
+        lora_adapter_version=seg.lora_adapter_version,
+    )
+
+
+def to_proto(t: Trajectory, n_tokens: int, n_segments: int, spans: int) -> pb.GetSessionResponse:
+    """The first `n_tokens` tokens, `n_segments` segments and `spans` version
+    spans (counted on the event loop, built here off it: the arrays only grow
+    meanwhile)."""
+    out = pb.GetSessionResponse(
+        token_ids=t.ids[:n_tokens].tolist(),
+        sources=t.sources[:n_tokens].tolist(),  # type: ignore[arg-type]
+        logprobs=t.logprobs[:n_tokens].tolist(),
+    )
+    for version, start, count in t.spans[:spans]:
+        out.version_spans.add(weight_version=version, start=start, count=count)
+    out.segments.extend(segment_to_proto(s) for s in t.segments[:n_segments])
+    return out

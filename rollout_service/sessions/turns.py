@@ -1,0 +1,162 @@
+"""One model turn of a session: its plan (prompt, limits, resumption), what
+it sampled, and how that is written into the trajectory.
+
+`plan_turn` runs on the tokenizing thread (the prompt is the whole history);
+`TurnOutput` gathers the engine's deltas; `commit` writes them, once, when
+the turn ends however it ends (finished, aborted, cancelled), so a turn's
+tokens never interleave with another call's and partial ones are kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vllm import SamplingParams
+from vllm.sampling_params import RequestOutputKind
+
+from rollout.v1 import rollout_pb2 as pb
+from rollout_service.engine.limits import ModelLimits
+from rollout_service.errors import FailedPrecondition, InvalidArgument
+from rollout_service.generation import convert
+from rollout_service.sessions.conversation import rendered_ids
+from rollout_service.sessions.store import Session
+from rollout_service.sessions.trajectory import Segment
+
+_F = "sampling_params."
+
+
+@dataclass(frozen=True)
+class TurnPlan:
+    """What the engine is asked, and what the answer means for the session."""
+
+    prompt_ids: list[int]
+    generation_prompt: list[int]
+    params: SamplingParams
+    resumed: bool
+    # max_tokens is what was left of the budget: a turn that ends on its
+    # length ends on the budget (FINISH_REASON_BUDGET).
+    budget_limited: bool
+
+
+def plan_turn(
+    session: Session,
+    sp: pb.SamplingParams,
+    limits: ModelLimits,
+    tok,
+    stream: pb.StreamOptions | None,
+) -> TurnPlan:
+    """Validates a turn's sampling params against the session and builds
+    its engine request; nothing changes in the session."""
+    if sp.HasField("n") and sp.n != 1:
+        raise InvalidArgument(
+            _F + "n", "a session turn samples one completion; open a session per sample"
+        )
+    if sp.HasField("prompt_logprobs"):
+        raise InvalidArgument(
+            _F + "prompt_logprobs", "not in sessions: GetSession has every sampled logprob"
+        )
+    t = session.trajectory
+    last = t.last
+    resumed = last is not None and last.interrupted
+    already = last.count if resumed and last is not None else 0
+    if resumed and sp.HasField("structured_output"):
+        raise InvalidArgument(
+            _F + "structured_output",
+            "an interrupted turn cannot resume under a constraint (its state is gone); "
+            "append to end the turn, then start a new one",
+        )
+    gen = [] if resumed or not session.chat else rendered_ids(session, tok, [], True)
+    # Room for the generation prompt and one token, in up to two segments.
+    session.check_room(len(gen) + 1, "session_id", segments=0 if resumed else 1 + bool(gen))
+    room = session.remaining - len(gen)
+    want = None
+    if sp.HasField("max_tokens"):
+        if sp.max_tokens == 0:
+            raise InvalidArgument(_F + "max_tokens", "must be at least 1")
+        want = sp.max_tokens - already
+        if want < 1:
+            raise InvalidArgument(
+                _F + "max_tokens",
+                f"{sp.max_tokens} allows no more tokens: the interrupted turn already holds "
+                f"{already} (max_tokens limits the whole turn)",
+            )
+    budget_limited = want is None or want > room
+    turn = pb.SamplingParams()
+    turn.CopyFrom(sp)
+    turn.max_tokens = room if budget_limited else want  # type: ignore[assignment]
+    if sp.HasField("min_tokens"):
+        turn.min_tokens = max(0, sp.min_tokens - already)
+    prompt = t.ids.tolist() + gen
+    if len(prompt) >= limits.max_model_len:
+        raise FailedPrecondition(
+            f"session_id: the history is {len(prompt)} tokens; the model's context "
+            f"(max_model_len) is {limits.max_model_len}",
+            reason=pb.ERROR_REASON_SESSION_BUDGET,
+        )
+    convert.check_prompt_length(len(prompt), "session_id", limits)
+    params = convert.sampling_params_from_proto(
+        turn, limits, len(prompt), RequestOutputKind.DELTA, stream
+    )
+    return TurnPlan(prompt, gen, params, resumed, budget_limited)
+
+
+@dataclass
+class TurnOutput:
+    """What a turn sampled, gathered from the engine's deltas."""
+
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[pb.TopLogprobs] = field(default_factory=list)
+    # (version, start, count) indexed into `ids`.
+    spans: list[tuple[str, int, int]] = field(default_factory=list)
+    finish_reason: int | None = None
+    stop_reason: str = ""
+    cached_prompt_tokens: int = 0
+
+    def add(self, c, top_k: int, spans: list[tuple[str, int, int]]) -> None:
+        """One delta of the turn's completion (a vLLM CompletionOutput);
+        `spans` index into its token_ids."""
+        base = len(self.ids)
+        lps, top = convert.logprobs_to_proto(c.token_ids, c.logprobs, top_k)
+        self.ids.extend(c.token_ids)
+        self.logprobs.extend(lps)
+        self.top.extend(top)
+        self.spans.extend((v, base + s, n) for v, s, n in spans)
+        if c.finish_reason is not None:
+            self.finish_reason = convert.finish_reason_to_proto(c.finish_reason)
+            self.stop_reason = convert.stop_reason_to_str(c.stop_reason)
+
+    def final_reason(self, plan: TurnPlan) -> int:
+        """How the turn ended (ABORT when it did not finish: cancelled)."""
+        reason = self.finish_reason if self.finish_reason is not None else pb.FINISH_REASON_ABORT
+        if reason == pb.FINISH_REASON_LENGTH and plan.budget_limited:
+            return pb.FINISH_REASON_BUDGET
+        return reason
+
+
+def commit(
+    session: Session, plan: TurnPlan, out: TurnOutput, adapter_version: str
+) -> Segment | None:
+    """Writes the turn into the session (nothing if it sampled nothing: a
+    turn aborted before its first token leaves the session as it was)."""
+    if not out.ids:
+        return None
+    t = session.trajectory
+    if plan.generation_prompt:
+        t.append(pb.TOKEN_SOURCE_APPENDED, plan.generation_prompt)
+    seg = t.begin_turn(out.cached_prompt_tokens, adapter_version)
+    t.sampled(seg, out.ids, out.logprobs, out.spans)
+    t.end_turn(seg, out.final_reason(plan), out.stop_reason)
+    session.add_turn_to_conversation(seg)
+    return seg
+
+
+def state(session: Session, plan: TurnPlan, seg: Segment | None) -> pb.SessionState:
+    segments = session.trajectory.segments
+    return pb.SessionState(
+        segment_index=segments.index(seg) if seg is not None else max(0, len(segments) - 1),
+        total_tokens=len(session.trajectory),
+        budget_remaining=session.remaining,
+        generation_prompt_token_ids=plan.generation_prompt if seg is not None else [],
+        resumed=plan.resumed,
+    )
