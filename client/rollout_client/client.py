@@ -27,7 +27,7 @@ from grpc_health.v1 import health_pb2_grpc
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
-from rollout_client import core, push, stubs
+from rollout_client import core, push, sessions, stubs
 
 # Re-exported (`X as X`: the explicit form, for type checkers too).
 from rollout_client.connection import (
@@ -302,6 +302,12 @@ class RolloutClient(_Surface[stubs.RolloutStub]):
         """Frees the accelerator (vLLM's sleep mode, GPU hosts); WakeUp resumes."""
         return self._unary(self.stub.Sleep, pb.SleepRequest(level=level), timeout)
 
+    def open_session(self, *, timeout: float | None = None, **kwargs: Any) -> sessions.Session:
+        """A session (sessions.build_open_request's arguments): one trajectory
+        the server holds token for token; a context manager that closes it."""
+        request = sessions.build_open_request(**kwargs)
+        return sessions.Session(self, self._unary(self.stub.OpenSession, request, timeout))
+
     def wake_up(self, *, timeout: float | None = None) -> pb.WakeUpResponse:
         return self._unary(self.stub.WakeUp, pb.WakeUpRequest(), timeout)
 
@@ -452,6 +458,14 @@ class AsyncRolloutClient(_Surface[stubs.AsyncRolloutStub]):
 
     async def sleep(self, level: int = 1, *, timeout: float | None = None) -> pb.SleepResponse:
         return await self._unary(self.stub.Sleep, pb.SleepRequest(level=level), timeout)
+
+    async def open_session(
+        self, *, timeout: float | None = None, **kwargs: Any
+    ) -> sessions.AsyncSession:
+        """See RolloutClient.open_session."""
+        request = sessions.build_open_request(**kwargs)
+        opened = await self._unary(self.stub.OpenSession, request, timeout)
+        return sessions.AsyncSession(self, opened)
 
     async def wake_up(self, *, timeout: float | None = None) -> pb.WakeUpResponse:
         return await self._unary(self.stub.WakeUp, pb.WakeUpRequest(), timeout)

@@ -28,6 +28,7 @@ RETRIED_METHODS = (
     "ResetCaches",
     "Tokenize",
     "Detokenize",
+    "GetSession",
 )
 
 # gRPC makes at most 5 attempts, whatever the policy says (gRFC A6).

@@ -95,6 +95,14 @@ class RolloutStub(Protocol):
     Detokenize: Unary[pb.DetokenizeRequest, pb.DetokenizeResponse]
     Sleep: Unary[pb.SleepRequest, pb.SleepResponse]
     WakeUp: Unary[pb.WakeUpRequest, pb.WakeUpResponse]
+    OpenSession: Unary[pb.OpenSessionRequest, pb.OpenSessionResponse]
+    SessionGenerate: Unary[pb.SessionGenerateRequest, pb.SessionGenerateResponse]
+    SessionGenerateStream: UnaryStream[
+        pb.SessionGenerateStreamRequest, pb.SessionGenerateStreamResponse
+    ]
+    AppendToSession: Unary[pb.AppendToSessionRequest, pb.AppendToSessionResponse]
+    GetSession: Unary[pb.GetSessionRequest, pb.GetSessionResponse]
+    CloseSession: Unary[pb.CloseSessionRequest, pb.CloseSessionResponse]
 
 
 class AsyncRolloutStub(Protocol):
@@ -111,3 +119,11 @@ class AsyncRolloutStub(Protocol):
     Detokenize: AsyncUnary[pb.DetokenizeRequest, pb.DetokenizeResponse]
     Sleep: AsyncUnary[pb.SleepRequest, pb.SleepResponse]
     WakeUp: AsyncUnary[pb.WakeUpRequest, pb.WakeUpResponse]
+    OpenSession: AsyncUnary[pb.OpenSessionRequest, pb.OpenSessionResponse]
+    SessionGenerate: AsyncUnary[pb.SessionGenerateRequest, pb.SessionGenerateResponse]
+    SessionGenerateStream: AsyncUnaryStream[
+        pb.SessionGenerateStreamRequest, pb.SessionGenerateStreamResponse
+    ]
+    AppendToSession: AsyncUnary[pb.AppendToSessionRequest, pb.AppendToSessionResponse]
+    GetSession: AsyncUnary[pb.GetSessionRequest, pb.GetSessionResponse]
+    CloseSession: AsyncUnary[pb.CloseSessionRequest, pb.CloseSessionResponse]

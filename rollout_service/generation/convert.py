@@ -143,6 +143,10 @@ def sampling_params_from_proto(
             f"{top_logprobs} is over the engine's limit of {limits.max_logprobs}",
         )
     check_vocabulary(sp.stop_token_ids, limits.vocab_size, f + "stop_token_ids")
+    allowed = list(sp.allowed_token_ids)
+    check_vocabulary(allowed, limits.vocab_size, f + "allowed_token_ids")
+    if len(set(allowed)) != len(allowed):
+        raise InvalidArgument(f + "allowed_token_ids", "lists a token id twice")
     for i, stop in enumerate(sp.stop):
         if not stop:
             raise InvalidArgument(f"{f}stop[{i}]", "must not be empty")
@@ -178,6 +182,7 @@ def sampling_params_from_proto(
         logprobs=top_logprobs,
         stop=list(sp.stop) or None,
         stop_token_ids=list(sp.stop_token_ids) or None,
+        allowed_token_ids=allowed or None,
         ignore_eos=sp.ignore_eos,
         repetition_penalty=repetition_penalty,
         prompt_logprobs=prompt_logprobs,

@@ -126,12 +126,12 @@ class Tokenizing:
                 "chat_options.continue_final_message",
                 f"the last message must be the assistant's to continue, got {messages[-1].role!r}",
             )
-        rendered.text = self.renderconversation_of(
+        rendered.text = self.render_conversation(
             conversation, field_name, add_generation_prompt=not cont, continue_final_message=cont
         )
         return rendered
 
-    def renderconversation_of(
+    def render_conversation(
         self,
         conversation: list[dict[str, Any]],
         field_name: str,

@@ -1,0 +1,200 @@
+"""Sessions from Python: one trajectory the server holds, token for token.
+
+    >>> with client.open_session(messages=[{"role": "user", "content": "2+2?"}],
+    ...                          max_total_tokens=1024) as s:        # doctest: +SKIP
+    ...     turn = s.generate(max_tokens=64, temperature=1.0)
+    ...     s.append(messages=[{"role": "tool", "content": "4"}])
+    ...     s.generate(max_tokens=64)
+    ...     t = s.trajectory()   # token_ids, sources, logprobs, version_spans
+    ...     mask = loss_mask(t)  # 1 for sampled tokens
+
+`Session` is the blocking one (RolloutClient.open_session), `AsyncSession`
+the asyncio one (AsyncRolloutClient.open_session); both build their
+requests here and differ only in how the call is made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from rollout.v1 import rollout_pb2 as pb
+from rollout_client import core
+
+if TYPE_CHECKING:
+    from rollout_client.client import AsyncRolloutClient, RolloutClient
+
+_SAMPLING_FIELDS = {f.name for f in pb.SamplingParams.DESCRIPTOR.fields}
+
+
+def build_open_request(
+    prompt_token_ids: Sequence[int] | None = None,
+    prompt_text: str | None = None,
+    messages: Sequence[Any] | None = None,
+    tools_json: Sequence[str] = (),
+    max_total_tokens: int | None = None,
+    lora_adapter: str = "",
+    pin_weight_version: bool = False,
+    isolated_render: bool = False,
+) -> pb.OpenSessionRequest:
+    """An OpenSessionRequest; `messages` as core.chat_messages takes them,
+    `isolated_render` for templates that rewrite history (APPEND_RENDER_ISOLATED)."""
+    request = pb.OpenSessionRequest(
+        prompt_token_ids=list(prompt_token_ids or []),
+        prompt_text=prompt_text or "",
+        messages=core.chat_messages(messages or []),
+        tools_json=list(tools_json),
+        lora_adapter=lora_adapter,
+        pin_weight_version=pin_weight_version,
+        append_render=pb.APPEND_RENDER_ISOLATED if isolated_render else pb.APPEND_RENDER_WHOLE,
+    )
+    if max_total_tokens is not None:
+        request.max_total_tokens = max_total_tokens
+    return request
+
+
+def sampling(params: dict[str, Any]) -> pb.SamplingParams:
+    unknown = set(params) - _SAMPLING_FIELDS
+    if unknown:
+        raise TypeError(f"unknown sampling parameter(s): {sorted(unknown)}")
+    return pb.SamplingParams(**{k: v for k, v in params.items() if v is not None})
+
+
+def build_append_request(
+    session_id: str, token_ids: Sequence[int] | None = None, messages: Sequence[Any] | None = None
+) -> pb.AppendToSessionRequest:
+    return pb.AppendToSessionRequest(
+        session_id=session_id,
+        token_ids=list(token_ids or []),
+        messages=core.chat_messages(messages or []),
+    )
+
+
+def loss_mask(trajectory: pb.GetSessionResponse) -> list[int]:
+    """1 for each sampled token, 0 for prompt and appended ones."""
+    return [int(s == pb.TOKEN_SOURCE_SAMPLED) for s in trajectory.sources]
+
+
+class Session:
+    """A session on a RolloutClient; a context manager that closes it."""
+
+    def __init__(self, client: RolloutClient, opened: pb.OpenSessionResponse) -> None:
+        self.client = client
+        self.opened = opened
+        self.id = opened.session_id
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def generate(
+        self, *, request_id: str = "", timeout: float | None = None, **params: Any
+    ) -> pb.SessionGenerateResponse:
+        """The next model turn; keyword arguments are SamplingParams fields."""
+        request = pb.SessionGenerateRequest(
+            session_id=self.id, request_id=request_id, sampling_params=sampling(params)
+        )
+        return self.client._unary(self.client.stub.SessionGenerate, request, timeout)
+
+    def generate_stream(
+        self,
+        *,
+        request_id: str = "",
+        delta_tokens: int = 0,
+        omit_text: bool = False,
+        timeout: float | None = None,
+        **params: Any,
+    ) -> Iterator[pb.SessionGenerateStreamResponse]:
+        request = pb.SessionGenerateStreamRequest(
+            session_id=self.id,
+            request_id=request_id,
+            sampling_params=sampling(params),
+            stream_options=pb.StreamOptions(delta_tokens=delta_tokens, omit_text=omit_text),
+        )
+        with core.rpc_errors():
+            yield from self.client.stub.SessionGenerateStream(
+                request, **self.client._call_args(timeout)
+            )
+
+    def append(
+        self,
+        token_ids: Sequence[int] | None = None,
+        messages: Sequence[Any] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> pb.AppendToSessionResponse:
+        """The environment's output: token ids as they are, or chat messages."""
+        request = build_append_request(self.id, token_ids, messages)
+        return self.client._unary(self.client.stub.AppendToSession, request, timeout)
+
+    def trajectory(self, *, timeout: float | None = None) -> pb.GetSessionResponse:
+        request = pb.GetSessionRequest(session_id=self.id)
+        return self.client._unary(self.client.stub.GetSession, request, timeout)
+
+    def close(self, *, timeout: float | None = None) -> pb.CloseSessionResponse:
+        request = pb.CloseSessionRequest(session_id=self.id)
+        return self.client._unary(self.client.stub.CloseSession, request, timeout)
+
+
+class AsyncSession:
+    """A session on an AsyncRolloutClient; an async context manager."""
+
+    def __init__(self, client: AsyncRolloutClient, opened: pb.OpenSessionResponse) -> None:
+        self.client = client
+        self.opened = opened
+        self.id = opened.session_id
+
+    async def __aenter__(self) -> AsyncSession:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def generate(
+        self, *, request_id: str = "", timeout: float | None = None, **params: Any
+    ) -> pb.SessionGenerateResponse:
+        request = pb.SessionGenerateRequest(
+            session_id=self.id, request_id=request_id, sampling_params=sampling(params)
+        )
+        return await self.client._unary(self.client.stub.SessionGenerate, request, timeout)
+
+    async def generate_stream(
+        self,
+        *,
+        request_id: str = "",
+        delta_tokens: int = 0,
+        omit_text: bool = False,
+        timeout: float | None = None,
+        **params: Any,
+    ) -> AsyncIterator[pb.SessionGenerateStreamResponse]:
+        request = pb.SessionGenerateStreamRequest(
+            session_id=self.id,
+            request_id=request_id,
+            sampling_params=sampling(params),
+            stream_options=pb.StreamOptions(delta_tokens=delta_tokens, omit_text=omit_text),
+        )
+        with core.rpc_errors():
+            async for m in self.client.stub.SessionGenerateStream(
+                request, **self.client._call_args(timeout)
+            ):
+                yield m
+
+    async def append(
+        self,
+        token_ids: Sequence[int] | None = None,
+        messages: Sequence[Any] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> pb.AppendToSessionResponse:
+        request = build_append_request(self.id, token_ids, messages)
+        return await self.client._unary(self.client.stub.AppendToSession, request, timeout)
+
+    async def trajectory(self, *, timeout: float | None = None) -> pb.GetSessionResponse:
+        request = pb.GetSessionRequest(session_id=self.id)
+        return await self.client._unary(self.client.stub.GetSession, request, timeout)
+
+    async def close(self, *, timeout: float | None = None) -> pb.CloseSessionResponse:
+        request = pb.CloseSessionRequest(session_id=self.id)
+        return await self.client._unary(self.client.stub.CloseSession, request, timeout)
