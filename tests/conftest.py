@@ -32,7 +32,7 @@ from harness.certs import make_certs, python_tls, server_tls_args
 from harness.serverproc import ServerProcess
 from rollout_client import RolloutClient
 from rollout_service.worker.weights_backend import FAULT_FILE_ENV
-from tests.support import lora
+from tests.support import lora, sessions
 from tests.support.fp32_model import build_fp32_tiny_qwen2
 from tests.support.node import Packed, pack_and_install
 from tests.support.served_weights import (
@@ -124,6 +124,7 @@ _AHEAD_STARTERS = {
     "draining_server": lambda: ServerProcess("--grace-seconds", "30"),
     "llava_server": lambda: ServerProcess("--model", "tiny-llava"),
     "tp2_servers": start_tp2_servers,
+    "sessions_server": lambda: ServerProcess(*sessions.server_args(_TMP / "sessions")),
 }
 # Per module, in run order, the ones it uses; and what has been started for
 # each module (by index), in the order the modules will take them.
@@ -265,6 +266,15 @@ def draining_server():
 def llava_server():
     """The embedded tiny LLaVA (images in) on a server of this module's own."""
     with _own("llava_server") as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def sessions_server():
+    """A server of this module's own for sessions: tokens, small session
+    bounds and a chat template that drops earlier reasoning
+    (tests/support/sessions.py)."""
+    with _own("sessions_server") as proc:
         yield proc
 
 
