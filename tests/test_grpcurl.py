@@ -74,3 +74,35 @@ def test_reset_caches(server, client):
 def test_health_check(server):
     out = grpcurl(server, "grpc.health.v1.Health/Check", data={"service": ""})
     assert json.loads(out)["status"] == "SERVING"
+
+
+def _block(heading: str) -> str:
+    """The first sh block under `heading` in docs/shell.md, as a script."""
+    text = README.read_text().split(heading, 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    return "".join(
+        line[2:] if line.startswith("$ ") else line for line in text.splitlines(keepends=True)
+    )
+
+
+def test_the_session_shown_in_shell_md(server, client):
+    script = _block("## A session from the shell").replace(README_TARGET, server.target)
+    p = run(["bash", "-euo", "pipefail", "-c", f'G="{GRPCURL} -plaintext"\n{script}'])
+    assert p.returncode == 0, p.stderr
+    decoder = json.JSONDecoder()
+    answers, rest = [], p.stdout.strip()
+    while rest:
+        value, end = decoder.raw_decode(rest)
+        answers.append(value)
+        rest = rest[end:].strip()
+    turn, appended, held, closed = answers
+    r = json_format.Parse(json.dumps(turn), pb.SessionGenerateResponse())
+    prompt = list(client.tokenize(text="Hello").token_ids)
+    want = client.generate(prompt_token_ids=prompt, max_tokens=4, temperature=0)
+    assert list(r.completion.token_ids) == list(want.completions[0].token_ids)
+    t = json_format.Parse(json.dumps(held), pb.GetSessionResponse())
+    assert list(t.token_ids) == prompt + list(r.completion.token_ids) + [5, 17, 42]
+    assert json_format.Parse(json.dumps(appended), pb.AppendToSessionResponse()).total_tokens == (
+        len(t.token_ids)
+    )
+    assert closed == {}
+    assert client.server_info().open_sessions == 0
