@@ -222,6 +222,36 @@ def test_updates_in_the_middle_of_trajectories(admin, gen):
         assert before.pinned_weight_version == old
 
 
+def test_a_keep_update_inside_a_turn_tags_each_token_with_its_version(admin, gen):
+    info = admin.server_info()
+    old, new = info.weight_version, version()
+    with gen.open_session(prompt_token_ids=LONG[:40]) as s:
+        deltas: list[pb.GenerateStreamResponse] = []
+
+        def turn():
+            for m in s.generate_stream(max_tokens=1500, ignore_eos=True, **GREEDY):
+                deltas.append(m.delta)
+
+        runner = threading.Thread(target=turn)
+        runner.start()
+        while len(deltas) < 5 and runner.is_alive():
+            time.sleep(0.01)
+        admin.update_weights(
+            random_weights(info.parameters, seed=37), new, pause_mode=pb.PAUSE_MODE_KEEP
+        )
+        runner.join(120)
+        t = s.trajectory()
+        turn_seg = t.segments[-1]
+        assert turn_seg.count == 1500 and turn_seg.finish_reason == pb.FINISH_REASON_LENGTH
+        spans = [(v.weight_version, v.start, v.count) for v in t.version_spans]
+        assert [v for v, _, _ in spans] == [old, new], spans
+        assert spans[0][1] == 40 and spans[0][2] + spans[1][2] == 1500 and spans[0][2] >= 5
+        # what the stream said agrees with what the session holds
+        streamed = [(v.weight_version, v.count) for d in deltas for v in d.version_spans if v.count]
+        first_new = next(i for i, (v, _) in enumerate(streamed) if v == new)
+        assert sum(c for _, c in streamed[:first_new]) == spans[0][2]
+
+
 def _interrupt(client, session, rid: str, after: int, max_tokens: int) -> list[int]:
     """Streams a turn and aborts it after `after` deltas; its tokens."""
     got: list[int] = []
@@ -236,6 +266,26 @@ def _interrupt(client, session, rid: str, after: int, max_tokens: int) -> list[i
     return got
 
 
+def _cancel(client, session, after: int, max_tokens: int) -> list[int]:
+    """Streams a turn and cancels the call after `after` deltas; the tokens
+    it saw. Returns once the session is free again."""
+    request = pb.SessionGenerateStreamRequest(
+        session_id=session.id,
+        sampling_params=pb.SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0),
+    )
+    call = client.stub.SessionGenerateStream(request, metadata=client.options.metadata())
+    seen: list[int] = []
+    for n, m in enumerate(call):
+        seen.extend(m.delta.token_ids)
+        if n + 1 == after:
+            call.cancel()
+            break
+    deadline = time.monotonic() + 30
+    while session.trajectory().busy and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return seen
+
+
 def test_a_trajectory_interrupted_twice_equals_one_never_interrupted(gen):
     total = 300
     with gen.open_session(prompt_token_ids=LONG[:40]) as whole:
@@ -244,7 +294,10 @@ def test_a_trajectory_interrupted_twice_equals_one_never_interrupted(gen):
         )
     with gen.open_session(prompt_token_ids=LONG[:40]) as s:
         first = _interrupt(gen, s, "cut-1", 5, total)
-        second = _interrupt(gen, s, "cut-2", 5, total)
+        # the second time the client goes away: what the server sampled stays
+        seen = _cancel(gen, s, 5, total)
+        second = list(s.trajectory().token_ids)[40 + len(first) :]
+        assert second[: len(seen)] == seen
         assert 0 < len(first) < total and 0 < len(second)
         t = s.trajectory()
         assert t.segments[-1].finish_reason == pb.FINISH_REASON_ABORT
