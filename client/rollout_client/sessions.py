@@ -60,6 +60,27 @@ def sampling(params: dict[str, Any]) -> pb.SamplingParams:
     return pb.SamplingParams(**{k: v for k, v in params.items() if v is not None})
 
 
+def build_turn_request(
+    session_id: str, request_id: str, params: dict[str, Any]
+) -> pb.SessionGenerateRequest:
+    """A SessionGenerateRequest; `params` are SamplingParams fields."""
+    return pb.SessionGenerateRequest(
+        session_id=session_id, request_id=request_id, sampling_params=sampling(params)
+    )
+
+
+def build_stream_request(
+    session_id: str, request_id: str, delta_tokens: int, omit_text: bool, params: dict[str, Any]
+) -> pb.SessionGenerateStreamRequest:
+    """The same turn streamed, with its StreamOptions."""
+    return pb.SessionGenerateStreamRequest(
+        session_id=session_id,
+        request_id=request_id,
+        sampling_params=sampling(params),
+        stream_options=pb.StreamOptions(delta_tokens=delta_tokens, omit_text=omit_text),
+    )
+
+
 def build_append_request(
     session_id: str, token_ids: Sequence[int] | None = None, messages: Sequence[Any] | None = None
 ) -> pb.AppendToSessionRequest:
@@ -93,9 +114,7 @@ class Session:
         self, *, request_id: str = "", timeout: float | None = None, **params: Any
     ) -> pb.SessionGenerateResponse:
         """The next model turn; keyword arguments are SamplingParams fields."""
-        request = pb.SessionGenerateRequest(
-            session_id=self.id, request_id=request_id, sampling_params=sampling(params)
-        )
+        request = build_turn_request(self.id, request_id, params)
         return self.client._unary(self.client.stub.SessionGenerate, request, timeout)
 
     def generate_stream(
@@ -107,12 +126,7 @@ class Session:
         timeout: float | None = None,
         **params: Any,
     ) -> Iterator[pb.SessionGenerateStreamResponse]:
-        request = pb.SessionGenerateStreamRequest(
-            session_id=self.id,
-            request_id=request_id,
-            sampling_params=sampling(params),
-            stream_options=pb.StreamOptions(delta_tokens=delta_tokens, omit_text=omit_text),
-        )
+        request = build_stream_request(self.id, request_id, delta_tokens, omit_text, params)
         with core.rpc_errors():
             yield from self.client.stub.SessionGenerateStream(
                 request, **self.client._call_args(timeout)
@@ -155,9 +169,7 @@ class AsyncSession:
     async def generate(
         self, *, request_id: str = "", timeout: float | None = None, **params: Any
     ) -> pb.SessionGenerateResponse:
-        request = pb.SessionGenerateRequest(
-            session_id=self.id, request_id=request_id, sampling_params=sampling(params)
-        )
+        request = build_turn_request(self.id, request_id, params)
         return await self.client._unary(self.client.stub.SessionGenerate, request, timeout)
 
     async def generate_stream(
@@ -169,12 +181,7 @@ class AsyncSession:
         timeout: float | None = None,
         **params: Any,
     ) -> AsyncIterator[pb.SessionGenerateStreamResponse]:
-        request = pb.SessionGenerateStreamRequest(
-            session_id=self.id,
-            request_id=request_id,
-            sampling_params=sampling(params),
-            stream_options=pb.StreamOptions(delta_tokens=delta_tokens, omit_text=omit_text),
-        )
+        request = build_stream_request(self.id, request_id, delta_tokens, omit_text, params)
         with core.rpc_errors():
             async for m in self.client.stub.SessionGenerateStream(
                 request, **self.client._call_args(timeout)

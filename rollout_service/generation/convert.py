@@ -228,12 +228,9 @@ def _decode_images(images: Sequence[pb.Image]) -> list[Any]:
     return decoded
 
 
-def prompt_from_request(request: pb.GenerateRequest, limits: ModelLimits, tok) -> EnginePrompt:
-    """Validates the prompt fields of `request` and builds the engine prompt.
-
-    `tok` is the served model's tokenizing.Tokenizing (text and chat messages
-    to token ids).
-    """
+def prompt_field(request) -> str:
+    """Which one of a request's prompt_token_ids, prompt_text and messages
+    is set (Generate and OpenSession alike); INVALID_ARGUMENT unless one is."""
     given = [
         name
         for name, present in (
@@ -248,7 +245,16 @@ def prompt_from_request(request: pb.GenerateRequest, limits: ModelLimits, tok) -
             "prompt_token_ids/prompt_text/messages",
             "exactly one must be set, got " + (" and ".join(given) if given else "none"),
         )
-    field = given[0]
+    return given[0]
+
+
+def prompt_from_request(request: pb.GenerateRequest, limits: ModelLimits, tok) -> EnginePrompt:
+    """Validates the prompt fields of `request` and builds the engine prompt.
+
+    `tok` is the served model's tokenizing.Tokenizing (text and chat messages
+    to token ids).
+    """
+    field = prompt_field(request)
     images = list(request.images)
     text = request.prompt_text
     if field == "messages":

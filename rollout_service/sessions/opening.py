@@ -73,21 +73,7 @@ def open_prompt(
 ) -> OpenedPrompt:
     """The prompt's ids (and conversation), refused when it cannot leave one
     token of room in the budget."""
-    given = [
-        name
-        for name, present in (
-            ("prompt_token_ids", len(request.prompt_token_ids) > 0),
-            ("prompt_text", len(request.prompt_text) > 0),
-            ("messages", len(request.messages) > 0),
-        )
-        if present
-    ]
-    if len(given) != 1:
-        raise InvalidArgument(
-            "prompt_token_ids/prompt_text/messages",
-            "exactly one must be set, got " + (" and ".join(given) if given else "none"),
-        )
-    field = given[0]
+    field = convert.prompt_field(request)
     if request.tools_json and field != "messages":
         raise InvalidArgument("tools_json", "applies to messages only")
     if len(request.tools_json) > MAX_TOOLS:
