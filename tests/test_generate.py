@@ -221,6 +221,12 @@ def test_reflection_lists_and_describes_the_service(server):
             "Detokenize",
             "Sleep",
             "WakeUp",
+            "OpenSession",
+            "SessionGenerate",
+            "SessionGenerateStream",
+            "AppendToSession",
+            "GetSession",
+            "CloseSession",
         }
 
 

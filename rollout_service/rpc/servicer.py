@@ -63,7 +63,10 @@ class RolloutServicer(UpdateRpcs, SessionRpcs, rollout_pb2_grpc.RolloutServiceSe
             raise Unavailable(
                 "the engine is starting; wait for health SERVING", reason=pb.ERROR_REASON_STARTING
             )
-        if self.engine.errored:
+        # ending.why: the server saw the engine die and is ending every call;
+        # one arriving now would otherwise wait on the dead engine until the
+        # shutdown cancelled it (CANCELLED, which no retry policy retries).
+        if self.engine.errored or self.ending.why is not None:
             raise engine_dead()
         return self.engine
 

@@ -240,6 +240,7 @@ class SessionRpcs:
 
     @unary
     async def CloseSession(self, request, context):
+        self._check_ready()
         session = self.session_store.get(request.session_id, CALLER.get())
         self.session_store.close(session)
         aborted = session.abort_turn is not None
