@@ -32,8 +32,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
-import psutil
-
+from benchmarks.loadgen import tree_cpu_seconds
 from harness.serverproc import ServerProcess
 from rollout_client import AsyncRolloutClient, RolloutError, pb
 
@@ -118,15 +117,7 @@ async def by_text(c: AsyncRolloutClient, p: Plan, tally: Tally) -> None:
 
 
 def _cpu(pid: int) -> float:
-    proc = psutil.Process(pid)
-    total = 0.0
-    for p in [proc, *proc.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.NoSuchProcess:
-            pass
-    return total
+    return sum(tree_cpu_seconds(pid))
 
 
 async def run_way(target: str, pid: int | None, way, work: list[Plan]) -> Result:

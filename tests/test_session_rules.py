@@ -18,7 +18,7 @@ from rollout_service.errors import (
 from rollout_service.ops.auth import Caller
 from rollout_service.sessions import rendering
 from rollout_service.sessions.store import SessionLimits, SessionStore
-from rollout_service.sessions.trajectory import Trajectory, to_proto
+from rollout_service.sessions.trajectory import Trajectory, snapshot, tokens_to_proto
 
 PLAIN = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}</s>\n{% endfor %}"
@@ -83,7 +83,7 @@ def test_the_trajectory_keeps_sources_logprobs_and_versions_per_token():
     t.sampled(turn, [9], [-1.0], [("v1", 0, 1)])
     t.end_turn(turn, pb.FINISH_REASON_LENGTH)
     t.append(pb.TOKEN_SOURCE_APPENDED, [4])
-    out = to_proto(t, len(t), len(t.segments), len(t.spans))
+    out = tokens_to_proto(t, len(t), snapshot(t))
     assert list(out.token_ids) == [1, 2, 3, 7, 8, 9, 4]
     assert list(out.sources) == [1, 1, 1, 2, 2, 2, 3]
     assert list(out.logprobs) == [0, 0, 0, -0.5, -0.25, -1.0, 0]

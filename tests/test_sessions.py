@@ -117,6 +117,20 @@ def test_chat_appends_add_only_their_own_tokens(gen):
         ]
 
 
+def test_an_end_of_turn_token_the_model_sampled_is_not_repeated(gen):
+    eos = list(gen.server_info().tokenizer.eos_token_ids)[0]
+    messages = [{"role": "user", "content": "Say nothing."}]
+    with gen.open_session(messages=messages) as s:
+        turn = s.generate(max_tokens=4, allowed_token_ids=[eos], **GREEDY)
+        assert list(turn.completion.token_ids) == [eos]
+        assert turn.completion.finish_reason == pb.FINISH_REASON_STOP
+        appended = list(s.append(messages=[{"role": "tool", "content": "4"}]).token_ids)
+        assert gen.detokenize(appended).text == "\n<|tool|>\n4<|endoftext|>\n"
+        whole = [*messages, {"role": "assistant", "content": ""}, {"role": "tool", "content": "4"}]
+        rendered = gen.tokenize(messages=whole).text.removesuffix("<|assistant|>\n")
+        assert gen.detokenize(list(s.trajectory().token_ids)).text == rendered
+
+
 _THINK = pb.StructuredOutput(choice=pb.StructuredOutput.Choices(choices=["<think>no</think>yes"]))
 
 

@@ -53,6 +53,15 @@ def chat_messages(messages: Sequence[Any]) -> list[pb.ChatMessage]:
     return out
 
 
+def sampling_params(fields: dict[str, Any]) -> pb.SamplingParams:
+    """SamplingParams from keyword arguments (None: unset); TypeError names
+    any that SamplingParams does not have."""
+    unknown = set(fields) - _SAMPLING_FIELDS
+    if unknown:
+        raise TypeError(f"unknown sampling parameter(s): {sorted(unknown)}")
+    return pb.SamplingParams(**{k: v for k, v in fields.items() if v is not None})
+
+
 def build_generate_request(
     prompt_text: str | None = None,
     prompt_token_ids: list[int] | None = None,
@@ -70,9 +79,6 @@ def build_generate_request(
     that weight version (else RolloutError, reason WRONG_WEIGHT_VERSION, before
     any token); other keyword arguments are SamplingParams fields
     (`structured_output=pb.StructuredOutput(regex=...)`, `prompt_logprobs=2`)."""
-    unknown = set(sampling) - _SAMPLING_FIELDS
-    if unknown:
-        raise TypeError(f"unknown sampling parameter(s): {sorted(unknown)}")
     request = pb.GenerateRequest(
         request_id=request_id,
         prompt_text=prompt_text or "",
@@ -81,7 +87,7 @@ def build_generate_request(
         messages=chat_messages(messages or []),
         lora_adapter=lora_adapter,
         required_weight_version=required_weight_version,
-        sampling_params=pb.SamplingParams(**{k: v for k, v in sampling.items() if v is not None}),
+        sampling_params=sampling_params(sampling),
     )
     if continue_final_message:
         request.chat_options.continue_final_message = True

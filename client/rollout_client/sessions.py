@@ -24,8 +24,6 @@ from rollout_client import core
 if TYPE_CHECKING:
     from rollout_client.client import AsyncRolloutClient, RolloutClient
 
-_SAMPLING_FIELDS = {f.name for f in pb.SamplingParams.DESCRIPTOR.fields}
-
 
 def build_open_request(
     prompt_token_ids: Sequence[int] | None = None,
@@ -53,19 +51,12 @@ def build_open_request(
     return request
 
 
-def sampling(params: dict[str, Any]) -> pb.SamplingParams:
-    unknown = set(params) - _SAMPLING_FIELDS
-    if unknown:
-        raise TypeError(f"unknown sampling parameter(s): {sorted(unknown)}")
-    return pb.SamplingParams(**{k: v for k, v in params.items() if v is not None})
-
-
 def build_turn_request(
     session_id: str, request_id: str, params: dict[str, Any]
 ) -> pb.SessionGenerateRequest:
     """A SessionGenerateRequest; `params` are SamplingParams fields."""
     return pb.SessionGenerateRequest(
-        session_id=session_id, request_id=request_id, sampling_params=sampling(params)
+        session_id=session_id, request_id=request_id, sampling_params=core.sampling_params(params)
     )
 
 
@@ -76,7 +67,7 @@ def build_stream_request(
     return pb.SessionGenerateStreamRequest(
         session_id=session_id,
         request_id=request_id,
-        sampling_params=sampling(params),
+        sampling_params=core.sampling_params(params),
         stream_options=pb.StreamOptions(delta_tokens=delta_tokens, omit_text=omit_text),
     )
 

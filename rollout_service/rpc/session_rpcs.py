@@ -138,41 +138,37 @@ class SessionRpcs:
                             out.cached_prompt_tokens = max(
                                 out.cached_prompt_tokens, o.num_cached_tokens or 0
                             )
-                            deltas = []
-                            for c in o.outputs:
-                                if not (c.token_ids or c.finish_reason):
-                                    continue
-                                spans = self._delta_spans(ticket, c, len(out.ids), len(c.token_ids))
-                                out.add(c, top_k, spans)
-                                deltas.append(
-                                    stream_delta_to_proto(
-                                        request_id,
-                                        c,
-                                        top_k,
-                                        ticket.version,
-                                        spans,
-                                        omit_text,
-                                        ticket.adapter_version,
-                                    )
-                                )
+                            deltas = [
+                                self._turn_delta(ticket, c, out, request_id, top_k, omit_text)
+                                for c in o.outputs
+                                if c.token_ids or c.finish_reason
+                            ]
                             state = None
                             if o.finished:
                                 committed = True
-                                seg = result["seg"] = turns.commit(
-                                    session, plan, out, ticket.adapter_version
-                                )
+                                seg = turns.commit(session, plan, out, ticket.adapter_version)
                                 state = turns.state(session, plan, seg)
                             for i, d in enumerate(deltas):
                                 yield d, state if i == len(deltas) - 1 else None
                         if not committed:  # aborted before it reached the engine
                             committed = True
-                            result["seg"] = None
                             yield _aborted(request_id, ticket), turns.state(session, plan, None)
                 finally:
                     session.abort_turn = None
                     if not committed and "ticket" in result:
                         # Cancelled mid-turn: what it sampled stays, interrupted.
                         turns.commit(session, plan, out, result["ticket"].adapter_version)
+
+    def _turn_delta(
+        self, ticket: Ticket, c, out: turns.TurnOutput, request_id: str, top_k: int, omit: bool
+    ) -> pb.GenerateStreamResponse:
+        """One engine delta of a turn: gathered into `out`, and as a stream
+        would send it."""
+        spans = self._delta_spans(ticket, c, len(out.ids), len(c.token_ids))
+        out.add(c, top_k, spans)
+        return stream_delta_to_proto(
+            request_id, c, top_k, ticket.version, spans, omit, ticket.adapter_version
+        )
 
     @unary
     async def SessionGenerate(self, request, context):
@@ -229,9 +225,8 @@ class SessionRpcs:
         self._check_ready()
         session = self.session_store.get(request.session_id, CALLER.get())
         t = session.trajectory
-        # Counted here, built off the loop: a running turn only adds after.
-        counts = (len(t), len(t.segments), len(t.spans))
-        response = await self.tok.off_loop(trajectory.to_proto, t, *counts)
+        response = trajectory.snapshot(t)
+        response = await self.tok.off_loop(trajectory.tokens_to_proto, t, len(t), response)
         response.session_id = session.id
         response.max_total_tokens = session.budget
         response.pinned_weight_version = session.pinned_version
@@ -243,10 +238,9 @@ class SessionRpcs:
         self._check_ready()
         session = self.session_store.get(request.session_id, CALLER.get())
         self.session_store.close(session)
-        aborted = session.abort_turn is not None
-        if session.abort_turn is not None:
-            await session.abort_turn()
-        return pb.CloseSessionResponse(aborted_turn=aborted)
+        if abort := session.abort_turn:
+            await abort()
+        return pb.CloseSessionResponse(aborted_turn=abort is not None)
 
 
 def _aborted(request_id: str, ticket) -> pb.GenerateStreamResponse:

@@ -116,22 +116,14 @@ class Trajectory:
             else:
                 self.spans.append([version, base + start, count])
 
-    def end_turn(self, seg: Segment, finish_reason: int, stop_reason: str = "") -> None:
+    def end_turn(
+        self, seg: Segment, finish_reason: int, stop_reason: str = "", on_token: bool = False
+    ) -> None:
+        """`on_token`: the turn stopped on a token it sampled last (eos or
+        one of stop_token_ids), which the next bridge does not repeat."""
         seg.finish_reason = finish_reason
         seg.stop_reason = stop_reason
-        seg.stop_token = None
-        if finish_reason == pb.FINISH_REASON_STOP and seg.count and stop_reason == "":
-            # vLLM leaves stop_reason unset for an eos token (kept in the ids).
-            seg.stop_token = self.ids[seg.start + seg.count - 1]
-        elif finish_reason == pb.FINISH_REASON_STOP and stop_reason.isdigit() and seg.count:
-            if self.ids[seg.start + seg.count - 1] == int(stop_reason):
-                seg.stop_token = int(stop_reason)
-
-    def drop_empty_turn(self, seg: Segment) -> None:
-        """Forgets a new turn that sampled nothing and was never resumed (a
-        turn refused or aborted before its first token leaves no segment)."""
-        if seg is self.last and seg.count == 0 and not seg.resumed_at:
-            self.segments.pop()
+        seg.stop_token = self.ids[seg.start + seg.count - 1] if on_token and seg.count else None
 
     def turn_tokens(self, seg: Segment) -> list[int]:
         return list(self.ids[seg.start : seg.start + seg.count])
@@ -150,16 +142,20 @@ def segment_to_proto(seg: Segment) -> pb.TrajectorySegment:
     )
 
 
-def to_proto(t: Trajectory, n_tokens: int, n_segments: int, spans: int) -> pb.GetSessionResponse:
-    """The first `n_tokens` tokens, `n_segments` segments and `spans` version
-    spans (counted on the event loop, built here off it: the arrays only grow
-    meanwhile)."""
-    out = pb.GetSessionResponse(
-        token_ids=t.ids[:n_tokens].tolist(),
-        sources=t.sources[:n_tokens].tolist(),  # type: ignore[arg-type]
-        logprobs=t.logprobs[:n_tokens].tolist(),
-    )
-    for version, start, count in t.spans[:spans]:
+def snapshot(t: Trajectory) -> pb.GetSessionResponse:
+    """The trajectory's segments and version spans as they are now (on the
+    event loop: a turn ending changes them there; both are bounded by the
+    segment bound)."""
+    out = pb.GetSessionResponse(segments=[segment_to_proto(s) for s in t.segments])
+    for version, start, count in t.spans:
         out.version_spans.add(weight_version=version, start=start, count=count)
-    out.segments.extend(segment_to_proto(s) for s in t.segments[:n_segments])
+    return out
+
+
+def tokens_to_proto(t: Trajectory, n: int, out: pb.GetSessionResponse) -> pb.GetSessionResponse:
+    """Adds the first `n` tokens (counted with the snapshot) to `out`, off the
+    event loop: they grow with the history, and the arrays only grow meanwhile."""
+    out.token_ids.extend(t.ids[:n].tolist())
+    out.sources.extend(t.sources[:n].tolist())
+    out.logprobs.extend(t.logprobs[:n].tolist())
     return out

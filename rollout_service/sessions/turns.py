@@ -111,6 +111,9 @@ class TurnOutput:
     spans: list[tuple[str, int, int]] = field(default_factory=list)
     finish_reason: int | None = None
     stop_reason: str = ""
+    # Stopped on a token it sampled (eos: no stop_reason; a stop token id: an
+    # int), not on a stop string.
+    stopped_on_token: bool = False
     cached_prompt_tokens: int = 0
 
     def add(self, c, top_k: int, spans: list[tuple[str, int, int]]) -> None:
@@ -125,6 +128,7 @@ class TurnOutput:
         if c.finish_reason is not None:
             self.finish_reason = convert.finish_reason_to_proto(c.finish_reason)
             self.stop_reason = convert.stop_reason_to_str(c.stop_reason)
+            self.stopped_on_token = c.finish_reason == "stop" and not isinstance(c.stop_reason, str)
 
     def final_reason(self, plan: TurnPlan) -> int:
         """How the turn ended (ABORT when it did not finish: cancelled)."""
@@ -146,7 +150,7 @@ def commit(
         t.append(pb.TOKEN_SOURCE_APPENDED, plan.generation_prompt)
     seg = t.begin_turn(out.cached_prompt_tokens, adapter_version)
     t.sampled(seg, out.ids, out.logprobs, out.spans)
-    t.end_turn(seg, out.final_reason(plan), out.stop_reason)
+    t.end_turn(seg, out.final_reason(plan), out.stop_reason, out.stopped_on_token)
     session.add_turn_to_conversation(seg)
     return seg
 
