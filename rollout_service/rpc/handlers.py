@@ -103,6 +103,10 @@ async def _policy(ending: Ending, context, rpc: str) -> AsyncIterator[None]:
     try:
         yield
     except Exception as e:  # CancelledError is a BaseException: not here
+        # Already ending with its own status: `ending.end_all` must not
+        # cancel it half-way through sending it (its client would see
+        # CANCELLED; an UNAVAILABLE from a dying engine was, in the suite).
+        ending.tasks.discard(task)
         await abort(context, e, rpc)
     except asyncio.CancelledError:
         if ending.why is None:
