@@ -19,6 +19,9 @@ from rollout_client import RolloutClient, RolloutError
 from rollout_client.fleet import Fleet, FleetUpdateError, resolve
 
 PROMPT = list(range(7, 60))
+# Longer than a KV block (128 tokens on CPU): the prefix cache holds whole blocks.
+USER = [{"role": "user", "content": "What is 2+2? Use the calculator, then answer. " * 16}]
+TOOL = [{"role": "tool", "content": '{"result": 4}'}]
 
 
 class Restartable:
@@ -279,24 +282,94 @@ def test_a_source_changed_in_place_does_not_heal(server, replica2, info, initial
         assert f.status()[replica2.target] == f"serving {v2}"
 
 
-def test_a_restarted_replica_is_dropped_probed_again_and_healed(server, replica2, checkpoint):
+def test_sessions_are_balanced_and_each_call_goes_to_the_replica_holding_it(fleet):
+    fleet.refresh()  # other tests updated the replicas meanwhile
+    sessions = [fleet.open_session(messages=USER) for _ in range(4)]
+    assert [r.sessions for r in fleet.replicas] == [2, 2]
+    for s in sessions:
+        s.generate(max_tokens=6, temperature=0)
+        s.append(messages=TOOL)
+        second = s.generate(max_tokens=6, temperature=0)
+        # the history came from that replica's prefix cache (a full block)
+        assert second.usage.cached_prompt_tokens > 0
+        with RolloutClient(s.replica.target) as c:
+            held = c.session(s.id).trajectory()
+        # the fleet's copy, kept by reading only what each call added
+        assert s.trajectory() == held and not s.moves
+        assert [g.source for g in held.segments] == [1, 3, 2, 3, 3, 2]
+    for s in sessions:
+        s.close()
+    assert [r.sessions for r in fleet.replicas] == [0, 0]
+
+
+def on(fleet: Fleet, replica, **kwargs):
+    """A fleet session placed on `replica` (others opened on the way closed)."""
+    others = []
+    while (s := fleet.open_session(messages=USER, **kwargs)).replica is not replica:
+        others.append(s)
+    for o in others:
+        o.close()
+    return s
+
+
+def agent_steps(s) -> None:
+    """What an agent loop does after a session's first turn."""
+    s.append(messages=TOOL)
+    s.generate(max_tokens=6, temperature=0)
+
+
+def test_a_restarted_replica_is_dropped_probed_again_and_healed(server, replica2, checkpoint, info):
     """The issue's scenario with a real restart: the keeper drops the dead
     replica with no call to tell it, probes it again, heals it once it is
-    back on its initial weights, and only then routes to it."""
+    back on its initial weights, and only then routes to it. The sessions
+    it held move: re-opened elsewhere from the fleet's copy, they go on
+    exactly as if never moved; one opened with move=False fails SESSION_LOST,
+    and a pinned one keeps its pin."""
     v1 = version()
     with Fleet([server.target, replica2.target], timeout=120) as f:
         assert set(f.update_weights(checkpoint, v1).acks) == {server.target, replica2.target}
-        b = f.replicas[1]
+        a, b = f.replicas
+        moved, kept, pinned = on(f, b), on(f, b, move=False), on(f, b, pin_weight_version=True)
+        with RolloutClient(server.target) as c:  # the same steps, never moved
+            reference = c.open_session(messages=USER)
+            reference.generate(max_tokens=6, temperature=0)
+            agent_steps(reference)
+            expected = reference.trajectory()
+        for s in (moved, kept, pinned):
+            s.generate(max_tokens=6, temperature=0)
+        before = len(moved.trajectory().token_ids)
         replica2.kill()
+        agent_steps(moved)  # UNAVAILABLE: re-opened on a
+        assert moved.replica is a and "UNAVAILABLE" in moved.moves[0][2], moved.moves
+        with RolloutClient(server.target) as c:
+            held = c.session(moved.id).trajectory()
+        assert held == moved.trajectory() and held.resumed_tokens == before
+        assert list(held.token_ids) == list(expected.token_ids)
+        assert list(held.sources) == list(expected.sources)
+        assert {v.weight_version for v in held.version_spans} == {v1}
         took = eventually(lambda: not b.alive, 15, "dropped by the keeper")
         print(f"dropped {took:.2f} s after the kill")
         assert {r.weight_version for r in concurrently(f, 4)} == {v1}
+        old_id = kept.id
         replica2.restart()
         ready = time.monotonic()
         assert {r.weight_version for r in concurrently(f, 16)} == {v1}
         eventually(lambda: b.alive and b.version == v1, 30, "back on v1")
         print(f"serving {v1} again {time.monotonic() - ready:.2f} s after the restart")
         assert served_by(f, 4) == [2, 2]
+        with pytest.raises(RolloutError) as e:  # move=False: the restart is the answer
+            kept.generate(max_tokens=2)
+        assert e.value.reason == "SESSION_LOST" and old_id in str(e.value), e.value
+        with RolloutClient(replica2.target) as c:
+            with pytest.raises(RolloutError) as e:
+                c.session(old_id).trajectory()
+            assert e.value.reason == "SESSION_LOST" and "restarted" in str(e.value)
+        agent_steps(pinned)  # SESSION_LOST: moved, and still pinned to v1
+        assert pinned.moves and pinned.trajectory().pinned_weight_version == v1
+        f.update_weights(random_weights(info.parameters, seed=3030), version())
+        with pytest.raises(RolloutError) as e:
+            pinned.generate(max_tokens=2)
+        assert e.value.reason == "WRONG_WEIGHT_VERSION" and len(pinned.moves) == 1
 
 
 def test_a_replica_killed_before_the_commit_aborts_the_update_everywhere(

@@ -83,7 +83,8 @@ def test_the_trajectory_keeps_sources_logprobs_and_versions_per_token():
     t.sampled(turn, [9], [-1.0], [("v1", 0, 1)])
     t.end_turn(turn, pb.FINISH_REASON_LENGTH)
     t.append(pb.TOKEN_SOURCE_APPENDED, [4])
-    out = tokens_to_proto(t, len(t), snapshot(t))
+    snap, first = snapshot(t)
+    out = tokens_to_proto(t, first, len(t), snap)
     assert list(out.token_ids) == [1, 2, 3, 7, 8, 9, 4]
     assert list(out.sources) == [1, 1, 1, 2, 2, 2, 3]
     assert list(out.logprobs) == [0, 0, 0, -0.5, -0.25, -1.0, 0]

@@ -308,6 +308,11 @@ class RolloutClient(_Surface[stubs.RolloutStub]):
         request = sessions.build_open_request(**kwargs)
         return sessions.Session(self, self._unary(self.stub.OpenSession, request, timeout))
 
+    def session(self, session_id: str) -> sessions.Session:
+        """A handle on an open session by its id (one opened elsewhere, or by
+        a Fleet); no call is made."""
+        return sessions.Session(self, pb.OpenSessionResponse(session_id=session_id))
+
     def wake_up(self, *, timeout: float | None = None) -> pb.WakeUpResponse:
         return self._unary(self.stub.WakeUp, pb.WakeUpRequest(), timeout)
 
@@ -466,6 +471,10 @@ class AsyncRolloutClient(_Surface[stubs.AsyncRolloutStub]):
         request = sessions.build_open_request(**kwargs)
         opened = await self._unary(self.stub.OpenSession, request, timeout)
         return sessions.AsyncSession(self, opened)
+
+    def session(self, session_id: str) -> sessions.AsyncSession:
+        """See RolloutClient.session."""
+        return sessions.AsyncSession(self, pb.OpenSessionResponse(session_id=session_id))
 
     async def wake_up(self, *, timeout: float | None = None) -> pb.WakeUpResponse:
         return await self._unary(self.stub.WakeUp, pb.WakeUpRequest(), timeout)

@@ -42,9 +42,10 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client import fleet_health, fleet_staging, push
+from rollout_client import fleet_health, fleet_staging, push, sessions
 from rollout_client.client import RolloutClient, RolloutError
 from rollout_client.fleet_health import Keeper, Ledger, Replica
+from rollout_client.fleet_sessions import AsyncFleetSession, FleetSession
 from rollout_client.fleet_staging import FleetUpdateError  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:  # numpy: imported by delta pushes only
@@ -210,21 +211,28 @@ class Fleet:
         if self._keeper is not None:
             self._keeper.nudge()
 
+    def _ready(self, deadline: float) -> list[Replica]:
+        """The replicas on the fleet's version, waited for until `deadline`
+        (with self._changed held)."""
+        # No call goes out without a version to require (none before the
+        # first refresh, when replicas and fleet alike have None).
+        while self.version is None or not (
+            ready := [r for r in self._live() if r.version == self.version]
+        ):
+            left = deadline - time.monotonic()
+            if left <= 0 or self._keeper is None:
+                states = "; ".join(f"{r.target}: {self._state(r)}" for r in self.replicas)
+                raise RolloutError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"no replica serves the fleet's version {self.version!r} ({states})",
+                )
+            self._changed.wait(left)
+        return ready
+
     def _pick(self, prompt_ids: Sequence[int] | None, deadline: float) -> tuple[Replica, str]:
         with self._changed:
-            # No call goes out without a version to require (none before the
-            # first refresh, when replicas and fleet alike have None).
-            while self.version is None or not (
-                ready := [r for r in self._live() if r.version == self.version]
-            ):
-                left = deadline - time.monotonic()
-                if left <= 0 or self._keeper is None:
-                    states = "; ".join(f"{r.target}: {self._state(r)}" for r in self.replicas)
-                    raise RolloutError(
-                        grpc.StatusCode.UNAVAILABLE,
-                        f"no replica serves the fleet's version {self.version!r} ({states})",
-                    )
-                self._changed.wait(left)
+            ready = self._ready(deadline)
+            assert self.version is not None
             if self.prefix_affinity_tokens and prompt_ids:
                 key = ",".join(map(str, prompt_ids[: self.prefix_affinity_tokens])).encode()
                 r = sorted(ready, key=lambda x: x.target)[zlib.crc32(key) % len(ready)]
@@ -234,6 +242,50 @@ class Fleet:
             r.picked = self._picks
             r.outstanding += 1
             return r, self.version
+
+    def open_session(
+        self, *, move: bool = True, timeout: float | None = None, **kwargs: Any
+    ) -> FleetSession:
+        """A session (sessions.build_open_request's arguments) on the replica
+        with the fewest sessions; its calls follow it (see fleet_sessions).
+        `move=False`: fail instead of re-opening it elsewhere when its
+        replica is lost."""
+        if self.version is None:
+            self.refresh()
+        request = sessions.build_open_request(**kwargs)
+        return FleetSession(self, request, move, self.timeout if timeout is None else timeout)
+
+    # fleet_sessions.Placement
+
+    def place_session(self, deadline: float) -> tuple[Replica, str]:
+        with self._changed:
+            ready = self._ready(deadline)
+            assert self.version is not None
+            r = min(ready, key=lambda x: (x.sessions, x.outstanding, x.picked))
+            self._picks += 1
+            r.picked = self._picks
+            r.sessions += 1
+            return r, self.version
+
+    def session_left(self, r: Replica) -> None:
+        with self._changed:
+            r.sessions = max(0, r.sessions - 1)
+
+    def serves(self, r: Replica) -> bool:
+        with self._changed:
+            return r.alive and r.version == self.version
+
+    def failed(self, r: Replica, e: RolloutError, version: str) -> None:
+        if e.code == grpc.StatusCode.UNAVAILABLE:
+            self._drop(r, e)
+        elif e.reason == "WRONG_WEIGHT_VERSION":
+            self._refused(r, version)
+        elif e.reason == "SESSION_LOST":  # restarted: on its initial weights until probed
+            with self._changed:
+                r.version = None
+                self._note(r, "restarted (SESSION_LOST)")
+            if self._keeper is not None:
+                self._keeper.nudge()
 
     def generate(self, **kwargs: Any) -> pb.GenerateResponse:
         """RolloutClient.generate on one replica on the fleet's version (see
@@ -399,6 +451,11 @@ class AsyncFleet:
         import asyncio
 
         return await asyncio.to_thread(self.fleet.generate, **kwargs)
+
+    async def open_session(self, **kwargs: Any) -> AsyncFleetSession:
+        import asyncio
+
+        return AsyncFleetSession(await asyncio.to_thread(self.fleet.open_session, **kwargs))
 
     async def update_weights(self, source: Any, version: str, **kwargs: Any) -> FleetAck:
         import asyncio

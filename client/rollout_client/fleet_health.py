@@ -66,6 +66,7 @@ class Replica:
     alive: bool = True
     error: str = ""  # why it does not serve, "" when it does
     picked: int = 0  # when it was last picked (a count): ties go to the least recent
+    sessions: int = 0  # open sessions this fleet placed on it
     heal_failures: int = 0  # in a row; the next heal waits 2**n probe rounds, up to 5 min
     heal_after: float = 0.0  # time.monotonic()
 

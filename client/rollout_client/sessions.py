@@ -52,11 +52,14 @@ def build_open_request(
 
 
 def build_turn_request(
-    session_id: str, request_id: str, params: dict[str, Any]
+    session_id: str, request_id: str, params: dict[str, Any], required_weight_version: str = ""
 ) -> pb.SessionGenerateRequest:
     """A SessionGenerateRequest; `params` are SamplingParams fields."""
     return pb.SessionGenerateRequest(
-        session_id=session_id, request_id=request_id, sampling_params=core.sampling_params(params)
+        session_id=session_id,
+        request_id=request_id,
+        sampling_params=core.sampling_params(params),
+        required_weight_version=required_weight_version,
     )
 
 
@@ -82,6 +85,27 @@ def build_append_request(
     )
 
 
+def merge_tail(whole: pb.GetSessionResponse, tail: pb.GetSessionResponse, k: int) -> None:
+    """Brings `whole` (a trajectory read before) up to date with `tail`, a
+    read of the same session with from_segment=`k` (at most whole's segment
+    count): what whole held from segment k on is replaced."""
+    first = whole.segments[k].start if k < len(whole.segments) else len(whole.token_ids)
+    for name in ("token_ids", "sources", "logprobs"):
+        del getattr(whole, name)[first:]
+        getattr(whole, name).extend(getattr(tail, name))
+    del whole.segments[k:]
+    whole.segments.extend(tail.segments)
+    kept = [s for s in whole.version_spans if s.start + s.count <= first]
+    del whole.version_spans[:]
+    whole.version_spans.extend(kept)
+    whole.version_spans.extend(tail.version_spans)
+    whole.session_id = tail.session_id
+    whole.max_total_tokens = tail.max_total_tokens
+    whole.pinned_weight_version = tail.pinned_weight_version
+    whole.busy = tail.busy
+    whole.resumed_tokens = tail.resumed_tokens
+
+
 def loss_mask(trajectory: pb.GetSessionResponse) -> list[int]:
     """1 for each sampled token, 0 for prompt and appended ones."""
     return [int(s == pb.TOKEN_SOURCE_SAMPLED) for s in trajectory.sources]
@@ -102,10 +126,15 @@ class Session:
         self.close()
 
     def generate(
-        self, *, request_id: str = "", timeout: float | None = None, **params: Any
+        self,
+        *,
+        request_id: str = "",
+        required_weight_version: str = "",
+        timeout: float | None = None,
+        **params: Any,
     ) -> pb.SessionGenerateResponse:
         """The next model turn; keyword arguments are SamplingParams fields."""
-        request = build_turn_request(self.id, request_id, params)
+        request = build_turn_request(self.id, request_id, params, required_weight_version)
         return self.client._unary(self.client.stub.SessionGenerate, request, timeout)
 
     def generate_stream(
@@ -134,8 +163,12 @@ class Session:
         request = build_append_request(self.id, token_ids, messages)
         return self.client._unary(self.client.stub.AppendToSession, request, timeout)
 
-    def trajectory(self, *, timeout: float | None = None) -> pb.GetSessionResponse:
-        request = pb.GetSessionRequest(session_id=self.id)
+    def trajectory(
+        self, *, from_segment: int = 0, timeout: float | None = None
+    ) -> pb.GetSessionResponse:
+        """The trajectory, or with `from_segment` only its segments from
+        there on (GetSessionRequest.from_segment; merge_tail joins them)."""
+        request = pb.GetSessionRequest(session_id=self.id, from_segment=from_segment)
         return self.client._unary(self.client.stub.GetSession, request, timeout)
 
     def close(self, *, timeout: float | None = None) -> pb.CloseSessionResponse:
@@ -158,9 +191,14 @@ class AsyncSession:
         await self.close()
 
     async def generate(
-        self, *, request_id: str = "", timeout: float | None = None, **params: Any
+        self,
+        *,
+        request_id: str = "",
+        required_weight_version: str = "",
+        timeout: float | None = None,
+        **params: Any,
     ) -> pb.SessionGenerateResponse:
-        request = build_turn_request(self.id, request_id, params)
+        request = build_turn_request(self.id, request_id, params, required_weight_version)
         return await self.client._unary(self.client.stub.SessionGenerate, request, timeout)
 
     async def generate_stream(
@@ -189,8 +227,10 @@ class AsyncSession:
         request = build_append_request(self.id, token_ids, messages)
         return await self.client._unary(self.client.stub.AppendToSession, request, timeout)
 
-    async def trajectory(self, *, timeout: float | None = None) -> pb.GetSessionResponse:
-        request = pb.GetSessionRequest(session_id=self.id)
+    async def trajectory(
+        self, *, from_segment: int = 0, timeout: float | None = None
+    ) -> pb.GetSessionResponse:
+        request = pb.GetSessionRequest(session_id=self.id, from_segment=from_segment)
         return await self.client._unary(self.client.stub.GetSession, request, timeout)
 
     async def close(self, *, timeout: float | None = None) -> pb.CloseSessionResponse:

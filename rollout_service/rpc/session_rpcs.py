@@ -10,11 +10,12 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from rollout.v1 import rollout_pb2 as pb
+from rollout_service.errors import FailedPrecondition, InvalidArgument
 from rollout_service.generation.convert import EnginePrompt, stream_delta_to_proto
 from rollout_service.ops import logs
 from rollout_service.ops.auth import CALLER
 from rollout_service.rpc.handlers import streaming, unary
-from rollout_service.sessions import appends, trajectory, turns
+from rollout_service.sessions import appends, resuming, trajectory, turns
 from rollout_service.sessions.opening import budget_of, open_prompt
 from rollout_service.sessions.store import Session, SessionStore
 
@@ -32,13 +33,15 @@ _ISOLATED = pb.APPEND_RENDER_ISOLATED
 
 
 def _open(session: Session, request: pb.OpenSessionRequest, limits, tok) -> list[int]:
-    """On the tokenizing thread: the prompt into the new session."""
+    """On the tokenizing thread: the prompt (or the resumed history) into
+    the new session."""
+    if request.HasField("resume"):
+        if request.prompt_token_ids or request.prompt_text or request.messages:
+            raise InvalidArgument("resume", "re-opens a history: set no prompt field with it")
+        return resuming.resume(session, request, limits, request.append_render != _ISOLATED)
     prompt = open_prompt(request, limits, tok, session.budget)
     session.trajectory.append(pb.TOKEN_SOURCE_PROMPT, prompt.ids)
-    session.chat = prompt.conversation is not None
-    if session.chat and request.append_render != _ISOLATED:
-        session.conversation = list(prompt.conversation or [])
-        session.text_bytes = prompt.text_bytes
+    session.opened_with(prompt.conversation, request.append_render != _ISOLATED, prompt.text_bytes)
     session.tools = prompt.tools
     return prompt.ids
 
@@ -130,7 +133,7 @@ class SessionRpcs:
                 session.abort_turn = abort_turn
                 committed = False
                 try:
-                    async with self._admitted(session.pinned_version) as ticket:
+                    async with self._admitted(_required(request, session)) as ticket:
                         result["ticket"] = ticket
                         async for o in self._run(
                             ticket, call, prompt, plan.params, session.lora_adapter
@@ -225,12 +228,16 @@ class SessionRpcs:
         self._check_ready()
         session = self.session_store.get(request.session_id, CALLER.get())
         t = session.trajectory
-        response = trajectory.snapshot(t)
-        response = await self.tok.off_loop(trajectory.tokens_to_proto, t, len(t), response)
+        if request.from_segment > len(t.segments):
+            n = len(t.segments)
+            raise InvalidArgument("from_segment", f"{request.from_segment}: past its {n} segments")
+        response, first = trajectory.snapshot(t, request.from_segment)
+        response = await self.tok.off_loop(trajectory.tokens_to_proto, t, first, len(t), response)
         response.session_id = session.id
         response.max_total_tokens = session.budget
         response.pinned_weight_version = session.pinned_version
         response.busy = session.busy
+        response.resumed_tokens = session.resumed_tokens
         return response
 
     @unary
@@ -241,6 +248,19 @@ class SessionRpcs:
         if abort := session.abort_turn:
             await abort()
         return pb.CloseSessionResponse(aborted_turn=abort is not None)
+
+
+def _required(request, session: Session) -> str:
+    """The version a turn must be admitted on: the session's pin, the
+    turn's own, or both when they agree (refused before any work when not)."""
+    pinned, required = session.pinned_version, request.required_weight_version
+    if pinned and required and pinned != required:
+        raise FailedPrecondition(
+            f"required_weight_version: the session is pinned to {pinned!r:.200}, "
+            f"not {required!r:.200}",
+            reason=pb.ERROR_REASON_WRONG_WEIGHT_VERSION,
+        )
+    return pinned or required
 
 
 def _aborted(request_id: str, ticket) -> pb.GenerateStreamResponse:

@@ -26,10 +26,7 @@ def append(
         convert.check_vocabulary(ids, limits.vocab_size, "token_ids")
         session.check_room(len(ids), "token_ids")
         t.append(pb.TOKEN_SOURCE_APPENDED, ids)
-        # Ids the conversation cannot describe: later messages render isolated,
-        # and the next turn gets no generation prompt (the caller sent its own).
-        session.conversation = None
-        session.chat = False
+        session.appended_ids()
         return ids
     new = text_conversation(request.messages, "messages")
     held = session.text_bytes if session.conversation is not None else 0
@@ -45,8 +42,5 @@ def append(
         raise InvalidArgument("messages", "render to no tokens")
     session.check_room(len(ids), "messages")
     t.append(pb.TOKEN_SOURCE_APPENDED, ids)
-    if session.conversation is not None:
-        session.conversation.extend(new)
-        session.text_bytes += nbytes
-    session.chat = True
+    session.appended_messages(new, nbytes)
     return ids

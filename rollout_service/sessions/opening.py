@@ -68,20 +68,25 @@ def text_conversation(messages, field: str) -> list[dict[str, Any]]:
     return conversation
 
 
+def load_tools(request: pb.OpenSessionRequest, chat: bool) -> list[dict[str, Any]] | None:
+    """tools_json as objects; `chat`: the prompt is messages."""
+    if request.tools_json and not chat:
+        raise InvalidArgument("tools_json", "applies to messages only")
+    if len(request.tools_json) > MAX_TOOLS:
+        raise InvalidArgument("tools_json", f"{len(request.tools_json)} tools, at most {MAX_TOOLS}")
+    return [
+        json_input.load_object(t, f"tools_json[{i}]", "a tool")
+        for i, t in enumerate(request.tools_json)
+    ] or None
+
+
 def open_prompt(
     request: pb.OpenSessionRequest, limits: ModelLimits, tok, budget: int
 ) -> OpenedPrompt:
     """The prompt's ids (and conversation), refused when it cannot leave one
     token of room in the budget."""
     field = convert.prompt_field(request)
-    if request.tools_json and field != "messages":
-        raise InvalidArgument("tools_json", "applies to messages only")
-    if len(request.tools_json) > MAX_TOOLS:
-        raise InvalidArgument("tools_json", f"{len(request.tools_json)} tools, at most {MAX_TOOLS}")
-    tools = [
-        json_input.load_object(t, f"tools_json[{i}]", "a tool")
-        for i, t in enumerate(request.tools_json)
-    ] or None
+    tools = load_tools(request, field == "messages")
     conversation = None
     held = 0
     if field == "prompt_token_ids":

@@ -83,6 +83,8 @@ class Session:
     conversation: list[Any] | None = None
     tools: list[dict[str, Any]] | None = None
     text_bytes: int = 0
+    # Tokens it was re-opened with (OpenSessionRequest.resume).
+    resumed_tokens: int = 0
     trajectory: Trajectory = field(default_factory=Trajectory)
     busy: bool = False
     # Aborts the running turn (CloseSession), while one runs.
@@ -106,6 +108,28 @@ class Session:
                 f"{what}: the session holds {MAX_SEGMENTS} segments, the most one may",
                 reason=pb.ERROR_REASON_SESSION_BUDGET,
             )
+
+    # How each kind of segment moves the render state: written once, for the
+    # calls that add segments and for a resumed history replaying them.
+
+    def opened_with(self, conversation: list[Any] | None, whole: bool, text_bytes: int) -> None:
+        """The prompt: chat messages (`conversation`) or ids and text (None)."""
+        self.chat = conversation is not None
+        if conversation is not None and whole:
+            self.conversation = list(conversation)
+            self.text_bytes = text_bytes
+
+    def appended_ids(self) -> None:
+        # Ids the conversation cannot describe: later messages render isolated,
+        # and the next turn gets no generation prompt (the caller sent its own).
+        self.conversation = None
+        self.chat = False
+
+    def appended_messages(self, new: list[Any], text_bytes: int) -> None:
+        if self.conversation is not None:
+            self.conversation.extend(new)
+            self.text_bytes += text_bytes
+        self.chat = True
 
     def add_turn_to_conversation(self, seg: Segment) -> None:
         if self.conversation is not None and (

@@ -40,6 +40,8 @@ class Segment:
     # A model turn that ended on a stop token: that token's id (the bridge
     # of the next append does not repeat it).
     stop_token: int | None = None
+    # An appended segment holding the template's generation prompt.
+    generation_prompt: bool = False
 
     @property
     def interrupted(self) -> bool:
@@ -139,23 +141,31 @@ def segment_to_proto(seg: Segment) -> pb.TrajectorySegment:
         resumed_at=seg.resumed_at,
         cached_prompt_tokens=seg.cached_prompt_tokens,
         lora_adapter_version=seg.lora_adapter_version,
+        stop_token_id=seg.stop_token,
+        generation_prompt=seg.generation_prompt,
     )
 
 
-def snapshot(t: Trajectory) -> pb.GetSessionResponse:
-    """The trajectory's segments and version spans as they are now (on the
-    event loop: a turn ending changes them there; both are bounded by the
-    segment bound)."""
-    out = pb.GetSessionResponse(segments=[segment_to_proto(s) for s in t.segments])
+def snapshot(t: Trajectory, from_segment: int = 0) -> tuple[pb.GetSessionResponse, int]:
+    """The trajectory's segments from `from_segment` on and the version spans
+    that end past the first of them, as they are now (on the event loop: a
+    turn ending changes them there; both are bounded by the segment bound),
+    and the index of that segment's first token."""
+    segments = t.segments[from_segment:]
+    first = segments[0].start if segments else len(t.ids)
+    out = pb.GetSessionResponse(segments=[segment_to_proto(s) for s in segments])
     for version, start, count in t.spans:
-        out.version_spans.add(weight_version=version, start=start, count=count)
-    return out
+        if start + count > first:
+            out.version_spans.add(weight_version=version, start=start, count=count)
+    return out, first
 
 
-def tokens_to_proto(t: Trajectory, n: int, out: pb.GetSessionResponse) -> pb.GetSessionResponse:
-    """Adds the first `n` tokens (counted with the snapshot) to `out`, off the
+def tokens_to_proto(
+    t: Trajectory, first: int, n: int, out: pb.GetSessionResponse
+) -> pb.GetSessionResponse:
+    """Adds tokens [first, n) (counted with the snapshot) to `out`, off the
     event loop: they grow with the history, and the arrays only grow meanwhile."""
-    out.token_ids.extend(t.ids[:n].tolist())
-    out.sources.extend(t.sources[:n].tolist())
-    out.logprobs.extend(t.logprobs[:n].tolist())
+    out.token_ids.extend(t.ids[first:n].tolist())
+    out.sources.extend(t.sources[first:n].tolist())
+    out.logprobs.extend(t.logprobs[first:n].tolist())
     return out

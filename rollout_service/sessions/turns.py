@@ -147,7 +147,7 @@ def commit(
         return None
     t = session.trajectory
     if plan.generation_prompt:
-        t.append(pb.TOKEN_SOURCE_APPENDED, plan.generation_prompt)
+        t.append(pb.TOKEN_SOURCE_APPENDED, plan.generation_prompt).generation_prompt = True
     seg = t.begin_turn(out.cached_prompt_tokens, adapter_version)
     t.sampled(seg, out.ids, out.logprobs, out.spans)
     t.end_turn(seg, out.final_reason(plan), out.stop_reason, out.stopped_on_token)

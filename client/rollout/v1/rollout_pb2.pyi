@@ -874,7 +874,7 @@ class WakeUpResponse(_message.Message):
     def __init__(self, needs_weights: bool = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("prompt_token_ids", "prompt_text", "messages", "tools_json", "max_total_tokens", "lora_adapter", "pin_weight_version", "append_render")
+    __slots__ = ("prompt_token_ids", "prompt_text", "messages", "tools_json", "max_total_tokens", "lora_adapter", "pin_weight_version", "append_render", "resume")
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
@@ -883,6 +883,7 @@ class OpenSessionRequest(_message.Message):
     LORA_ADAPTER_FIELD_NUMBER: _ClassVar[int]
     PIN_WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     APPEND_RENDER_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     prompt_text: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
@@ -891,7 +892,22 @@ class OpenSessionRequest(_message.Message):
     lora_adapter: str
     pin_weight_version: bool
     append_render: AppendRender
-    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_text: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., tools_json: _Optional[_Iterable[str]] = ..., max_total_tokens: _Optional[int] = ..., lora_adapter: _Optional[str] = ..., pin_weight_version: bool = ..., append_render: _Optional[_Union[AppendRender, str]] = ...) -> None: ...
+    resume: SessionHistory
+    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_text: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., tools_json: _Optional[_Iterable[str]] = ..., max_total_tokens: _Optional[int] = ..., lora_adapter: _Optional[str] = ..., pin_weight_version: bool = ..., append_render: _Optional[_Union[AppendRender, str]] = ..., resume: _Optional[_Union[SessionHistory, _Mapping]] = ...) -> None: ...
+
+class SessionHistory(_message.Message):
+    __slots__ = ("trajectory", "messages")
+    TRAJECTORY_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    trajectory: GetSessionResponse
+    messages: _containers.RepeatedCompositeFieldContainer[SegmentMessages]
+    def __init__(self, trajectory: _Optional[_Union[GetSessionResponse, _Mapping]] = ..., messages: _Optional[_Iterable[_Union[SegmentMessages, _Mapping]]] = ...) -> None: ...
+
+class SegmentMessages(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
     __slots__ = ("session_id", "prompt_token_ids", "weight_version", "max_total_tokens", "idle_timeout_seconds")
@@ -908,14 +924,16 @@ class OpenSessionResponse(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., weight_version: _Optional[str] = ..., max_total_tokens: _Optional[int] = ..., idle_timeout_seconds: _Optional[float] = ...) -> None: ...
 
 class SessionGenerateRequest(_message.Message):
-    __slots__ = ("session_id", "request_id", "sampling_params")
+    __slots__ = ("session_id", "request_id", "sampling_params", "required_weight_version")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    REQUIRED_WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     request_id: str
     sampling_params: SamplingParams
-    def __init__(self, session_id: _Optional[str] = ..., request_id: _Optional[str] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
+    required_weight_version: str
+    def __init__(self, session_id: _Optional[str] = ..., request_id: _Optional[str] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., required_weight_version: _Optional[str] = ...) -> None: ...
 
 class SessionState(_message.Message):
     __slots__ = ("segment_index", "total_tokens", "budget_remaining", "generation_prompt_token_ids", "resumed")
@@ -988,7 +1006,7 @@ class AppendToSessionResponse(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., total_tokens: _Optional[int] = ..., budget_remaining: _Optional[int] = ...) -> None: ...
 
 class TrajectorySegment(_message.Message):
-    __slots__ = ("source", "start", "count", "finish_reason", "stop_reason", "resumed_at", "cached_prompt_tokens", "lora_adapter_version")
+    __slots__ = ("source", "start", "count", "finish_reason", "stop_reason", "resumed_at", "cached_prompt_tokens", "lora_adapter_version", "stop_token_id", "generation_prompt")
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -997,6 +1015,8 @@ class TrajectorySegment(_message.Message):
     RESUMED_AT_FIELD_NUMBER: _ClassVar[int]
     CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LORA_ADAPTER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
     source: TokenSource
     start: int
     count: int
@@ -1005,16 +1025,20 @@ class TrajectorySegment(_message.Message):
     resumed_at: _containers.RepeatedScalarFieldContainer[int]
     cached_prompt_tokens: int
     lora_adapter_version: str
-    def __init__(self, source: _Optional[_Union[TokenSource, str]] = ..., start: _Optional[int] = ..., count: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_reason: _Optional[str] = ..., resumed_at: _Optional[_Iterable[int]] = ..., cached_prompt_tokens: _Optional[int] = ..., lora_adapter_version: _Optional[str] = ...) -> None: ...
+    stop_token_id: int
+    generation_prompt: bool
+    def __init__(self, source: _Optional[_Union[TokenSource, str]] = ..., start: _Optional[int] = ..., count: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_reason: _Optional[str] = ..., resumed_at: _Optional[_Iterable[int]] = ..., cached_prompt_tokens: _Optional[int] = ..., lora_adapter_version: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., generation_prompt: bool = ...) -> None: ...
 
 class GetSessionRequest(_message.Message):
-    __slots__ = ("session_id",)
+    __slots__ = ("session_id", "from_segment")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_SEGMENT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
-    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+    from_segment: int
+    def __init__(self, session_id: _Optional[str] = ..., from_segment: _Optional[int] = ...) -> None: ...
 
 class GetSessionResponse(_message.Message):
-    __slots__ = ("session_id", "token_ids", "sources", "logprobs", "version_spans", "segments", "max_total_tokens", "pinned_weight_version", "busy")
+    __slots__ = ("session_id", "token_ids", "sources", "logprobs", "version_spans", "segments", "max_total_tokens", "pinned_weight_version", "busy", "resumed_tokens")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
@@ -1024,6 +1048,7 @@ class GetSessionResponse(_message.Message):
     MAX_TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PINNED_WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     BUSY_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     sources: _containers.RepeatedScalarFieldContainer[TokenSource]
@@ -1033,7 +1058,8 @@ class GetSessionResponse(_message.Message):
     max_total_tokens: int
     pinned_weight_version: str
     busy: bool
-    def __init__(self, session_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sources: _Optional[_Iterable[_Union[TokenSource, str]]] = ..., logprobs: _Optional[_Iterable[float]] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[TrajectorySegment, _Mapping]]] = ..., max_total_tokens: _Optional[int] = ..., pinned_weight_version: _Optional[str] = ..., busy: bool = ...) -> None: ...
+    resumed_tokens: int
+    def __init__(self, session_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sources: _Optional[_Iterable[_Union[TokenSource, str]]] = ..., logprobs: _Optional[_Iterable[float]] = ..., version_spans: _Optional[_Iterable[_Union[VersionSpan, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[TrajectorySegment, _Mapping]]] = ..., max_total_tokens: _Optional[int] = ..., pinned_weight_version: _Optional[str] = ..., busy: bool = ..., resumed_tokens: _Optional[int] = ...) -> None: ...
 
 class CloseSessionRequest(_message.Message):
     __slots__ = ("session_id",)

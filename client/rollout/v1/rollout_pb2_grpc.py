@@ -366,7 +366,8 @@ class RolloutServiceServicer(object):
         restart loses them (SESSION_LOST), one idle for longer than
         OpenSessionResponse.idle_timeout_seconds expires (SESSION_NOT_FOUND).
         Bounded by GetServerInfoResponse.session_limits (RESOURCE_EXHAUSTED,
-        LIMIT_EXCEEDED, naming the flag, past them).
+        LIMIT_EXCEEDED, naming the flag, past them). With `resume`, re-opens a
+        trajectory another server held, from the caller's copy.
         Role: generate (or admin).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
