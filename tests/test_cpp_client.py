@@ -9,7 +9,11 @@ pushes do not reach the session server that other tests share.
 Its delta mode (--base-seed) is checked twice: without a server, its
 SPARSE_XOR16 bytes (--encode-only) against rollout_client.delta's encoder, and
 against the server, where a delta must give the outputs a full push of the
-same bytes gives, and a refused base must end in a full push."""
+same bytes gives, and a refused base must end in a full push.
+
+Its `session` subcommand (client/cpp/session_step.cc) drives one multi-turn
+session; what it prints is checked against the ids it sent and sampled, and
+against the trajectory the Python client reads from the server."""
 
 from __future__ import annotations
 
@@ -22,11 +26,13 @@ import uuid
 from pathlib import Path
 
 import crc32c
+import grpc
 import numpy as np
 import pytest
 import torch
 
-from rollout_client import RolloutClient, delta, dtypes, pb
+from rollout_client import RolloutClient, RolloutError, delta, dtypes, pb
+from rollout_client.sessions import Session, loss_mask
 from tests.support.tokens import ADMIN, GENERATE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -99,21 +105,29 @@ def admin(secure):
         yield c
 
 
-def _trainer(trainer, secure, *args, token: str | None = ADMIN, tls: bool = True, check=True):
-    """Runs the program; returns (exit status, its JSON summary)."""
+def _run_trainer(
+    trainer, secure, *args, subcommand=(), token: str | None = ADMIN, tls=True, check=True
+) -> tuple[subprocess.CompletedProcess[str], dict]:
+    """Runs the program; returns (the process, its JSON summary)."""
     proc, _, flags = secure
     env = {k: v for k, v in os.environ.items() if k != "ROLLOUT_TOKEN"}
     if token is not None:
         env["ROLLOUT_TOKEN"] = token  # the environment route; --token is the other
     p = _run(
-        [trainer, "--target", proc.target, *(flags if tls else []), *args],
+        [trainer, *subcommand, "--target", proc.target, *(flags if tls else []), *args],
         timeout=600,
         env=env,
         check=check,
     )
     lines = [line for line in p.stdout.splitlines() if line.strip()]
     assert lines, f"the program printed nothing\n--- stderr\n{p.stderr}"
-    return p.returncode, json.loads(lines[-1])
+    return p, json.loads(lines[-1])
+
+
+def _trainer(trainer, secure, *args, **kwargs):
+    """Runs the program; returns (exit status, its JSON summary)."""
+    p, out = _run_trainer(trainer, secure, *args, **kwargs)
+    return p.returncode, out
 
 
 # The program's new tensor values, recomputed here from its documented rule
@@ -583,3 +597,109 @@ def test_cpp_trainer_delta_falls_back_when_the_base_is_refused(trainer, secure, 
     # The weights are the delta rule's: base seed 2 with seed 3's picked elements.
     _python_push(admin, out, manifest, f"{version}-python", 2, 3, 3)
     _same_output(admin, out["prompt_token_ids"], out["after"])
+
+
+# --------------------------------------------- sessions
+
+TURN_TOKENS = 8
+SESSION_PROMPT_LEN = 40
+
+
+def _session_of(admin, session_id: str) -> Session:
+    """The Python client's handle on a session the program opened (admin
+    may read and close any caller's)."""
+    return Session(admin, pb.OpenSessionResponse(session_id=session_id))
+
+
+def test_cpp_session_trajectory_is_prompt_turns_and_appended_ids(trainer, secure, admin):
+    """One session driven by the program with a generate token over mutual
+    TLS: its trajectory is the prompt, turn 1's sampled ids, the appended ids
+    and turn 2's sampled ids, with their sources, a loss mask on exactly the
+    sampled ones, and the server holds the same."""
+    vocab = admin.server_info().vocab_size
+    appended = [vocab - 1, 0, 12345 % vocab]  # the vocabulary's edges: held as they are
+    _, out = _run_trainer(
+        trainer, secure, "--prompt-len", SESSION_PROMPT_LEN, "--max-tokens", TURN_TOKENS,
+        "--append-ids", ",".join(map(str, appended)), "--keep-open",
+        subcommand=["session"], token=GENERATE,
+    )  # fmt: skip
+    assert out["ok"] is True and out["closed"] is False
+    held = _session_of(admin, out["session_id"])
+    try:
+        prompt = [(31 * i + 7) % vocab for i in range(SESSION_PROMPT_LEN)]  # the documented rule
+        assert out["prompt_token_ids"] == prompt
+        first, second = out["turns"]
+        for turn in (first, second):
+            assert len(turn["token_ids"]) == TURN_TOKENS == len(turn["logprobs"])
+            assert turn["finish_reason"] == "FINISH_REASON_LENGTH"
+            assert turn["generation_prompt_token_ids"] == []  # an ids session: nothing rendered
+            assert turn["weight_version"] == out["weight_version"]
+        assert out["appended"]["token_ids"] == appended
+        before_second = len(prompt) + TURN_TOKENS + len(appended)
+        assert out["appended"]["total_tokens"] == before_second
+        # Turn 2 was conditioned on everything held before it.
+        assert second["prompt_tokens"] == before_second
+
+        t = out["trajectory"]
+        runs = [
+            ("PROMPT", prompt),
+            ("SAMPLED", first["token_ids"]),
+            ("APPENDED", appended),
+            ("SAMPLED", second["token_ids"]),
+        ]
+        assert t["token_ids"] == [tok for _, ids in runs for tok in ids]
+        assert t["sources"] == [f"TOKEN_SOURCE_{src}" for src, ids in runs for _ in ids]
+        assert t["loss_mask"] == [int(src == "SAMPLED") for src, ids in runs for _ in ids]
+        assert sum(t["loss_mask"]) == 2 * TURN_TOKENS
+        sampled_logprobs = [lp for i, lp in enumerate(t["logprobs"]) if t["loss_mask"][i]]
+        assert sampled_logprobs == pytest.approx(first["logprobs"] + second["logprobs"], abs=1e-6)
+        assert all(lp == 0 for i, lp in enumerate(t["logprobs"]) if not t["loss_mask"][i])
+        starts = [0, len(prompt), len(prompt) + TURN_TOKENS, before_second]
+        assert [(g["source"], g["start"], g["count"]) for g in t["segments"]] == [
+            (f"TOKEN_SOURCE_{src}", start, len(ids)) for (src, ids), start in zip(runs, starts)
+        ]
+        assert [(v["start"], v["count"]) for v in t["version_spans"]] == [
+            (len(prompt), TURN_TOKENS),
+            (before_second, TURN_TOKENS),
+        ]
+
+        # The server holds what the program printed.
+        served = held.trajectory()
+        assert list(served.token_ids) == t["token_ids"]
+        assert [pb.TokenSource.Name(src) for src in served.sources] == t["sources"]
+        assert loss_mask(served) == t["loss_mask"]
+        assert list(served.logprobs) == pytest.approx(t["logprobs"], abs=1e-6)
+        # Turn 2 is the model's greedy continuation of exactly those ids.
+        history = t["token_ids"][:before_second]
+        r = admin.generate(
+            prompt_token_ids=history, max_tokens=TURN_TOKENS, temperature=0, ignore_eos=True
+        )
+        assert list(r.completions[0].token_ids) == second["token_ids"]
+    finally:
+        held.close()
+    with pytest.raises(RolloutError) as e:
+        held.trajectory()
+    assert (e.value.code, e.value.reason) == (grpc.StatusCode.NOT_FOUND, "SESSION_NOT_FOUND")
+
+
+def test_cpp_session_refusal_is_reported_and_the_session_closed(trainer, secure, admin):
+    """An appended id outside the vocabulary: INVALID_ARGUMENT naming the
+    field, reported with the session's id, exit status 1, and the program
+    closed the session it opened."""
+    vocab = admin.server_info().vocab_size
+    p, out = _run_trainer(
+        trainer, secure, "--prompt-len", 8, "--max-tokens", 2, "--append-ids", f"5,{vocab}",
+        subcommand=["session"], token=GENERATE, check=False,
+    )  # fmt: skip
+    assert p.returncode == 1, p.stderr
+    assert (out["ok"], out["step"], out["code"], out["reason"]) == (
+        False,
+        "AppendToSession",
+        "INVALID_ARGUMENT",
+        "INVALID_FIELD",
+    ), out
+    assert out["message"].startswith("token_ids[1]"), out["message"]
+    assert "AppendToSession failed: INVALID_ARGUMENT: token_ids[1]" in p.stderr
+    with pytest.raises(RolloutError) as e:
+        _session_of(admin, out["session_id"]).trajectory()
+    assert (e.value.code, e.value.reason) == (grpc.StatusCode.NOT_FOUND, "SESSION_NOT_FOUND")

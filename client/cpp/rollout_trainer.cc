@@ -57,6 +57,15 @@
 //   rollout_trainer --encode-only OUT --tensor NAME --dtype bf16|fp16|fp32|fp64
 //       --elements N --base-seed S0 [--seed S] [--change-percent P]
 //   rollout_trainer --encode-only OUT --base-file BASE.bin --new-file NEW.bin
+//
+// The session subcommand drives one multi-turn session (docs/sessions.md)
+// with the same credentials: open from the prompt's ids, a greedy turn,
+// append --append-ids (default: 4 ids), a second turn, print the trajectory
+// (token ids, sources, loss mask) as JSON, close it (session_step.cc):
+//
+//   rollout_trainer session --target HOST:PORT [--prompt-len 200] [--max-tokens 16]
+//       [--append-ids 5,6,7] [--max-total-tokens N] [--keep-open]
+//       [--token T] [--tls-ca ...] [--wait-seconds S] [--timeout-seconds S]
 
 #include <grpcpp/grpcpp.h>
 
@@ -81,7 +90,10 @@
 #include <vector>
 
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "json.h"
 #include "rollout/v1/rollout.grpc.pb.h"
+#include "session_step.h"
+#include "status.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "tensor bytes are written in host order, which must be little-endian"
@@ -94,6 +106,14 @@ using Clock = std::chrono::system_clock;
 using grpc::health::v1::Health;
 using grpc::health::v1::HealthCheckRequest;
 using grpc::health::v1::HealthCheckResponse;
+using rollout_cpp::Bool;
+using rollout_cpp::CodeName;
+using rollout_cpp::ErrorReason;
+using rollout_cpp::List;
+using rollout_cpp::Num;
+using rollout_cpp::Obj;
+using rollout_cpp::Quote;
+using rollout_cpp::ReportFailure;
 
 constexpr int kMaxMessageBytes = 64 << 20;  // docs/clients.md: raise both limits
 
@@ -120,6 +140,9 @@ struct Options {
   std::string encode_only, base_file, new_file, dtype;
   uint64_t elements = 0;
   bool elements_set = false;
+  // The session subcommand (session_step.h); prompt_len and max_tokens too.
+  bool session = false;
+  rollout_cpp::SessionStepOptions session_step;
 };
 
 [[noreturn]] void Usage(const std::string& why) {
@@ -133,7 +156,10 @@ struct Options {
             << "   [--encoding xor16|xor8]]   (delta mode)\n"
             << "   or: rollout_trainer --encode-only OUT (--tensor NAME --dtype bf16|fp16|fp32|fp64\n"
             << "  --elements N --base-seed S0 [--seed S] [--change-percent P]\n"
-            << "  | --base-file BASE --new-file NEW) [--encoding xor16|xor8]\n";
+            << "  | --base-file BASE --new-file NEW) [--encoding xor16|xor8]\n"
+            << "   or: rollout_trainer session --target HOST:PORT [--prompt-len N] [--max-tokens N]\n"
+            << "  [--append-ids ID,ID,...] [--max-total-tokens N] [--keep-open]\n"
+            << "  [--token T] [--tls-ca ...] [--wait-seconds S] [--timeout-seconds S]\n";
   std::exit(2);
 }
 
@@ -143,6 +169,21 @@ uint64_t ParseUint(const std::string& flag, const std::string& s) {
   unsigned long long v = std::strtoull(s.c_str(), &end, 10);
   if (s.empty() || *end != '\0' || errno != 0 || s[0] == '-') Usage(flag + ": not a number: " + s);
   return v;
+}
+
+uint32_t ParseUint32(const std::string& flag, const std::string& s) {
+  uint64_t v = ParseUint(flag, s);
+  if (v > std::numeric_limits<uint32_t>::max()) Usage(flag + ": over 2^32 - 1: " + s);
+  return static_cast<uint32_t>(v);
+}
+
+// --append-ids 5,6,7: sent as they are (the server checks the vocabulary).
+std::vector<uint32_t> ParseIds(const std::string& flag, const std::string& s) {
+  std::vector<uint32_t> out;
+  std::stringstream in(s);
+  for (std::string piece; std::getline(in, piece, ',');) out.push_back(ParseUint32(flag, piece));
+  if (out.empty() || s.back() == ',') Usage(flag + ": a comma-separated list of ids: " + s);
+  return out;
 }
 
 double ParsePercent(const std::string& flag, const std::string& s) {
@@ -164,9 +205,19 @@ Options ParseArgs(int argc, char** argv) {
   Options o;
   if (const char* t = std::getenv("ROLLOUT_TOKEN")) o.token = t;
   std::vector<std::string> seen;
-  for (int i = 1; i < argc; ++i) {
+  int first = 1;
+  if (argc > 1 && std::string(argv[1]) == "session") {
+    o.session = true;
+    first = 2;
+  }
+  for (int i = first; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "-h" || a == "--help") Usage("help");
+    if (a == "--keep-open") {  // the one flag without a value
+      o.session_step.keep_open = true;
+      seen.push_back(a);
+      continue;
+    }
     std::string value;
     auto eq = a.find('=');
     if (a.rfind("--", 0) == 0 && eq != std::string::npos) {
@@ -200,6 +251,8 @@ Options ParseArgs(int argc, char** argv) {
     else if (a == "--base-file") o.base_file = value;
     else if (a == "--new-file") o.new_file = value;
     else if (a == "--dtype") o.dtype = value;
+    else if (a == "--append-ids") o.session_step.append_ids = ParseIds(a, value);
+    else if (a == "--max-total-tokens") o.session_step.max_total_tokens = ParseUint32(a, value);
     else if (a == "--elements") {
       o.elements = ParseUint(a, value);
       o.elements_set = true;
@@ -211,6 +264,15 @@ Options ParseArgs(int argc, char** argv) {
     return std::find(seen.begin(), seen.end(), flag) != seen.end();
   };
   bool files = given("--base-file") || given("--new-file");
+  if (o.session) {
+    for (const char* f : {"--version", "--seed", "--tensor", "--chunk-bytes", "--base-seed",
+                          "--change-percent", "--base-version", "--encoding", "--encode-only",
+                          "--base-file", "--new-file", "--dtype", "--elements"})
+      if (given(f)) Usage(std::string(f) + " does not go with session (it updates no weights)");
+  } else {
+    for (const char* f : {"--append-ids", "--max-total-tokens", "--keep-open"})
+      if (given(f)) Usage(std::string(f) + " goes with the session subcommand");
+  }
   if (!o.encode_only.empty()) {
     if (files) {
       if (!given("--base-file") || !given("--new-file"))
@@ -233,6 +295,8 @@ Options ParseArgs(int argc, char** argv) {
   if (!o.tls_cert.empty() && o.tls_ca.empty()) Usage("--tls-cert/--tls-key need --tls-ca");
   if (o.prompt_len == 0) Usage("--prompt-len must be at least 1");
   if (o.max_tokens == 0) Usage("--max-tokens must be at least 1");
+  o.session_step.prompt_len = o.prompt_len;
+  o.session_step.max_tokens = o.max_tokens;
   if (o.version.empty()) o.version = "cpp-seed-" + std::to_string(o.seed);
   return o;
 }
@@ -245,132 +309,11 @@ std::string ReadFile(const std::string& path) {
   return s.str();
 }
 
-// ---------------------------------------------------------------- JSON
-
-std::string Quote(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  return out + "\"";
-}
-
-std::string Num(double v) {
-  if (!std::isfinite(v)) return "null";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.9g", v);
-  return buf;
-}
-
-std::string Bool(bool b) { return b ? "true" : "false"; }
-
-template <typename Seq, typename F>
-std::string List(const Seq& items, F f) {
-  std::string out = "[";
-  bool first = true;
-  for (const auto& x : items) {
-    if (!first) out += ", ";
-    first = false;
-    out += f(x);
-  }
-  return out + "]";
-}
-
-// {"k": v, ...} from already-encoded values, in order.
-std::string Obj(const std::vector<std::pair<std::string, std::string>>& fields) {
-  std::string out = "{";
-  for (size_t i = 0; i < fields.size(); ++i) {
-    if (i) out += ", ";
-    out += Quote(fields[i].first) + ": " + fields[i].second;
-  }
-  return out + "}";
-}
-
 // ---------------------------------------------------------------- calls
 
-const char* CodeName(grpc::StatusCode c) {
-  static const char* names[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT",
-                                "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
-                                "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-                                "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
-                                "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
-  int i = static_cast<int>(c);
-  return i >= 0 && i < 17 ? names[i] : "UNKNOWN";
-}
-
-// The length-delimited fields numbered `field` of one serialized protobuf
-// message (what reading google.rpc.Status, Any and ErrorInfo needs).
-std::vector<std::string> ProtoFields(const std::string& buf, uint32_t field) {
-  std::vector<std::string> out;
-  size_t i = 0;
-  auto varint = [&]() -> uint64_t {
-    uint64_t v = 0;
-    for (int shift = 0; i < buf.size() && shift < 64; shift += 7) {
-      uint8_t b = static_cast<uint8_t>(buf[i++]);
-      v |= static_cast<uint64_t>(b & 0x7f) << shift;
-      if (b < 0x80) break;
-    }
-    return v;
-  };
-  while (i < buf.size()) {
-    uint64_t key = varint();
-    switch (key & 7) {
-      case 0: varint(); break;
-      case 1: i += 8; break;
-      case 5: i += 4; break;
-      case 2: {
-        uint64_t n = varint();
-        if (n > buf.size() - i) return out;
-        if ((key >> 3) == field) out.push_back(buf.substr(i, n));
-        i += n;
-        break;
-      }
-      default: return out;
-    }
-  }
-  return out;
-}
-
-// The ErrorInfo reason of a status (rollout.v1.ErrorReason's name without
-// its prefix, e.g. "ROLE_DENIED"), from its google.rpc.Status details;
-// "" for statuses gRPC made itself.
-std::string ErrorReason(const grpc::Status& s) {
-  const std::string suffix = "/google.rpc.ErrorInfo";
-  for (const std::string& any : ProtoFields(s.error_details(), 3)) {
-    auto type = ProtoFields(any, 1);
-    auto value = ProtoFields(any, 2);
-    if (type.empty() || value.empty() || type[0].size() < suffix.size() ||
-        type[0].compare(type[0].size() - suffix.size(), suffix.size(), suffix) != 0)
-      continue;
-    auto reason = ProtoFields(value[0], 1);
-    return reason.empty() ? "" : reason[0];
-  }
-  return "";
-}
-
+// A failed call ends the program: reported (status.h), exit status 1.
 [[noreturn]] void Fail(const std::string& step, const grpc::Status& s) {
-  std::cerr << "rollout_trainer: " << step << " failed: " << CodeName(s.error_code()) << ": "
-            << s.error_message() << "\n";
-  std::cout << Obj({{"ok", "false"},
-                    {"step", Quote(step)},
-                    {"code", Quote(CodeName(s.error_code()))},
-                    {"reason", Quote(ErrorReason(s))},
-                    {"message", Quote(s.error_message())}})
-            << std::endl;
+  ReportFailure(step, s);
   std::exit(1);
 }
 
@@ -378,9 +321,9 @@ std::string ErrorReason(const grpc::Status& s) {
   Fail(step, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, message));
 }
 
-class Session {
+class Connection {
  public:
-  explicit Session(const Options& o) : o_(o) {
+  explicit Connection(const Options& o) : o_(o) {
     std::shared_ptr<grpc::ChannelCredentials> creds;
     if (o.tls_ca.empty()) {
       creds = grpc::InsecureChannelCredentials();
@@ -738,7 +681,7 @@ std::string CachesJson(const google::protobuf::RepeatedPtrField<pb::CacheResetRe
   });
 }
 
-pb::GenerateResponse Generate(Session& s, const std::vector<uint32_t>& prompt, uint32_t max_tokens,
+pb::GenerateResponse Generate(Connection& s, const std::vector<uint32_t>& prompt, uint32_t max_tokens,
                               const std::string& step) {
   pb::GenerateRequest req;
   for (uint32_t t : prompt) req.add_prompt_token_ids(t);
@@ -767,7 +710,7 @@ struct Pushed {
   bool stream_ok = false;
 };
 
-Pushed Push(Session& s, const std::string& version, const std::string& base_version,
+Pushed Push(Connection& s, const std::string& version, const std::string& base_version,
             const std::vector<pb::TensorSpec>& specs, const std::vector<std::string>& wire,
             uint64_t chunk) {
   Pushed out;
@@ -850,11 +793,13 @@ int main(int argc, char** argv) {
   Options o = ParseArgs(argc, argv);
   if (!o.encode_only.empty()) return EncodeOnly(o);
   auto t0 = std::chrono::steady_clock::now();
-  Session s(o);
+  Connection s(o);
 
   // 1. Readiness.
   s.WaitServing();
   std::cerr << "rollout_trainer: " << o.target << " is SERVING\n";
+  if (o.session)
+    return rollout_cpp::RunSessionStep(s.stub(), [&s] { return s.Context(); }, o.session_step);
 
   // 2. The server's description: version, manifest, groups, limits.
   pb::GetServerInfoResponse info;
