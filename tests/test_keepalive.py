@@ -43,7 +43,11 @@ OUTLIVED_SECONDS = 55.0
 # The server pings every 30 s and waits 20 s for the answer.
 DEAD_CLIENT_DROPPED_WITHIN = 75.0
 
-REQUEST_JSON = {"prompt_token_ids": [1, 2, 3], "sampling_params": {"max_tokens": 4}}
+# ignore_eos: a sampled end-of-sequence would end a call early (seen once: 3 tokens).
+REQUEST_JSON = {
+    "prompt_token_ids": [1, 2, 3],
+    "sampling_params": {"max_tokens": 4, "ignore_eos": True},
+}
 REQUEST = json_format.ParseDict(REQUEST_JSON, pb.GenerateRequest())
 
 # The Node client (client/node), as packed and installed (conftest's `packed`),

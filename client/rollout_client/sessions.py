@@ -64,7 +64,12 @@ def build_turn_request(
 
 
 def build_stream_request(
-    session_id: str, request_id: str, delta_tokens: int, omit_text: bool, params: dict[str, Any]
+    session_id: str,
+    request_id: str,
+    delta_tokens: int,
+    omit_text: bool,
+    params: dict[str, Any],
+    required_weight_version: str = "",
 ) -> pb.SessionGenerateStreamRequest:
     """The same turn streamed, with its StreamOptions."""
     return pb.SessionGenerateStreamRequest(
@@ -72,6 +77,7 @@ def build_stream_request(
         request_id=request_id,
         sampling_params=core.sampling_params(params),
         stream_options=pb.StreamOptions(delta_tokens=delta_tokens, omit_text=omit_text),
+        required_weight_version=required_weight_version,
     )
 
 
@@ -143,10 +149,13 @@ class Session:
         request_id: str = "",
         delta_tokens: int = 0,
         omit_text: bool = False,
+        required_weight_version: str = "",
         timeout: float | None = None,
         **params: Any,
     ) -> Iterator[pb.SessionGenerateStreamResponse]:
-        request = build_stream_request(self.id, request_id, delta_tokens, omit_text, params)
+        request = build_stream_request(
+            self.id, request_id, delta_tokens, omit_text, params, required_weight_version
+        )
         with core.rpc_errors():
             yield from self.client.stub.SessionGenerateStream(
                 request, **self.client._call_args(timeout)
@@ -207,10 +216,13 @@ class AsyncSession:
         request_id: str = "",
         delta_tokens: int = 0,
         omit_text: bool = False,
+        required_weight_version: str = "",
         timeout: float | None = None,
         **params: Any,
     ) -> AsyncIterator[pb.SessionGenerateStreamResponse]:
-        request = build_stream_request(self.id, request_id, delta_tokens, omit_text, params)
+        request = build_stream_request(
+            self.id, request_id, delta_tokens, omit_text, params, required_weight_version
+        )
         with core.rpc_errors():
             async for m in self.client.stub.SessionGenerateStream(
                 request, **self.client._call_args(timeout)

@@ -27,11 +27,12 @@
  * Every call has a deadline (`timeoutMs`, per client and per call). Failed
  * calls reject with a RolloutError carrying the gRPC status code and the
  * server's message. Retries follow the Python client: unary calls
- * (GetServerInfo, Generate, ResetCaches) failing with UNAVAILABLE are retried
+ * (GetServerInfo, Generate, ResetCaches, GetSession) failing with UNAVAILABLE are retried
  * `retries` times with exponential backoff, by gRPC's own retry policy (the
  * channel's service config); UpdateWeights is retried as a whole stream,
  * which the server makes safe (the same version and bytes get the original
  * acknowledgement back, with `replayed` set); GenerateStream is not retried.
+ * Sessions (openSession, sessions.ts) go through the same channel.
  */
 
 import * as fs from "node:fs";
@@ -40,6 +41,8 @@ import * as path from "node:path";
 import * as grpc from "@grpc/grpc-js";
 import * as protoLoader from "@grpc/proto-loader";
 
+import { Caller, type CallOpts } from "./calls";
+import { RolloutError } from "./errors";
 import type { ProtoGrpcType } from "./gen/rollout";
 import type { DType, DType__Output } from "./gen/rollout/v1/DType";
 import type { GenerateRequest } from "./gen/rollout/v1/GenerateRequest";
@@ -53,6 +56,11 @@ import type { RolloutServiceClient } from "./gen/rollout/v1/RolloutService";
 import type { TensorSpec } from "./gen/rollout/v1/TensorSpec";
 import type { UpdateWeightsRequest } from "./gen/rollout/v1/UpdateWeightsRequest";
 import type { UpdateWeightsResponse__Output } from "./gen/rollout/v1/UpdateWeightsResponse";
+import { openSession, type OpenSessionInput, type Session } from "./sessions";
+
+export type { CallOpts } from "./calls";
+export { errorReason, RolloutError } from "./errors";
+export * from "./sessions";
 
 export type * from "./gen/rollout/v1/CacheResetResult";
 export type * from "./gen/rollout/v1/Completion";
@@ -93,8 +101,14 @@ export const PROTO_ROOT = path.join(PACKAGE_ROOT, "proto");
 export const DEFAULT_PROTO_PATH = path.join(PROTO_ROOT, "rollout", "v1", "rollout.proto");
 
 const SERVICE = "rollout.v1.RolloutService";
-/** The unary RPCs this client calls, retried by the service config's retryPolicy. */
-const RETRIED_METHODS = ["GetServerInfo", "Generate", "ResetCaches"];
+/**
+ * The unary RPCs this client calls that are safe to send twice, retried by
+ * the service config's retryPolicy (the Python client's list). The other
+ * session calls are not: a second OpenSession opens a second session, a
+ * second SessionGenerate or AppendToSession adds to the trajectory again, and
+ * a CloseSession that did close answers its retry SESSION_NOT_FOUND.
+ */
+const RETRIED_METHODS = ["GetServerInfo", "Generate", "ResetCaches", "GetSession"];
 /** grpc-js caps retryPolicy.maxAttempts at 5 unless this channel option raises it. */
 const MAX_ATTEMPTS_LIMIT_OPTION = "grpc-node.retry_max_attempts_limit";
 
@@ -164,91 +178,6 @@ const DTYPE_BY_NUMBER = [
   "D_TYPE_FLOAT8_E4M3FN",
   "D_TYPE_FLOAT8_E5M2",
 ];
-
-/** The length-delimited and varint fields of one protobuf message, by number. */
-function protoFields(buf: Buffer): Map<number, Buffer[]> {
-  const out = new Map<number, Buffer[]>();
-  let i = 0;
-  const varint = (): number => {
-    let v = 0;
-    let shift = 0;
-    for (;;) {
-      const b = buf[i++];
-      v += (b & 0x7f) * 2 ** shift;
-      if (b < 0x80) return v;
-      shift += 7;
-    }
-  };
-  while (i < buf.length) {
-    const key = varint();
-    const wire = key & 7;
-    if (wire === 0) varint();
-    else if (wire === 2) {
-      const n = varint();
-      const field = key >>> 3;
-      out.set(field, [...(out.get(field) ?? []), buf.subarray(i, i + n)]);
-      i += n;
-    } else if (wire === 1) i += 8;
-    else if (wire === 5) i += 4;
-    else break;
-  }
-  return out;
-}
-
-/**
- * The ErrorInfo reason in a status's `grpc-status-details-bin` trailer (a
- * google.rpc.Status), e.g. "VERSION_ALREADY_SERVED" (rollout.v1.ErrorReason
- * without its prefix), or "" when there is none.
- */
-export function errorReason(metadata?: grpc.Metadata): string {
-  const raw = metadata?.get("grpc-status-details-bin")?.[0];
-  if (!raw) return "";
-  try {
-    for (const any of protoFields(Buffer.from(raw as Buffer)).get(3) ?? []) {
-      const f = protoFields(any);
-      const typeUrl = f.get(1)?.[0]?.toString() ?? "";
-      if (typeUrl.endsWith("/google.rpc.ErrorInfo")) {
-        return protoFields(f.get(2)?.[0] ?? Buffer.alloc(0)).get(1)?.[0]?.toString() ?? "";
-      }
-    }
-  } catch {
-    return "";
-  }
-  return "";
-}
-
-/**
- * A failed call: `code` is the gRPC status code, `details` the server's
- * message, `reason` the documented rollout.v1.ErrorReason name (without its
- * prefix; "" for gRPC's own statuses), to branch on without parsing messages.
- */
-export class RolloutError extends Error {
-  readonly code: grpc.status;
-  readonly codeName: string;
-  readonly details: string;
-  readonly reason: string;
-  readonly metadata?: grpc.Metadata;
-
-  constructor(code: grpc.status, details: string, metadata?: grpc.Metadata) {
-    const codeName = grpc.status[code] ?? String(code);
-    super(`${codeName}: ${details}`);
-    this.name = "RolloutError";
-    this.code = code;
-    this.codeName = codeName;
-    this.details = details;
-    this.reason = errorReason(metadata);
-    this.metadata = metadata;
-  }
-
-  static wrap(e: unknown): RolloutError {
-    if (e instanceof RolloutError) return e;
-    const se = e as Partial<grpc.ServiceError>;
-    if (se && typeof se.code === "number") {
-      return new RolloutError(se.code, se.details ?? se.message ?? "", se.metadata);
-    }
-    return new RolloutError(grpc.status.UNKNOWN, e instanceof Error ? e.message : String(e));
-  }
-}
 
 export interface ClientOptions {
   /** Default deadline of every call, in milliseconds. */
@@ -339,11 +268,6 @@ export function bearerTokenInterceptor(token: string): grpc.Interceptor {
     });
 }
 
-export interface CallOpts {
-  /** Deadline of this call, in milliseconds; default the client's timeoutMs. */
-  timeoutMs?: number;
-}
-
 /** One tensor of an update: checkpoint-format name, dtype, shape and its
  * little-endian, row-major bytes. */
 export interface WeightTensor {
@@ -370,6 +294,7 @@ export class RolloutClient {
   readonly retries: number;
   readonly backoffMs: number;
   private readonly stub: RolloutServiceClient;
+  private readonly calls: Caller;
   private readonly health: HealthClient;
 
   constructor(target = "127.0.0.1:50051", opts: ClientOptions = {}) {
@@ -411,27 +336,11 @@ export class RolloutClient {
       channelOverride: this.stub.getChannel(),
       interceptors,
     }) as HealthClient;
+    this.calls = new Caller(this.stub, this.timeoutMs);
   }
 
   close(): void {
     this.stub.close();
-  }
-
-  private deadline(opts?: CallOpts): Date {
-    return new Date(Date.now() + (opts?.timeoutMs ?? this.timeoutMs));
-  }
-
-  private unary<Req, Res>(
-    method: (req: Req, options: grpc.CallOptions, cb: grpc.requestCallback<Res>) => unknown,
-    request: Req,
-    opts?: CallOpts,
-  ): Promise<Res> {
-    return new Promise((resolve, reject) => {
-      method.call(this.stub, request, { deadline: this.deadline(opts) }, (err, res) => {
-        if (err) reject(RolloutError.wrap(err));
-        else resolve(res as Res);
-      });
-    });
   }
 
   /** Polls grpc.health.v1 Check until SERVING; rejects with a DEADLINE_EXCEEDED RolloutError. */
@@ -465,41 +374,36 @@ export class RolloutClient {
 
   /** Model, weight version, the parameter manifest and the limits. */
   serverInfo(opts?: CallOpts): Promise<GetServerInfoResponse__Output> {
-    return this.unary(this.stub.GetServerInfo, {}, opts);
+    return this.calls.unary(this.stub.GetServerInfo, {}, opts);
   }
 
   /** Generates every completion of one prompt. */
   generate(req: GenerateRequest, opts?: CallOpts): Promise<GenerateResponse__Output> {
-    return this.unary(this.stub.Generate, req, opts);
+    return this.calls.unary(this.stub.Generate, req, opts);
   }
 
   /** Streams token deltas; the last message carries the usage. Leaving the
    * loop early cancels the call. */
-  async *generateStream(
+  generateStream(
     req: GenerateStreamRequest,
     opts?: CallOpts,
   ): AsyncGenerator<GenerateStreamResponse__Output, void, undefined> {
-    const call = this.stub.GenerateStream(req, { deadline: this.deadline(opts) });
-    let finished = false;
-    try {
-      for await (const msg of call) {
-        yield msg as GenerateStreamResponse__Output;
-      }
-      finished = true;
-    } catch (e) {
-      finished = true;
-      throw RolloutError.wrap(e);
-    } finally {
-      if (!finished) {
-        call.on("error", () => {}); // the CANCELLED status that follows
-        call.cancel();
-      }
-    }
+    return this.calls.serverStream(this.stub.GenerateStream, req, opts);
+  }
+
+  /**
+   * Opens a session (OpenSessionRequest: exactly one of prompt_token_ids,
+   * prompt_text and messages): one multi-turn trajectory the server holds as
+   * token ids, so no turn is ever re-tokenized (docs/sessions.md). Its calls
+   * go through this client's channel: the same token, TLS and deadlines.
+   */
+  openSession(req: OpenSessionInput, opts?: CallOpts): Promise<Session> {
+    return openSession(this.calls, req, opts);
   }
 
   /** Atomically resets the prefix/KV, multimodal input and encoder caches. */
   resetCaches(opts?: CallOpts): Promise<ResetCachesResponse__Output> {
-    return this.unary(this.stub.ResetCaches, {}, opts);
+    return this.calls.unary(this.stub.ResetCaches, {}, opts);
   }
 
   /**
@@ -552,7 +456,7 @@ export class RolloutClient {
     return new Promise((resolve, reject) => {
       let settled = false;
       let onSettled: () => void = () => {};
-      const call = this.stub.UpdateWeights({ deadline: this.deadline(opts) }, (err, res) => {
+      const call = this.stub.UpdateWeights({ deadline: this.calls.deadline(opts) }, (err, res) => {
         settled = true;
         onSettled();
         if (err) reject(RolloutError.wrap(err));

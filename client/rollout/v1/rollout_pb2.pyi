@@ -966,16 +966,18 @@ class SessionGenerateResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., completion: _Optional[_Union[Completion, _Mapping]] = ..., weight_version: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., state: _Optional[_Union[SessionState, _Mapping]] = ..., lora_adapter_version: _Optional[str] = ...) -> None: ...
 
 class SessionGenerateStreamRequest(_message.Message):
-    __slots__ = ("session_id", "request_id", "sampling_params", "stream_options")
+    __slots__ = ("session_id", "request_id", "sampling_params", "stream_options", "required_weight_version")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
     STREAM_OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    REQUIRED_WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     request_id: str
     sampling_params: SamplingParams
     stream_options: StreamOptions
-    def __init__(self, session_id: _Optional[str] = ..., request_id: _Optional[str] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ...) -> None: ...
+    required_weight_version: str
+    def __init__(self, session_id: _Optional[str] = ..., request_id: _Optional[str] = ..., sampling_params: _Optional[_Union[SamplingParams, _Mapping]] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ..., required_weight_version: _Optional[str] = ...) -> None: ...
 
 class SessionGenerateStreamResponse(_message.Message):
     __slots__ = ("delta", "state")
