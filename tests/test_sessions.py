@@ -234,6 +234,17 @@ def test_updates_in_the_middle_of_trajectories(admin, gen):
         )
         assert pinned.trajectory() == before
         assert before.pinned_weight_version == old
+        # a turn's own required version: refused streamed or not, before any token
+        for turn in (free.generate, lambda **kw: list(free.generate_stream(**kw))):
+            held = free.trajectory()
+            refused(
+                lambda turn=turn: turn(max_tokens=8, required_weight_version=old, **GREEDY),
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "WRONG_WEIGHT_VERSION",
+            )
+            assert free.trajectory() == held
+        streamed = list(free.generate_stream(max_tokens=4, required_weight_version=new, **GREEDY))
+        assert streamed[-1].delta.weight_version == new
 
 
 def test_a_keep_update_inside_a_turn_tags_each_token_with_its_version(admin, gen):
