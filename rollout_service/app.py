@@ -16,6 +16,7 @@ from rollout_client import delta
 from rollout_service.config import ServerConfig
 from rollout_service.engine.sleep import Sleeper
 from rollout_service.engine.startup import EngineInfo, engine_info, warm_up
+from rollout_service.fairness.share import FairShare, parse_shares
 from rollout_service.gate import AdmissionGate
 from rollout_service.generation.tokenizing import Tokenizing, eos_token_ids, image_placeholder
 from rollout_service.sessions.store import SessionLimits, SessionStore
@@ -45,6 +46,7 @@ class App:
     adapters: Adapters
     sleeper: Sleeper
     session_store: SessionStore
+    fair: FairShare
 
     def close(self) -> None:
         """After the engine has shut down (its workers read the staging
@@ -120,6 +122,13 @@ async def build_app(
                 idle_timeout_seconds=config.session_idle_timeout_seconds,
                 max_model_len=info.limits.max_model_len,
             )
+        ),
+        fair=FairShare(
+            config.fair_share,
+            parse_shares(config.caller_shares),
+            config.max_requests_per_caller,
+            config.engine_seats_per_caller
+            or FairShare.default_seats(engine.vllm_config.scheduler_config.max_num_seqs),
         ),
     )
 

@@ -94,8 +94,23 @@ def main(argv: list[str] | None = None) -> int:
     if config.chat_template and not os.access(config.chat_template, os.R_OK):
         sys.exit(f"rollout-service: --chat-template {config.chat_template}: no readable file")
     from rollout_service.engine.startup import UnsupportedConfig, check_supported
+    from rollout_service.fairness.share import parse_shares
 
+    try:
+        parse_shares(config.caller_shares)
+    except ValueError as e:
+        sys.exit(f"rollout-service: {e}")
     engine_args = _engine_args(args)
+    if config.fair_share:
+        # Fair share is vLLM's priority scheduling with our priorities.
+        if any(a.startswith("--scheduling-policy") for a in argv) and (
+            engine_args.scheduling_policy != "priority"
+        ):
+            sys.exit(
+                "rollout-service: --fair-share needs vLLM's --scheduling-policy priority "
+                "(set by default); pass --no-fair-share to use another policy"
+            )
+        engine_args.scheduling_policy = "priority"
     try:
         check_supported(engine_args)
     except UnsupportedConfig as e:

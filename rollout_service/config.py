@@ -53,6 +53,23 @@ class ServerConfig:
     """RPCs of any kind at once; over it gRPC answers RESOURCE_EXHAUSTED"""
     max_queued_generate: int | None = 4096
     """Generate calls running or waiting at the gate; over it RESOURCE_EXHAUSTED"""
+    # On by default: the cost is a heap instead of a deque in vLLM's waiting
+    # queue (benchmarks/fair_share.py measures it).
+    fair_share: bool = True
+    """serve callers fairly: each generation's engine priority is its caller's generations in
+    flight divided by the caller's share (vLLM's priority scheduling, set with it); off: first
+    come, first served, whoever sent them"""
+    caller_shares: str = ""
+    """weights of callers under --fair-share: comma-separated KEY=N, KEY a role (admin,
+    generate; with auth on) or tenant:NAME (the rollout-tenant metadata), N from 1 to 1000;
+    callers not named have 1"""
+    # Half of --max-queued-generate's default: no one caller takes every place.
+    max_requests_per_caller: int | None = 2048
+    """generations one caller may have in flight at once; past it RESOURCE_EXHAUSTED
+    (CALLER_QUEUE_FULL) with a retry hint"""
+    engine_seats_per_caller: int | None = None
+    """under --fair-share, engine requests one caller may have at once (default: vLLM's
+    max_num_seqs less an eighth, left free so other callers' requests start at once)"""
     # vLLM's own default batch on CPU is 256 sequences: more from one stream
     # would only wait in its queue.
     max_generations_per_stream: int = 256

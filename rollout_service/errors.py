@@ -90,10 +90,13 @@ class RpcError(Exception):
         message: str,
         code: grpc.StatusCode | None = None,
         reason: pb.ErrorReason | None = None,
+        retry_after: float | None = None,
     ) -> None:
         message = bounded(message)
         super().__init__(message)
         self.message = message
+        # Seconds: sent as a google.rpc.RetryInfo (a hint to retry after it).
+        self.retry_after = retry_after
         if code is not None:
             self.code = code
         if reason is not None:
@@ -171,15 +174,27 @@ def reason_name(reason: pb.ErrorReason) -> str:
     return pb.ErrorReason.Name(reason).removeprefix("ERROR_REASON_")
 
 
-def details_trailer(code: grpc.StatusCode, message: str, reason: pb.ErrorReason, violation=None):
+def details_trailer(
+    code: grpc.StatusCode,
+    message: str,
+    reason: pb.ErrorReason,
+    violation=None,
+    retry_after: float | None = None,
+):
     """The `grpc-status-details-bin` trailer: a serialized google.rpc.Status
     with an ErrorInfo (domain rollout.v1, the reason) and, for bad input, a
-    BadRequest field violation. Clients in any language read these with their
-    gRPC status-details helpers."""
-    from google.protobuf import any_pb2
+    BadRequest field violation; with `retry_after`, a RetryInfo. Clients in
+    any language read these with their gRPC status-details helpers."""
+    from google.protobuf import any_pb2, duration_pb2
     from google.rpc import error_details_pb2, status_pb2
 
     details = []
+    if retry_after is not None:
+        retry = any_pb2.Any()
+        delay = duration_pb2.Duration()
+        delay.FromNanoseconds(int(retry_after * 1e9))
+        retry.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
+        details.append(retry)
     if violation is not None:
         field, description = violation
         bad = any_pb2.Any()
@@ -280,5 +295,7 @@ async def abort(context: grpc.aio.ServicerContext, e: Exception, rpc: str) -> No
     await context.abort(
         err.code,
         err.message,
-        trailing_metadata=details_trailer(err.code, err.message, err.reason, violation),
+        trailing_metadata=details_trailer(
+            err.code, err.message, err.reason, violation, err.retry_after
+        ),
     )

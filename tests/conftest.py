@@ -72,7 +72,9 @@ def _start_secure():
     certs = make_certs(tmp)
     tokens = tmp / "tokens"
     tokens.write_text(f"admin:{ADMIN}\ngenerate:{GENERATE}\ngenerate:{GENERATE_B}\n")
-    return ServerProcess("--tokens-file", str(tokens), *server_tls_args(certs)), certs
+    # Fair share's flags: tests/test_fair_share.py floods exactly the cap.
+    fair = ("--max-requests-per-caller", "600", "--caller-shares", "admin=2")
+    return ServerProcess("--tokens-file", str(tokens), *fair, *server_tls_args(certs)), certs
 
 
 def _start_fp32():

@@ -140,6 +140,9 @@ class ConnectionOptions:
     within 20 s. A server with gRPC's default policy (another service, a
     rollout-service older than its keepalive policy) closes a silent call
     pinged like this after a few minutes: pass None there.
+
+    `tenant` names the caller for the server's fair share when auth is off
+    (sent as `rollout-tenant` metadata; docs/operations.md).
     """
 
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
@@ -150,6 +153,9 @@ class ConnectionOptions:
     retries: int = 3
     backoff: float = 0.5
     keepalive_seconds: float | None = DEFAULT_KEEPALIVE_SECONDS
+    # Sent as `rollout-tenant` metadata: who the server's fair share counts
+    # the calls against when auth is off (with auth on, the token decides).
+    tenant: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.retries <= MAX_RETRIES:
@@ -166,7 +172,12 @@ class ConnectionOptions:
             )
 
     def metadata(self) -> tuple[tuple[str, str], ...] | None:
-        return (("authorization", f"Bearer {self.token}"),) if self.token else None
+        pairs = []
+        if self.token:
+            pairs.append(("authorization", f"Bearer {self.token}"))
+        if self.tenant:
+            pairs.append(("rollout-tenant", self.tenant))
+        return tuple(pairs) or None
 
     def credentials(self) -> grpc.ChannelCredentials | None:
         if self.root_certificates is None:

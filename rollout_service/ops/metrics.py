@@ -50,6 +50,20 @@ RUNNING = Gauge("rollout_generate_running", "Generate calls admitted.", registry
 PAUSED = Gauge(
     "rollout_paused", "1 while an update or cache reset holds the gate.", registry=REGISTRY
 )
+# Per caller (fairness/identity.py's labels: a role and a token digest, a
+# tenant, or "connection" for every caller without either).
+CALLER_IN_FLIGHT = Gauge(
+    "rollout_caller_requests_in_flight",
+    "Generations a caller has in flight (waiting, queued in the engine or running).",
+    ("caller",),
+    registry=REGISTRY,
+)
+CALLER_TOKENS = Counter(
+    "rollout_caller_tokens",
+    "Tokens a caller's generations processed.",
+    ("caller", "kind"),
+    registry=REGISTRY,
+)
 WEIGHT_VERSION = Info("rollout_weight", "The served weight version.", registry=REGISTRY)
 UPDATE_BYTES = Counter(
     "rollout_update_bytes", "Tensor bytes received by UpdateWeights.", registry=REGISTRY

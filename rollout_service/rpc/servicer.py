@@ -6,6 +6,7 @@ conversions live in `convert.py`, the update machinery in `updates.py`.
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -19,6 +20,8 @@ from rollout.v1 import rollout_pb2_grpc
 from rollout_service import __version__, vllm_compat
 from rollout_service.app import App
 from rollout_service.errors import FailedPrecondition, InvalidArgument, Unavailable, engine_dead
+from rollout_service.fairness.identity import CallerId, caller_id
+from rollout_service.fairness.share import Slot
 from rollout_service.gate import Ticket
 from rollout_service.generation import convert
 from rollout_service.ops import logs, metrics, tracing
@@ -55,6 +58,7 @@ class RolloutServicer(UpdateRpcs, SessionRpcs, rollout_pb2_grpc.RolloutServiceSe
         self.updater = app.updater
         self.sessions = app.sessions
         self.session_store = app.session_store
+        self.fair = app.fair
         self.engine = cast("AsyncLLM", app.engine)
 
     def _check_ready(self) -> AsyncLLM:
@@ -95,11 +99,12 @@ class RolloutServicer(UpdateRpcs, SessionRpcs, rollout_pb2_grpc.RolloutServiceSe
         return prompt, params
 
     @asynccontextmanager
-    async def _admitted(self, required_version: str = "") -> AsyncIterator[Ticket]:
-        """Admission through the gate, then the degraded and version checks
-        again: calls that waited at the gate while an update failed inside the
-        engine (or installed another version) must not run on it."""
-        async with self.gate.admit() as ticket:
+    async def _admitted(self, slot: Slot, required_version: str = "") -> AsyncIterator[Ticket]:
+        """An engine seat of the caller's (fairness/), admission through the
+        gate, then the degraded and version checks again: calls that waited at
+        the gate while an update failed inside the engine (or installed
+        another version) must not run on it."""
+        async with slot.seat(), self.gate.admit() as ticket:
             self.updater.check_serving()
             if required_version and ticket.version != required_version:
                 raise FailedPrecondition(
@@ -109,10 +114,13 @@ class RolloutServicer(UpdateRpcs, SessionRpcs, rollout_pb2_grpc.RolloutServiceSe
                 )
             yield ticket
 
-    async def _run(self, ticket: Ticket, call: Call, prompt, params, adapter: str) -> AsyncIterator:
-        """Runs the engine request of an admitted call; cancellation of the
-        call (client gone, deadline) aborts it inside AsyncLLM.generate.
-        Nothing runs for a call aborted before it got here."""
+    async def _run(
+        self, ticket: Ticket, call: Call, prompt, params, adapter: str, slot: Slot
+    ) -> AsyncIterator:
+        """Runs the engine request of an admitted call at its slot's priority
+        (fairness/); cancellation of the call (client gone, deadline) aborts
+        it inside AsyncLLM.generate. Nothing runs for a call aborted before
+        it got here."""
         if call.aborted:
             return
         # Resolved after admission: an adapter update that the call waited
@@ -129,6 +137,7 @@ class RolloutServicer(UpdateRpcs, SessionRpcs, rollout_pb2_grpc.RolloutServiceSe
             lora_request=lora,
             # vLLM's llm_request span becomes a child of this RPC's span.
             trace_headers=tracing.headers(),
+            priority=slot.priority,
         ):
             ticket.started = True
             if call.aborted and not out.finished:
@@ -162,12 +171,16 @@ class RolloutServicer(UpdateRpcs, SessionRpcs, rollout_pb2_grpc.RolloutServiceSe
 
     @unary
     async def Generate(self, request, context):
-        request_id, prompt, params = await self._prepare(request, RequestOutputKind.FINAL_ONLY)
-        with self.calls.running(request_id) as call:
-            async with self._admitted(request.required_weight_version) as ticket:
-                final = None
-                async for out in self._run(ticket, call, prompt, params, request.lora_adapter):
-                    final = out
+        self._check_ready()
+        # Counted (and refused past the caller's cap) before any work.
+        with self.fair.slot(caller_id(context)) as slot:
+            request_id, prompt, params = await self._prepare(request, RequestOutputKind.FINAL_ONLY)
+            with self.calls.running(request_id) as call:
+                async with self._admitted(slot, request.required_weight_version) as ticket:
+                    final = None
+                    run = self._run(ticket, call, prompt, params, request.lora_adapter, slot)
+                    async for out in run:
+                        final = out
         if final is None:  # aborted before it reached the engine
             return convert.aborted_response(request_id, params.n, ticket.version)
         top_k = params.logprobs or 0
@@ -175,6 +188,7 @@ class RolloutServicer(UpdateRpcs, SessionRpcs, rollout_pb2_grpc.RolloutServiceSe
         usage = convert.usage_to_proto(final)
         metrics.PROMPT_TOKENS.inc(usage.prompt_tokens)
         metrics.COMPLETION_TOKENS.inc(usage.completion_tokens)
+        slot.count(usage.prompt_tokens, usage.completion_tokens)
         response = pb.GenerateResponse(
             request_id=request_id,
             completions=[
@@ -192,7 +206,7 @@ class RolloutServicer(UpdateRpcs, SessionRpcs, rollout_pb2_grpc.RolloutServiceSe
 
     @streaming
     def GenerateStream(self, request, context):
-        return self._generation(request)
+        return self._generation(request, caller_id(context))
 
     @streaming
     async def GenerateMany(self, requests, context):
@@ -203,13 +217,22 @@ class RolloutServicer(UpdateRpcs, SessionRpcs, rollout_pb2_grpc.RolloutServiceSe
             self.config.max_message_bytes,
             self.info.limits.max_model_len,
         )
-        async for response in many.multiplex(requests, self._generation, limits):
+        generation = functools.partial(self._generation, who=caller_id(context))
+        async for response in many.multiplex(requests, generation, limits):
             yield response
 
-    async def _generation(self, stream_request: pb.GenerateStreamRequest) -> AsyncIterator:
-        """One GenerateStream's messages (GenerateMany runs many of these); a
-        request that cannot run raises at the first step, before anything is
-        started."""
+    async def _generation(
+        self, stream_request: pb.GenerateStreamRequest, who: CallerId
+    ) -> AsyncIterator:
+        """One GenerateStream's messages (GenerateMany runs many of these),
+        counted against its caller (fairness/); a request that cannot run
+        raises at the first step, before anything is started."""
+        self._check_ready()
+        with self.fair.slot(who) as slot:
+            async for message in self._generation_in(stream_request, slot):
+                yield message
+
+    async def _generation_in(self, stream_request: pb.GenerateStreamRequest, slot: Slot):
         request = pb.GenerateRequest.FromString(stream_request.SerializeToString())
         options = stream_request.stream_options
         request_id, prompt, params = await self._prepare(request, RequestOutputKind.DELTA, options)
@@ -219,10 +242,12 @@ class RolloutServicer(UpdateRpcs, SessionRpcs, rollout_pb2_grpc.RolloutServiceSe
         delivered: dict[int, int] = {}  # tokens sent so far, by completion index
         first = True
         with self.calls.running(request_id) as call:
-            async with self._admitted(request.required_weight_version) as ticket:
+            async with self._admitted(slot, request.required_weight_version) as ticket:
                 version = ticket.version
                 t0 = time.perf_counter()
-                async for out in self._run(ticket, call, prompt, params, request.lora_adapter):
+                async for out in self._run(
+                    ticket, call, prompt, params, request.lora_adapter, slot
+                ):
                     if t0:
                         metrics.TTFT.observe(time.perf_counter() - t0)
                         t0 = 0.0
@@ -256,6 +281,7 @@ class RolloutServicer(UpdateRpcs, SessionRpcs, rollout_pb2_grpc.RolloutServiceSe
                         deltas[-1].usage.CopyFrom(usage)
                         metrics.PROMPT_TOKENS.inc(usage.prompt_tokens)
                         metrics.COMPLETION_TOKENS.inc(usage.completion_tokens)
+                        slot.count(usage.prompt_tokens, usage.completion_tokens)
                     for d in deltas:
                         yield d
                 if ticket.engine_id is None:  # aborted before it reached the engine
@@ -361,4 +387,5 @@ class RolloutServicer(UpdateRpcs, SessionRpcs, rollout_pb2_grpc.RolloutServiceSe
             accepts_chunk_batches=True,
             session_limits=self.session_store.limits.to_proto(),
             open_sessions=len(self.session_store),
+            fair_share=self.fair.to_proto(),
         )

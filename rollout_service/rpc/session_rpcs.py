@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.errors import FailedPrecondition, InvalidArgument
+from rollout_service.fairness.identity import CallerId, caller_id
 from rollout_service.generation.convert import EnginePrompt, stream_delta_to_proto
 from rollout_service.ops import logs
 from rollout_service.ops.auth import CALLER
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
 
     from rollout_service.engine.startup import EngineInfo
+    from rollout_service.fairness.share import FairShare, Slot
     from rollout_service.gate import AdmissionGate, Ticket
     from rollout_service.generation.tokenizing import Tokenizing
     from rollout_service.rpc.calls import RunningCalls
@@ -57,14 +59,19 @@ class SessionRpcs:
     updater: WeightUpdater
     adapters: Adapters
     calls: RunningCalls
+    fair: FairShare
 
     def _check_ready(self) -> Any:
         raise NotImplementedError
 
-    def _admitted(self, required_version: str = "") -> AbstractAsyncContextManager[Ticket]:
+    def _admitted(
+        self, slot: Slot, required_version: str = ""
+    ) -> AbstractAsyncContextManager[Ticket]:
         raise NotImplementedError
 
-    def _run(self, ticket: Ticket, call, prompt, params, adapter: str) -> AsyncIterator[Any]:
+    def _run(
+        self, ticket: Ticket, call, prompt, params, adapter: str, slot: Slot
+    ) -> AsyncIterator[Any]:
         raise NotImplementedError
 
     def _delta_spans(self, ticket: Ticket, c, start: int, count: int) -> list[tuple[str, int, int]]:
@@ -100,10 +107,19 @@ class SessionRpcs:
         )
 
     async def _turn(
-        self, request, stream: pb.StreamOptions | None, result: dict[str, Any]
+        self, request, stream: pb.StreamOptions | None, result: dict[str, Any], who: CallerId
     ) -> AsyncIterator[tuple[pb.GenerateStreamResponse, pb.SessionState | None]]:
-        """Runs one turn; yields each delta (with the session's state on the
-        one that finishes it) and leaves the outcome in `result`."""
+        """Runs one turn, counted against its caller as a generation
+        (fairness/); yields each delta (with the session's state on the one
+        that finishes it) and leaves the outcome in `result`."""
+        self._check_ready()
+        with self.fair.slot(who) as slot:
+            async for step in self._turn_in(request, stream, result, slot):
+                yield step
+
+    async def _turn_in(
+        self, request, stream: pb.StreamOptions | None, result: dict[str, Any], slot: Slot
+    ) -> AsyncIterator[tuple[pb.GenerateStreamResponse, pb.SessionState | None]]:
         engine = self._check_ready()
         self.updater.check_serving()
         session = self.session_store.get(request.session_id, CALLER.get())
@@ -133,10 +149,10 @@ class SessionRpcs:
                 session.abort_turn = abort_turn
                 committed = False
                 try:
-                    async with self._admitted(_required(request, session)) as ticket:
+                    async with self._admitted(slot, _required(request, session)) as ticket:
                         result["ticket"] = ticket
                         async for o in self._run(
-                            ticket, call, prompt, plan.params, session.lora_adapter
+                            ticket, call, prompt, plan.params, session.lora_adapter, slot
                         ):
                             out.cached_prompt_tokens = max(
                                 out.cached_prompt_tokens, o.num_cached_tokens or 0
@@ -148,6 +164,7 @@ class SessionRpcs:
                             ]
                             state = None
                             if o.finished:
+                                slot.count(len(plan.prompt_ids), len(out.ids))
                                 committed = True
                                 seg = turns.commit(session, plan, out, ticket.adapter_version)
                                 state = turns.state(session, plan, seg)
@@ -177,7 +194,7 @@ class SessionRpcs:
     async def SessionGenerate(self, request, context):
         result: dict[str, Any] = {}
         state = None
-        async for _, s in self._turn(request, None, result):
+        async for _, s in self._turn(request, None, result, caller_id(context)):
             state = s or state
         plan, out, ticket = result["plan"], result["out"], result["ticket"]
         completion = pb.Completion(
@@ -204,7 +221,7 @@ class SessionRpcs:
     async def SessionGenerateStream(self, request, context):
         result: dict[str, Any] = {}
         options = request.stream_options
-        async for delta, state in self._turn(request, options, result):
+        async for delta, state in self._turn(request, options, result, caller_id(context)):
             if state is not None:
                 plan, out = result["plan"], result["out"]
                 delta.finish_reason = out.final_reason(plan)

@@ -34,6 +34,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_REASON_SESSION_BUSY: _ClassVar[ErrorReason]
     ERROR_REASON_SESSION_BUDGET: _ClassVar[ErrorReason]
     ERROR_REASON_TEMPLATE_NOT_APPEND_ONLY: _ClassVar[ErrorReason]
+    ERROR_REASON_CALLER_QUEUE_FULL: _ClassVar[ErrorReason]
 
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -134,6 +135,7 @@ ERROR_REASON_SESSION_NOT_OWNED: ErrorReason
 ERROR_REASON_SESSION_BUSY: ErrorReason
 ERROR_REASON_SESSION_BUDGET: ErrorReason
 ERROR_REASON_TEMPLATE_NOT_APPEND_ONLY: ErrorReason
+ERROR_REASON_CALLER_QUEUE_FULL: ErrorReason
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -688,7 +690,7 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetServerInfoResponse(_message.Message):
-    __slots__ = ("model", "max_model_len", "vocab_size", "weight_version", "supports_images", "parameters", "max_message_bytes", "recommended_chunk_bytes", "max_update_bytes", "max_logprobs", "server_version", "degraded", "engine_requests", "parameter_groups", "drain_timeout_seconds", "logprobs_mode", "tokenizer", "lora_adapters", "lora_limits", "supports_sleep", "sleeping", "max_generations_per_stream", "max_stream_tokens", "delta_base_version", "delta_base_bytes", "accepts_chunk_batches", "session_limits", "open_sessions")
+    __slots__ = ("model", "max_model_len", "vocab_size", "weight_version", "supports_images", "parameters", "max_message_bytes", "recommended_chunk_bytes", "max_update_bytes", "max_logprobs", "server_version", "degraded", "engine_requests", "parameter_groups", "drain_timeout_seconds", "logprobs_mode", "tokenizer", "lora_adapters", "lora_limits", "supports_sleep", "sleeping", "max_generations_per_stream", "max_stream_tokens", "delta_base_version", "delta_base_bytes", "accepts_chunk_batches", "session_limits", "open_sessions", "fair_share")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -717,6 +719,7 @@ class GetServerInfoResponse(_message.Message):
     ACCEPTS_CHUNK_BATCHES_FIELD_NUMBER: _ClassVar[int]
     SESSION_LIMITS_FIELD_NUMBER: _ClassVar[int]
     OPEN_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    FAIR_SHARE_FIELD_NUMBER: _ClassVar[int]
     model: str
     max_model_len: int
     vocab_size: int
@@ -745,7 +748,39 @@ class GetServerInfoResponse(_message.Message):
     accepts_chunk_batches: bool
     session_limits: SessionLimits
     open_sessions: int
-    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., weight_version: _Optional[str] = ..., supports_images: bool = ..., parameters: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., max_message_bytes: _Optional[int] = ..., recommended_chunk_bytes: _Optional[int] = ..., max_update_bytes: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., server_version: _Optional[str] = ..., degraded: bool = ..., engine_requests: _Optional[int] = ..., parameter_groups: _Optional[_Iterable[_Union[ParameterGroup, _Mapping]]] = ..., drain_timeout_seconds: _Optional[float] = ..., logprobs_mode: _Optional[_Union[LogprobsMode, str]] = ..., tokenizer: _Optional[_Union[TokenizerInfo, _Mapping]] = ..., lora_adapters: _Optional[_Iterable[_Union[LoraAdapter, _Mapping]]] = ..., lora_limits: _Optional[_Union[LoraLimits, _Mapping]] = ..., supports_sleep: bool = ..., sleeping: bool = ..., max_generations_per_stream: _Optional[int] = ..., max_stream_tokens: _Optional[int] = ..., delta_base_version: _Optional[str] = ..., delta_base_bytes: _Optional[int] = ..., accepts_chunk_batches: bool = ..., session_limits: _Optional[_Union[SessionLimits, _Mapping]] = ..., open_sessions: _Optional[int] = ...) -> None: ...
+    fair_share: FairShareInfo
+    def __init__(self, model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., weight_version: _Optional[str] = ..., supports_images: bool = ..., parameters: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., max_message_bytes: _Optional[int] = ..., recommended_chunk_bytes: _Optional[int] = ..., max_update_bytes: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., server_version: _Optional[str] = ..., degraded: bool = ..., engine_requests: _Optional[int] = ..., parameter_groups: _Optional[_Iterable[_Union[ParameterGroup, _Mapping]]] = ..., drain_timeout_seconds: _Optional[float] = ..., logprobs_mode: _Optional[_Union[LogprobsMode, str]] = ..., tokenizer: _Optional[_Union[TokenizerInfo, _Mapping]] = ..., lora_adapters: _Optional[_Iterable[_Union[LoraAdapter, _Mapping]]] = ..., lora_limits: _Optional[_Union[LoraLimits, _Mapping]] = ..., supports_sleep: bool = ..., sleeping: bool = ..., max_generations_per_stream: _Optional[int] = ..., max_stream_tokens: _Optional[int] = ..., delta_base_version: _Optional[str] = ..., delta_base_bytes: _Optional[int] = ..., accepts_chunk_batches: bool = ..., session_limits: _Optional[_Union[SessionLimits, _Mapping]] = ..., open_sessions: _Optional[int] = ..., fair_share: _Optional[_Union[FairShareInfo, _Mapping]] = ...) -> None: ...
+
+class FairShareInfo(_message.Message):
+    __slots__ = ("enabled", "shares", "max_requests_per_caller", "callers", "engine_seats_per_caller")
+    class SharesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    SHARES_FIELD_NUMBER: _ClassVar[int]
+    MAX_REQUESTS_PER_CALLER_FIELD_NUMBER: _ClassVar[int]
+    CALLERS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_SEATS_PER_CALLER_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    shares: _containers.ScalarMap[str, int]
+    max_requests_per_caller: int
+    callers: _containers.RepeatedCompositeFieldContainer[CallerLoad]
+    engine_seats_per_caller: int
+    def __init__(self, enabled: bool = ..., shares: _Optional[_Mapping[str, int]] = ..., max_requests_per_caller: _Optional[int] = ..., callers: _Optional[_Iterable[_Union[CallerLoad, _Mapping]]] = ..., engine_seats_per_caller: _Optional[int] = ...) -> None: ...
+
+class CallerLoad(_message.Message):
+    __slots__ = ("caller", "share", "in_flight")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    caller: str
+    share: int
+    in_flight: int
+    def __init__(self, caller: _Optional[str] = ..., share: _Optional[int] = ..., in_flight: _Optional[int] = ...) -> None: ...
 
 class SessionLimits(_message.Message):
     __slots__ = ("max_sessions", "max_sessions_per_caller", "max_session_tokens", "bytes_per_held_token", "idle_timeout_seconds", "max_total_tokens", "max_segments", "bytes_per_segment")

@@ -1,0 +1,96 @@
+"""The noisy-neighbour scenario of fair sharing, for tests and benchmarks.
+
+Caller A submits `flood` unary Generate calls at once (`flood_tokens` each,
+`ignore_eos`); `delay` seconds later caller B sends one greedy
+`probe_tokens`-token call. B's latency is compared with its idle latency
+(the same call on the idle server, the median of `idle_probes`), measured in
+the same run. Callers are told apart by their clients' `token`s (auth on) or,
+with auth off, by their `tenant`s (RolloutClient options).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollout_client import AsyncRolloutClient
+
+
+def client(target: str, options: dict[str, Any]) -> AsyncRolloutClient:
+    """A caller's client: `options` are RolloutClient's (token, tenant, TLS)."""
+    return AsyncRolloutClient(target, **{"timeout": 600, "retries": 0, **options})
+
+
+@dataclass
+class Outcome:
+    idle_seconds: list[float]
+    probe_seconds: float
+    flood_ok: int
+    flood_failed: list[str] = field(default_factory=list)
+    flood_seconds: float = 0.0
+    flood_tokens: int = 0
+
+    @property
+    def idle(self) -> float:
+        return statistics.median(self.idle_seconds)
+
+    @property
+    def ratio(self) -> float:
+        return self.probe_seconds / self.idle
+
+
+PROBE_PROMPT = [11, 12, 13, 14, 15, 16, 17, 18]
+
+
+async def _probe(client: AsyncRolloutClient, tokens: int) -> float:
+    t0 = time.perf_counter()
+    r = await client.generate(
+        prompt_token_ids=PROBE_PROMPT, max_tokens=tokens, ignore_eos=True, temperature=0.0
+    )
+    assert len(r.completions[0].token_ids) == tokens
+    return time.perf_counter() - t0
+
+
+async def run(
+    target: str,
+    a: dict[str, Any],
+    b: dict[str, Any],
+    *,
+    flood: int = 600,
+    flood_tokens: int = 256,
+    probe_tokens: int = 16,
+    delay: float = 3.0,
+    idle_probes: int = 5,
+    meanwhile: Callable[[AsyncRolloutClient], Awaitable[None]] | None = None,
+) -> Outcome:
+    """The scenario; `meanwhile(a's client)` runs beside it from the moment
+    the flood is sent (a test's checks of the server under the flood)."""
+    async with client(target, a) as ca, client(target, b) as cb:
+        await _probe(cb, probe_tokens)  # warm
+        idle = [await _probe(cb, probe_tokens) for _ in range(idle_probes)]
+
+        async def one(i: int) -> int:
+            r = await ca.generate(
+                prompt_token_ids=[20 + i % 400, 21, 22, 23],
+                max_tokens=flood_tokens,
+                ignore_eos=True,
+                temperature=1.0,
+            )
+            return len(r.completions[0].token_ids)
+
+        t0 = time.perf_counter()
+        tasks = [asyncio.ensure_future(one(i)) for i in range(flood)]
+        checks = asyncio.ensure_future(meanwhile(ca)) if meanwhile is not None else None
+        await asyncio.sleep(delay)
+        probe = await _probe(cb, probe_tokens)
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        if checks is not None:
+            await checks
+        seconds = time.perf_counter() - t0
+    failed = [str(r) for r in results if isinstance(r, BaseException)]
+    tokens = sum(r for r in results if isinstance(r, int))
+    return Outcome(idle, probe, flood - len(failed), failed, seconds, tokens)
