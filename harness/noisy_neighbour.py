@@ -46,7 +46,8 @@ class Outcome:
 PROBE_PROMPT = [11, 12, 13, 14, 15, 16, 17, 18]
 
 
-async def _probe(client: AsyncRolloutClient, tokens: int) -> float:
+async def probe(client: AsyncRolloutClient, tokens: int = 16) -> float:
+    """Seconds of one greedy `tokens`-token call (B's)."""
     t0 = time.perf_counter()
     r = await client.generate(
         prompt_token_ids=PROBE_PROMPT, max_tokens=tokens, ignore_eos=True, temperature=0.0
@@ -55,12 +56,28 @@ async def _probe(client: AsyncRolloutClient, tokens: int) -> float:
     return time.perf_counter() - t0
 
 
+def flood(client: AsyncRolloutClient, n: int = 600, tokens: int = 256) -> asyncio.Future:
+    """`n` unary calls of `tokens` sampled tokens each, sent at once (A's):
+    a future of their results (token counts, or the exceptions)."""
+
+    async def one(i: int) -> int:
+        r = await client.generate(
+            prompt_token_ids=[20 + i % 400, 21, 22, 23],
+            max_tokens=tokens,
+            ignore_eos=True,
+            temperature=1.0,
+        )
+        return len(r.completions[0].token_ids)
+
+    return asyncio.gather(*(one(i) for i in range(n)), return_exceptions=True)
+
+
 async def run(
     target: str,
     a: dict[str, Any],
     b: dict[str, Any],
     *,
-    flood: int = 600,
+    flood_calls: int = 600,
     flood_tokens: int = 256,
     probe_tokens: int = 16,
     delay: float = 3.0,
@@ -70,27 +87,17 @@ async def run(
     """The scenario; `meanwhile(a's client)` runs beside it from the moment
     the flood is sent (a test's checks of the server under the flood)."""
     async with client(target, a) as ca, client(target, b) as cb:
-        await _probe(cb, probe_tokens)  # warm
-        idle = [await _probe(cb, probe_tokens) for _ in range(idle_probes)]
-
-        async def one(i: int) -> int:
-            r = await ca.generate(
-                prompt_token_ids=[20 + i % 400, 21, 22, 23],
-                max_tokens=flood_tokens,
-                ignore_eos=True,
-                temperature=1.0,
-            )
-            return len(r.completions[0].token_ids)
-
+        await probe(cb, probe_tokens)  # warm
+        idle = [await probe(cb, probe_tokens) for _ in range(idle_probes)]
         t0 = time.perf_counter()
-        tasks = [asyncio.ensure_future(one(i)) for i in range(flood)]
+        flooding = flood(ca, flood_calls, flood_tokens)
         checks = asyncio.ensure_future(meanwhile(ca)) if meanwhile is not None else None
         await asyncio.sleep(delay)
-        probe = await _probe(cb, probe_tokens)
-        results = await asyncio.gather(*tasks, return_exceptions=True)
+        behind = await probe(cb, probe_tokens)
+        results = await flooding
         if checks is not None:
             await checks
         seconds = time.perf_counter() - t0
     failed = [str(r) for r in results if isinstance(r, BaseException)]
     tokens = sum(r for r in results if isinstance(r, int))
-    return Outcome(idle, probe, flood - len(failed), failed, seconds, tokens)
+    return Outcome(idle, behind, flood_calls - len(failed), failed, seconds, tokens)

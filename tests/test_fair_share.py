@@ -50,7 +50,7 @@ def test_a_flooding_caller_does_not_starve_another_and_is_capped(shared_secure):
             shared_secure.proc.target,
             {"token": GENERATE, **tls},
             {"token": GENERATE_B, **tls},
-            flood=FLOOD,
+            flood_calls=FLOOD,
             meanwhile=under_the_flood,
         )
     )
