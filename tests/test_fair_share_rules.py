@@ -138,3 +138,32 @@ def test_a_bad_tenant_is_refused_naming_the_metadata(value):
     with pytest.raises(InvalidArgument) as refused:
         tenant_of((("rollout-tenant", value),))
     assert refused.value.field == "metadata rollout-tenant"
+
+
+def test_a_call_that_fails_or_is_cancelled_gives_its_place_back():
+    async def main():
+        fair = FairShare(True, {}, 1, seats=1)
+
+        async def hold(who: CallerId, ready: asyncio.Event) -> None:
+            with fair.slot(who) as slot:
+                async with slot.seat():
+                    ready.set()
+                    await asyncio.sleep(60)
+
+        ready = asyncio.Event()
+        held = asyncio.ensure_future(hold(A, ready))
+        await ready.wait()
+        with pytest.raises(ResourceExhausted):
+            await hold(A, asyncio.Event())
+        held.cancel()  # its client went away
+        with pytest.raises(asyncio.CancelledError):
+            await held
+        with pytest.raises(RuntimeError), fair.slot(A):
+            raise RuntimeError("the engine failed it")
+        again = asyncio.Event()
+        task = asyncio.ensure_future(hold(A, again))
+        await asyncio.wait_for(again.wait(), 5)  # the cap and the seat are free
+        task.cancel()
+        assert fair.callers["token:a"].in_flight == 1
+
+    asyncio.run(main())

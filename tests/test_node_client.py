@@ -195,10 +195,13 @@ class FakeRollout(rollout_pb2_grpc.RolloutServiceServicer):
         self.attempts: dict[str, list[dict]] = {}
 
     def _attempt(self, name: str, context, fail: bool = True, **seen) -> int:
-        auth = dict(context.invocation_metadata()).get("authorization")
+        metadata = dict(context.invocation_metadata())
+        auth, tenant = metadata.get("authorization"), metadata.get("rollout-tenant")
         with self.lock:
             calls = self.attempts.setdefault(name, [])
-            calls.append({"time": time.monotonic(), "authorization": auth, **seen})
+            calls.append(
+                {"time": time.monotonic(), "authorization": auth, "tenant": tenant, **seen}
+            )
             n = len(calls)
         if fail and n <= self.fail_first:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"{name}: attempt {n} fails")
@@ -246,7 +249,8 @@ const fs = require("node:fs");
 const {{ RolloutClient }} = require({PACKAGE!r});
 const cfg = JSON.parse(process.argv[2]);
 const client = new RolloutClient(cfg.target, {{
-  retries: cfg.retries, backoffMs: cfg.backoffMs, token: cfg.token, timeoutMs: 20000,
+  retries: cfg.retries, backoffMs: cfg.backoffMs, token: cfg.token, tenant: cfg.tenant,
+  timeoutMs: 20000,
   rootCertificates: cfg.ca ? fs.readFileSync(cfg.ca) : undefined,
 }});
 const outcome = async (f) => {{
@@ -301,7 +305,9 @@ def test_packed_client_retries_unavailable_and_sends_the_token(packed, certs, tl
     fake, server, target = _fake_server(fail_first=2, certs=certs if tls else None)
     try:
         ca = str(certs["ca"]) if tls else None
-        out = _probe(packed, target=target, retries=3, backoffMs=backoff_ms, token="tok", ca=ca)
+        out = _probe(
+            packed, target=target, retries=3, backoffMs=backoff_ms, token="tok", tenant="t", ca=ca
+        )
     finally:
         server.stop(0)
 
@@ -333,6 +339,8 @@ def test_packed_client_retries_unavailable_and_sends_the_token(packed, certs, tl
     # The bearer token on every attempt of every call.
     auth = {a["authorization"] for calls in fake.attempts.values() for a in calls}
     assert auth == {"Bearer tok"}
+    # ... and the tenant (the server's fair share, docs/operations.md).
+    assert {a["tenant"] for calls in fake.attempts.values() for a in calls} == {"t"}
 
 
 def test_packed_client_without_retries_or_without_the_ca(packed, certs):
@@ -345,6 +353,7 @@ def test_packed_client_without_retries_or_without_the_ca(packed, certs):
         assert out[key]["error"] == "UNAVAILABLE", out
         assert len(fake.attempts[name]) == 1
     assert {a["authorization"] for calls in fake.attempts.values() for a in calls} == {None}
+    assert {a["tenant"] for calls in fake.attempts.values() for a in calls} == {None}
 
     # A TLS server whose CA the client was not given: the handshake fails.
     fake, server, target = _fake_server(fail_first=0, certs=certs)

@@ -188,6 +188,9 @@ export interface ClientOptions {
   protoPath?: string;
   /** Sent as `authorization: Bearer <token>` metadata on every call (health checks too). */
   token?: string;
+  /** Sent as `rollout-tenant` metadata: who the server's fair share counts the
+   * calls against when auth is off (with auth on, the token decides). */
+  tenant?: string;
   /** PEM CA certificate(s) of the server's certificate: connect with TLS. */
   rootCertificates?: Uint8Array;
   /** PEM client certificate, for mutual TLS (with privateKey). */
@@ -256,16 +259,20 @@ export function channelCredentials(opts: ClientOptions): grpc.ChannelCredentials
   return grpc.credentials.createSsl(buf(rootCertificates), buf(privateKey), buf(certificateChain));
 }
 
-/** An interceptor that adds `authorization: Bearer <token>` to every call. */
-export function bearerTokenInterceptor(token: string): grpc.Interceptor {
-  const value = `Bearer ${token}`;
+/** An interceptor that adds `key: value` metadata to every call. */
+function metadataInterceptor(key: string, value: string): grpc.Interceptor {
   return (options, nextCall) =>
     new grpc.InterceptingCall(nextCall(options), {
       start(metadata, listener, next) {
-        metadata.set("authorization", value);
+        metadata.set(key, value);
         next(metadata, listener);
       },
     });
+}
+
+/** An interceptor that adds `authorization: Bearer <token>` to every call. */
+export function bearerTokenInterceptor(token: string): grpc.Interceptor {
+  return metadataInterceptor("authorization", `Bearer ${token}`);
 }
 
 /** One tensor of an update: checkpoint-format name, dtype, shape and its
@@ -317,6 +324,7 @@ export class RolloutClient {
     };
     const credentials = channelCredentials(opts);
     const interceptors = opts.token ? [bearerTokenInterceptor(opts.token)] : [];
+    if (opts.tenant) interceptors.push(metadataInterceptor("rollout-tenant", opts.tenant));
 
     const rollout = grpc.loadPackageDefinition(
       protoLoader.loadSync(protoPath, {
