@@ -24,10 +24,10 @@ from pathlib import Path
 # (component, substrings of a frame), the first match wins, from the
 # innermost frame out.
 COMPONENTS = [
-    ("protobuf building (our conversion)", ("rollout_service/convert.py",)),
+    ("protobuf building (our conversion)", ("rollout_service/generation/convert.py",)),
     ("protobuf (other)", ("google/protobuf",)),
     ("metrics (prometheus, vLLM stat loggers)", ("prometheus_client", "vllm/v1/metrics")),
-    ("logging and tracing", ("logging/", "opentelemetry", "rollout_service/tracing.py")),
+    ("logging and tracing", ("logging/", "opentelemetry", "rollout_service/ops/tracing.py")),
     ("admission gate", ("rollout_service/gate.py",)),
     (
         "vLLM output processing (detokenizer, logprobs)",

@@ -19,7 +19,8 @@ from rollout_service.ops.shapes import make_handler
 
 class Malformed:
     """Stands in for a request whose bytes did not parse, so that the error
-    policy answers INVALID_ARGUMENT instead of gRPC's UNKNOWN."""
+    policy answers INVALID_ARGUMENT instead of gRPC's UNKNOWN. It never gets
+    past `_parsed`: no RPC sees one."""
 
     def __init__(self, message_type: str, error: Exception) -> None:
         self.message_type = message_type
@@ -116,15 +117,31 @@ async def _policy(ending: Ending, context, rpc: str) -> AsyncIterator[None]:
         ending.tasks.discard(task)
 
 
+def _parsed(request):
+    """The request, or for a client-streaming RPC its messages, as parsed
+    messages: the one place a Malformed one becomes INVALID_ARGUMENT (the
+    call ends; for a stream, at the message that did not parse)."""
+    if isinstance(request, Malformed):
+        request.fail()
+    if hasattr(request, "__aiter__"):
+        return _parsed_messages(request)
+    return request
+
+
+async def _parsed_messages(messages) -> AsyncIterator:
+    async for message in messages:
+        if isinstance(message, Malformed):
+            message.fail()
+        yield message
+
+
 def unary(method):
     """Applies the error policy to a unary-response RPC."""
 
     @functools.wraps(method)
     async def wrapper(self, request, context):
         async with _policy(self.ending, context, method.__name__):
-            if isinstance(request, Malformed):
-                request.fail()
-            return await method(self, request, context)
+            return await method(self, _parsed(request), context)
 
     return wrapper
 
@@ -136,9 +153,7 @@ def streaming(method):
     @functools.wraps(method)
     async def wrapper(self, request, context):
         async with _policy(self.ending, context, method.__name__):
-            if isinstance(request, Malformed):
-                request.fail()
-            async for item in method(self, request, context):
+            async for item in method(self, _parsed(request), context):
                 yield item
 
     return wrapper

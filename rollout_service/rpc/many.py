@@ -37,7 +37,6 @@ from dataclasses import dataclass
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.errors import InvalidArgument, as_rpc_error
-from rollout_service.rpc.handlers import Malformed
 
 _END = object()  # every generation has ended and the client has half-closed
 
@@ -151,8 +150,6 @@ class _Stream:
         rules ends the whole call (the writer raises what it finds)."""
         try:
             async for message in requests:
-                if isinstance(message, Malformed):
-                    message.fail()
                 request = message.request
                 rid = request.request_id
                 if not rid:

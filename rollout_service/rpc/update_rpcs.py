@@ -1,6 +1,6 @@
 """The RPCs that change weights or caches: UpdateWeights, the staged update
 (BeginUpdate, UploadChunks, GetUpdateStatus, CommitUpdate, AbortUpdate) and
-ResetCaches. Receiving is update_sessions.py's, applying updates.py's."""
+ResetCaches. Receiving is update/sessions.py's, applying update/updates.py's."""
 
 from __future__ import annotations
 
@@ -52,8 +52,6 @@ class UpdateRpcs:
         received = 0
         session = None
         async for msg in request_iterator:
-            if hasattr(msg, "fail"):  # rpc_handlers.Malformed
-                msg.fail()
             if session is None or msg.update_id != session.id:
                 session = self.sessions.get(msg.update_id)
             received += self.sessions.upload(session, msg)

@@ -270,8 +270,6 @@ class UpdateSessions:
             async with asyncio.timeout(None) as idle:
                 async for msg in messages:
                     idle.reschedule(loop.time() + self.idle_timeout_seconds)
-                    if hasattr(msg, "fail"):  # rpc_handlers.Malformed: bytes that did not parse
-                        msg.fail()
                     if session is None:
                         kind = "chunk" if isinstance(msg, RawChunk) else msg.WhichOneof("kind")
                         if kind != "begin":

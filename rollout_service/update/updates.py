@@ -18,14 +18,14 @@ is shielded from cancellation) is recognised when the client retries the
 same version with the same tensors and bytes, and answered with the
 original acknowledgement instead of "already the served version". A retry
 that arrives while the original is still applying waits for it first
-(update_sessions.py), then is recognised the same way.
+(update/sessions.py), then is recognised the same way.
 
 Deltas (UpdateWeightsBegin.base_version) are decoded into the staging
 region's slots just before the quiesce, and undone if anything after fails
 (delta_base.py): a failed delta leaves the base as it was.
 
 Receiving (one UpdateWeights stream, or a staged update's uploads) is
-update_sessions.py's; this module takes a complete update from there.
+update/sessions.py's; this module takes a complete update from there.
 """
 
 from __future__ import annotations
@@ -249,7 +249,7 @@ class WeightUpdater:
 
     async def _apply(self, staged: StagedUpdate, receive_s: float) -> pb.UpdateWeightsResponse:
         # The region is this update's until it ends (one at a time,
-        # update_sessions.py). Its content is read beside the apply, off its
+        # update/sessions.py). Its content is read beside the apply, off its
         # critical path (crc32c releases the GIL); awaited before the region
         # is written again.
         self._last = None

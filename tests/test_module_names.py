@@ -1,0 +1,72 @@
+"""Comments and docs name modules that exist: a file named in our code or
+docs as `name.py` or `dir/name.py` is a file of the repository (a rename that
+left its old name behind in a comment fails here). Paths into other projects
+(vllm/..., asyncio/...) are not ours and not checked; the few bare names of
+other projects' modules are listed in EXTERNAL."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# Where our comments and docs are.
+ROOTS = ("rollout_service/", "client/rollout_client/", "harness/", "benchmarks/", "docs/", "tests/")
+ROOT_FILES = ("README.md", "BENCHMARKS.md", "examples/agent_loop.py", "examples/grpo_loop.py")
+# Other projects' module files named bare: TRL's trainer, the standard library.
+EXTERNAL = {"grpo_trainer.py", "selectors.py", "threading.py"}
+# Names that tests write into files of their own (tests/test_layout.py, test_orphans.py).
+WRITTEN_BY_TESTS = {"x.py", "test_a.py", "middle.py", "tests/test_a.py", "tests/support/x.py"}
+# A record of the past: it names modules as they were then.
+HISTORY = {"docs/bench/history.md"}
+NAMED = re.compile(r"(?<![\w/.-])((?:[A-Za-z_][\w-]*/)*[A-Za-z_]\w*\.py)\b")
+
+
+def _files() -> list[str]:
+    out = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
+def unknown(text: str, where: str, files: list[str]) -> list[str]:
+    """The module files `text` (from the file `where`) names that do not exist."""
+    basenames = {Path(f).name for f in files}
+    dirs = {p for f in files for p in map(str, Path(f).parents)} - {"."}
+    dir_names = {Path(d).name for d in dirs}
+    here = Path(where).parent
+    found = []
+    for ref in NAMED.findall(text):
+        parts = ref.split("/")
+        if len(parts) == 1:
+            ok = ref in basenames or ref in EXTERNAL | WRITTEN_BY_TESTS
+        elif parts[0] not in dir_names:
+            ok = True  # another project's path (vllm/..., asyncio/...)
+        else:
+            candidates = [Path(ref), here / ref, Path("rollout_service") / ref]
+            candidates += [Path("client/rollout_client") / ref, Path("client") / ref]
+            ok = any(str(c) in files for c in candidates) or ref in WRITTEN_BY_TESTS
+            ok = ok or any(f.endswith("/" + ref) for f in files)
+        if not ok:
+            found.append(f"{where}: {ref}")
+    return found
+
+
+def test_every_module_our_comments_and_docs_name_exists():
+    files = _files()
+    found = []
+    for f in files:
+        ours = (f.startswith(ROOTS) or f in ROOT_FILES) and f not in HISTORY
+        if ours and f.endswith((".py", ".md")):
+            found += unknown((REPO / f).read_text(errors="ignore"), f, files)
+    assert not found, "named but not in the repository:\n" + "\n".join(sorted(set(found)))
+
+
+def test_a_stale_name_is_caught():
+    files = _files()
+    where = "rollout_service/rpc/update_rpcs.py"
+    assert unknown("Receiving is update_sessions.py's", where, files) == [
+        f"{where}: update_sessions.py"
+    ]
+    assert unknown("Receiving is update/sessions.py's", where, files) == []
+    assert unknown("see rollout_service/updates.py", where, files)
+    assert unknown("vllm/v1/engine/async_llm.py", where, files) == []
