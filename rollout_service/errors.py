@@ -181,12 +181,13 @@ def details_trailer(
     violation=None,
     retry_after: float | None = None,
 ):
-    """The `grpc-status-details-bin` trailer: a serialized google.rpc.Status
+    """The `grpc-status-details-bin` trailer (grpcio-status packs it): a google.rpc.Status
     with an ErrorInfo (domain rollout.v1, the reason) and, for bad input, a
     BadRequest field violation; with `retry_after`, a RetryInfo. Clients in
     any language read these with their gRPC status-details helpers."""
     from google.protobuf import any_pb2, duration_pb2
     from google.rpc import error_details_pb2, status_pb2
+    from grpc_status import rpc_status
 
     details = []
     if retry_after is not None:
@@ -212,7 +213,7 @@ def details_trailer(
     info.Pack(error_details_pb2.ErrorInfo(reason=reason_name(reason), domain="rollout.v1"))
     details.append(info)
     status = status_pb2.Status(code=code.value[0], message=message, details=details)
-    return (("grpc-status-details-bin", status.SerializeToString()),)
+    return rpc_status.to_status(status).trailing_metadata
 
 
 # vLLM names the prompt after its OpenAI-shaped requests; ours has two fields.
