@@ -98,7 +98,7 @@ class Side:
         elif kind == "thin":
             self.server = compare.ThinServer(args)
         elif kind == "serve":
-            from rollout_service.tiny_models import ensure_model
+            from rollout_service.engine.tiny_models import ensure_model
 
             self.server = compare.VllmServe(ensure_model(compare.MODEL))
 
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--sides wants two or more of {', '.join(KINDS)}")
     labels = list(string.ascii_uppercase[: len(kinds)])
     envs = side_envs(args.env, labels)
-    from rollout_service.tiny_models import ensure_model
+    from rollout_service.engine.tiny_models import ensure_model
 
     vocab = compare.model_vocab(ensure_model(compare.MODEL))
     sides: list[Side] = []

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from rollout_service.tiny_models import ensure_model
+from rollout_service.engine.tiny_models import ensure_model
 
 BIG = dict(
     hidden_size=1024,

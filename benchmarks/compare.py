@@ -655,7 +655,7 @@ def median_rows(rounds: list[list[dict]]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from rollout_service.tiny_models import ensure_model
+    from rollout_service.engine.tiny_models import ensure_model
 
     model_dir = ensure_model(MODEL)
     only = args.only.split(",")

@@ -350,7 +350,7 @@ def main() -> None:
     p.add_argument("--report", type=Path, help="write every step's figures here as JSON")
     args = p.parse_args()
     if args.model is None:
-        from rollout_service.tiny_models import ensure_model
+        from rollout_service.engine.tiny_models import ensure_model
 
         args.model = str(ensure_model("tiny-qwen2"))
     torch.manual_seed(0)

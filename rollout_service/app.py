@@ -19,8 +19,8 @@ from rollout_service.engine.startup import EngineInfo, engine_info, warm_up
 from rollout_service.fairness.share import FairShare, parse_shares
 from rollout_service.gate import AdmissionGate
 from rollout_service.generation.tokenizing import Tokenizing, eos_token_ids, image_placeholder
+from rollout_service.handoff.region import StagingRegion
 from rollout_service.sessions.store import SessionLimits, SessionStore
-from rollout_service.staging import StagingRegion
 from rollout_service.update.lora import Adapters
 from rollout_service.update.reservation import region_bytes
 from rollout_service.update.sessions import UpdateSessions

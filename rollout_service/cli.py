@@ -61,7 +61,7 @@ def _top_parser():
 def _engine_args(args):
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    from rollout_service.tiny_models import ensure_model
+    from rollout_service.engine.tiny_models import ensure_model
 
     if args.model is None:
         args.model = "tiny-qwen2"

@@ -191,7 +191,7 @@ def _tensor_bytes(t: torch.Tensor) -> bytes:
 def _checkpoint_tensor(name: str) -> torch.Tensor:
     from safetensors import safe_open
 
-    from rollout_service.tiny_models import ensure_model
+    from rollout_service.engine.tiny_models import ensure_model
 
     for f in sorted(ensure_model("tiny-qwen2").glob("*.safetensors")):
         with safe_open(f, "pt") as st:

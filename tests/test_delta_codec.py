@@ -250,7 +250,7 @@ def test_the_incoming_region_grows_with_a_quarter_to_spare():
 
 def test_a_delta_that_does_not_fit_in_dev_shm_is_resource_exhausted(monkeypatch):
     from rollout_service.errors import ResourceExhausted
-    from rollout_service.staging import StagingSpaceError
+    from rollout_service.handoff.region import StagingSpaceError
 
     asm = assembler()
 
@@ -314,7 +314,7 @@ def test_the_clients_record_is_bounded_and_what_does_not_fit_goes_raw():
 
 @pytest.fixture(params=[1, 2], ids=["one-decode-thread", "two-decode-threads"])
 def base(request):
-    from rollout_service.staging import StagingRegion
+    from rollout_service.handoff.region import StagingRegion
     from rollout_service.update.delta_base import DeltaBase
 
     manifest = {n: pb.TensorSpec(name=n, dtype=pb.D_TYPE_BFLOAT16, shape=[4096]) for n in "ab"}

@@ -80,7 +80,7 @@ def fleet(server, replica2, fresh_output):
 
 @pytest.fixture(scope="module")
 def initial_checkpoint():
-    from rollout_service.tiny_models import ensure_model
+    from rollout_service.engine.tiny_models import ensure_model
 
     return str(ensure_model("tiny-qwen2"))
 
@@ -152,7 +152,7 @@ def test_after_a_fleet_update_every_replica_equals_a_fresh_engine(
 ):
     from safetensors.torch import load_file
 
-    from rollout_service.tiny_models import ensure_model
+    from rollout_service.engine.tiny_models import ensure_model
 
     initial = {}
     for f in sorted(ensure_model("tiny-qwen2").glob("*.safetensors")):

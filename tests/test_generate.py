@@ -62,7 +62,7 @@ def test_stream_equals_unary(client):
 def test_text_and_token_ids_agree(client):
     from transformers import AutoTokenizer
 
-    from rollout_service.tiny_models import ensure_model
+    from rollout_service.engine.tiny_models import ensure_model
 
     ids = AutoTokenizer.from_pretrained(ensure_model("tiny-qwen2")).encode(PROMPT)
     by_text = greedy(client).completions[0]

@@ -14,7 +14,6 @@ import torch
 from google.rpc import error_details_pb2
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service import json_input
 from rollout_service.errors import (
     MAX_MESSAGE_BYTES,
     InvalidArgument,
@@ -22,8 +21,9 @@ from rollout_service.errors import (
     bounded,
     short_repr,
 )
+from rollout_service.generation import json_input
 from rollout_service.generation.structured import structured_outputs_from_proto
-from rollout_service.staged import StagedTensor
+from rollout_service.handoff.staged_tensor import StagedTensor
 from rollout_service.update.lora import Adapters
 from rollout_service.update.lora_config import check_name, peft_config
 from tests.support.aborts import aborted

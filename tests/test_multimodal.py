@@ -10,7 +10,7 @@ from PIL import Image
 
 from harness.weights_util import checkpoint_tensors, random_weights, version
 from rollout_client import RolloutClient, RolloutError
-from rollout_service.tiny_models import ensure_model
+from rollout_service.engine.tiny_models import ensure_model
 
 PROMPT = "<image> Describe the picture in one sentence."
 

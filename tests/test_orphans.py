@@ -16,8 +16,8 @@ import time
 import psutil
 import pytest
 
-from rollout_service import parent_watch
-from rollout_service.staging import remove_stale_segments
+from rollout_service.engine import parent_watch
+from rollout_service.handoff.region import remove_stale_segments
 
 # Engine core: SIGTERM at once, os._exit at the latest parent_watch's grace
 # later; its workers the same after it. Well under this on an idle machine.
@@ -39,7 +39,7 @@ def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
 # (CUDA initialised, for one); the watcher reaches them by different paths.
 # A real server here covers both: its engine core is spawned (vLLM's CPU
 # platform sets VLLM_WORKER_MULTIPROC_METHOD=spawn while it builds the
-# config) and forks its worker (rollout_service.worker_fork). The stand-in
+# config) and forks its worker (rollout_service.engine.worker_fork). The stand-in
 # parent below covers each path alone
 # (test_a_child_ends_at_once_when_its_parent_is_killed).
 
@@ -73,7 +73,7 @@ def test_sigkilled_server_leaves_no_engine_processes(own_server):
 MIDDLE = textwrap.dedent(
     """
     import multiprocessing, signal, sys, time
-    from rollout_service import parent_watch
+    from rollout_service.engine import parent_watch
 
     def child(ignore_sigterm):
         parent_watch.start_in_spawned_child()  # what the plugin hook does

@@ -55,7 +55,7 @@ def test_a_tp2_replica_updates_and_returns_exactly_to_a_fresh_engines_output(tp2
         fresh = greedy(c)[1:]  # the engine as started, on the embedded checkpoint
         from safetensors.torch import load_file
 
-        from rollout_service.tiny_models import ensure_model
+        from rollout_service.engine.tiny_models import ensure_model
 
         initial = {}
         for f in sorted(ensure_model("tiny-qwen2").glob("*.safetensors")):

@@ -15,7 +15,7 @@ from harness.serverproc import free_port
 from harness.weights_util import random_weights, version
 from rollout.v1 import rollout_pb2_grpc
 from rollout_client import AsyncRolloutClient, ManifestMismatch, RolloutClient, RolloutError, pb
-from rollout_service.tiny_models import ensure_model
+from rollout_service.engine.tiny_models import ensure_model
 
 
 def test_async_client_has_the_same_surface(server, info):

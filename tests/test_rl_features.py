@@ -13,7 +13,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from rollout_client import pb
-from rollout_service.tiny_models import ensure_model
+from rollout_service.engine.tiny_models import ensure_model
 from tests.support.refusals import refused
 from tests.support.structured import constrained
 

@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 from harness.weights_util import random_weights, version
 from rollout_client import RolloutClient, RolloutError, pb
 from rollout_client.sessions import Session, loss_mask
-from rollout_service.tiny_models import ensure_model
+from rollout_service.engine.tiny_models import ensure_model
 from tests.support import sessions as setup
 from tests.support.tokens import ADMIN, GENERATE, GENERATE_B
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from harness.serverproc import TEST_ENGINE_ENV, free_port
-from rollout_service import staging
-from rollout_service.staging import (
+from rollout_service.handoff import region as staging
+from rollout_service.handoff.region import (
     PREFIX,
     SegmentReader,
     StagingRegion,
@@ -65,7 +65,7 @@ def test_a_live_owners_segment_is_kept_and_a_dead_owners_removed():
         [
             sys.executable,
             "-c",
-            "import sys; from rollout_service.staging import StagingRegion\n"
+            "import sys; from rollout_service.handoff.region import StagingRegion\n"
             "r = StagingRegion(); r.ensure(4096); print(r.name, flush=True); sys.stdin.read()",
         ],
         stdin=subprocess.PIPE,
@@ -98,7 +98,7 @@ def test_another_users_segment_is_left_alone(caplog):
     path.write_bytes(b"x" * 100)
     os.chown(path, NOBODY, NOBODY)
     try:
-        with caplog.at_level("INFO", logger="rollout_service.staging"):
+        with caplog.at_level("INFO", logger="rollout_service.handoff.region"):
             assert str(path) not in remove_stale_segments()
         assert path.exists()
         assert f"owned by uid {NOBODY}" in caplog.text
@@ -170,7 +170,7 @@ def test_growing_with_room_keeps_the_segment_for_slightly_larger_requests(region
     region.ensure((1 << 20) + 4096, room=1 << 18)
     assert region.name == grown, "fits in the room: not replaced"
     # Without that much free in /dev/shm, it grows to what was asked only.
-    monkeypatch.setattr("rollout_service.staging.shm_free_bytes", lambda: 3 << 20)
+    monkeypatch.setattr("rollout_service.handoff.region.shm_free_bytes", lambda: 3 << 20)
     region.ensure(2 << 20, room=2 << 20)
     assert region.size == 2 << 20
 
@@ -254,7 +254,7 @@ def test_reservation_fails_clearly_on_a_small_dev_shm(where):
     code = textwrap.dedent(
         f"""
         import os
-        from rollout_service import staging
+        from rollout_service.handoff import region as staging
         if {where == "fallocate"}:
             staging.shm_free_bytes = lambda: 1 << 40
         try:

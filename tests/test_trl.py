@@ -20,7 +20,7 @@ import pytest
 from rollout_client import RolloutClient, RolloutError, dtypes, pb
 from rollout_client.mismatch import Mismatch, mismatch
 from rollout_client.trl import METRICS, RolloutStep, ServiceRollout
-from rollout_service.tiny_models import ensure_model
+from rollout_service.engine.tiny_models import ensure_model
 
 # Two prompts, each a few KV blocks long (~230 tokens: its blocks land in the
 # prefix cache), in this order at every step (shuffle off): each is served

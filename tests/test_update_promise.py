@@ -26,7 +26,7 @@ from harness.weights_util import (
 from rollout.v1 import rollout_pb2_grpc
 from rollout_client import RolloutClient, RolloutError, pb
 from rollout_client.push import ManifestMismatch
-from rollout_service.tiny_models import ensure_model
+from rollout_service.engine.tiny_models import ensure_model
 
 # Longer than two 128-token KV blocks: most of it comes from the prefix cache.
 PROMPT = [random.Random(7).randrange(10, 500) for _ in range(300)]
@@ -304,7 +304,7 @@ def test_a_retry_after_cancelling_past_commit_gets_the_original_ack(server, clie
 
 def test_tensor_views_of_0d_and_empty_tensors():
     """The worker-side views for tensors a real checkpoint may hold (no engine)."""
-    from rollout_service.staged import StagedTensor
+    from rollout_service.handoff.staged_tensor import StagedTensor
     from rollout_service.worker.weights_backend import tensor_view
 
     buf = bytearray(64)

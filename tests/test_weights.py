@@ -24,7 +24,7 @@ from harness.weights_util import (
 )
 from rollout.v1 import rollout_pb2_grpc
 from rollout_client import RolloutError, pb
-from rollout_service.tiny_models import ensure_model
+from rollout_service.engine.tiny_models import ensure_model
 
 # Several KV blocks long, so most of it lands in the prefix cache.
 LONG_PROMPT = [random.Random(0).randrange(10, 500) for _ in range(200)]

@@ -1,4 +1,4 @@
-"""vLLM's engine core forks its workers (rollout_service.worker_fork): a
+"""vLLM's engine core forks its workers (rollout_service.engine.worker_fork): a
 worker does not import vLLM a second time, and still runs on the CPUs vLLM
 chose for it."""
 
@@ -9,7 +9,8 @@ import os
 import psutil
 import pytest
 
-from rollout_service import vllm_compat, worker_fork
+from rollout_service import vllm_compat
+from rollout_service.engine import worker_fork
 from tests.support.cpus import thread_cpus
 
 

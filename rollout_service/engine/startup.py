@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from rollout.v1 import rollout_pb2 as pb
 from rollout_client import dtypes
 from rollout_service.engine.limits import ModelLimits
-from rollout_service.staged import BACKEND_NAME
+from rollout_service.handoff.staged_tensor import BACKEND_NAME
 from rollout_service.worker.plugins import register
 
 log = logging.getLogger(__name__)

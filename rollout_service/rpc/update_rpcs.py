@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.engine.sleep import Sleeper
+from rollout_service.handoff.region import SHM_DIR
 from rollout_service.rpc.handlers import unary
-from rollout_service.staging import SHM_DIR
 from rollout_service.update.sessions import UpdateSessions
 
 if TYPE_CHECKING:

@@ -26,8 +26,8 @@ from rollout.v1 import rollout_pb2 as pb
 from rollout_client import delta, dtypes
 from rollout_client.wire import RawChunk
 from rollout_service.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
-from rollout_service.staged import StagedTensor
-from rollout_service.staging import ALIGN, StagingRegion, StagingSpaceError
+from rollout_service.handoff.region import ALIGN, StagingRegion, StagingSpaceError
+from rollout_service.handoff.staged_tensor import StagedTensor
 from rollout_service.update.delta_base import DeltaPlan, DeltaTensor
 
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from rollout.v1 import rollout_pb2 as pb
 from rollout_client import delta, dtypes
 from rollout_service.errors import InvalidArgument
-from rollout_service.staging import ALIGN, StagingRegion
+from rollout_service.handoff.region import ALIGN, StagingRegion
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from rollout.v1 import rollout_pb2 as pb
 from rollout_client import dtypes
 from rollout_service.errors import FailedPrecondition, InvalidArgument, short_repr
-from rollout_service.staging import StagingRegion
+from rollout_service.handoff.region import StagingRegion
 from rollout_service.update.lora_config import check_name, peft_config
 from rollout_service.update.quiesce import Quiescer
 

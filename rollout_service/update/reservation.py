@@ -5,7 +5,7 @@ full update writes there, and it is the base deltas are decoded against. An
 update names each manifest tensor at most once, with the manifest's dtype and
 shape, so none is larger than that layout. Reserving more (the default
 max_update_bytes is the model plus 25% and 64 MiB) would pin memory that is
-never written, and the reservation commits memory (staging.py).
+never written, and the reservation commits memory (handoff/region.py).
 --max-update-bytes below the model's size bounds it further (updates are then
 packed, and no delta is accepted).
 
@@ -22,7 +22,7 @@ from collections.abc import Mapping
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.engine.startup import read_manifest
-from rollout_service.staging import StagingRegion
+from rollout_service.handoff.region import StagingRegion
 from rollout_service.update.delta_base import slot_layout
 
 

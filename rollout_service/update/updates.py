@@ -39,9 +39,9 @@ from dataclasses import dataclass
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.errors import FailedPrecondition, RpcError
 from rollout_service.gate import AdmissionGate
+from rollout_service.handoff.region import StagingRegion
+from rollout_service.handoff.staged_tensor import BACKEND_NAME
 from rollout_service.ops import metrics
-from rollout_service.staged import BACKEND_NAME
-from rollout_service.staging import StagingRegion
 from rollout_service.update.assembler import Placement, StagedUpdate, UpdateAssembler
 from rollout_service.update.delta_base import DeltaBase
 from rollout_service.update.lora import Adapters

@@ -15,8 +15,8 @@ def register() -> None:
     import without torchvision, and, in an engine process that was spawned,
     ends it when its parent dies and makes it fork its own children
     (worker_fork.py)."""
-    from rollout_service import parent_watch, worker_fork
-    from rollout_service.tiny_models import install_pixtral_alias
+    from rollout_service.engine import parent_watch, worker_fork
+    from rollout_service.engine.tiny_models import install_pixtral_alias
     from rollout_service.worker.weights_backend import register as register_backend
 
     install_pixtral_alias()

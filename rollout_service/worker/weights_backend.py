@@ -1,7 +1,7 @@
 """A vLLM weight-transfer backend that loads tensors from our staging region.
 
 The server process stages an update's bytes in a POSIX shared-memory segment
-(see `staging.py`); each vLLM worker maps the same segment and hands zero-copy
+(see `handoff/region.py`); each vLLM worker maps the same segment and hands zero-copy
 tensor views of it to `model.load_weights`, inside vLLM's layerwise reload
 (start_weight_update / finish_weight_update), which is the only way to load
 checkpoint-format weights into a running engine on every platform.
@@ -26,8 +26,8 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from rollout_service.staged import BACKEND_NAME, StagedTensor
-from rollout_service.staging import SegmentReader
+from rollout_service.handoff.region import SegmentReader
+from rollout_service.handoff.staged_tensor import BACKEND_NAME, StagedTensor
 from rollout_service.worker import reload_state
 
 
@@ -41,7 +41,7 @@ class ShmUpdateInfo(WeightTransferUpdateInfo):
     """Where each tensor of one update lies in the staging segment."""
 
     shm_name: str
-    # StagedTensor.as_wire() of each tensor (see staged.py).
+    # StagedTensor.as_wire() of each tensor (see handoff/staged_tensor.py).
     tensors: list[dict[str, Any]] = field(default_factory=list)
     # Only the first rank reads the segment and broadcasts each tensor to
     # the others over the engine's own process group: what workers on other

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from harness.weights_util import checkpoint_tensors, write_checkpoint
-from rollout_service.tiny_models import ensure_model
+from rollout_service.engine.tiny_models import ensure_model
 
 STEPS = 20
 # Every step changes about a tenth of the bf16 values of this tiny model

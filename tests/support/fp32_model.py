@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from rollout_service.tiny_models import ensure_model
+from rollout_service.engine.tiny_models import ensure_model
 
 # What save_pretrained writes for the model itself; every other file of the
 # source (the tokenizer's, its chat template) is copied as it is.

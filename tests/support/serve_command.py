@@ -164,7 +164,7 @@ def _import_the_command(d: Path) -> None:
         os.close(copy)  # no fork inherits a copy of the pipes to serve_each
     # The server module (and parent_watch, which keeps its importer's pid) is
     # each fork's own import.
-    assert "rollout_service.parent_watch" not in sys.modules, "imported by the runner"
+    assert "rollout_service.engine.parent_watch" not in sys.modules, "imported by the runner"
 
 
 def _descendants(pid: int) -> list:

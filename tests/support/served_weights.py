@@ -17,7 +17,7 @@ from pathlib import Path
 import grpc
 
 from rollout_client import RolloutClient, pb
-from rollout_service.tiny_models import ensure_model
+from rollout_service.engine.tiny_models import ensure_model
 
 PROMPT = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38]
 TOKENS = 8

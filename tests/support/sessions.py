@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tests.support.tokens import ADMIN, GENERATE, GENERATE_B
 
-# rollout_service.tiny_models' template, with the reasoning of every
+# rollout_service.engine.tiny_models' template, with the reasoning of every
 # assistant message but the last dropped.
 THINK_STRIPPING = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n"
