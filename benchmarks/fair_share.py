@@ -6,9 +6,10 @@ default) one server on the embedded model, and on it, one after the other:
 - one caller: A sends 600 unary calls of 256 sampled tokens at once
   (`ignore_eos`); total output tokens per second;
 - two callers: A and C send 300 each at once; total tokens per second;
-- the noisy neighbour: B's 16-token greedy call idle (median of 5), then
-  every 0.25 s while A's 600 run: B's latency percentiles, and their ratio to
-  B's idle latency.
+- the noisy neighbour: B's 16-token greedy call idle (median of 5), then 3 s
+  into A's 600 (the issue's scenario), then every 0.25 s until they end: B's
+  latency percentiles over all of those, and the ratio of the 3 s one to B's
+  idle latency.
 
 Callers are tenants (`rollout-tenant` metadata, auth off). Printed too: the
 server's CPU seconds (its process tree) per 1k output tokens, and the
@@ -16,6 +17,7 @@ fair/FCFS ratios of the throughputs. Run it with nothing else running:
 
     .venv/bin/python -m benchmarks.fair_share
     .venv/bin/python -m benchmarks.fair_share --flood 300 --rounds 2
+    .venv/bin/python -m benchmarks.fair_share --seats 128 64   # more sides: fewer seats
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ class Side:
     two_callers: list[float] = field(default_factory=list)
     cpu_per_1k: list[float] = field(default_factory=list)  # server CPU s / 1k out tokens
     idle_ms: list[float] = field(default_factory=list)
-    behind_ms: list[float] = field(default_factory=list)
+    first_ms: list[float] = field(default_factory=list)  # B's call 3 s into the flood
+    behind_ms: list[float] = field(default_factory=list)  # every call of B's during it
     lost: int = 0
 
 
@@ -67,6 +70,8 @@ async def _neighbour(target: str, calls: int, tokens: int, side: Side) -> None:
         await nn.probe(b)
         side.idle_ms += [1000 * await nn.probe(b) for _ in range(5)]
         flooding = nn.flood(a, calls, tokens)
+        await asyncio.sleep(3.0)
+        side.first_ms.append(1000 * await nn.probe(b))
         while not flooding.done():
             side.behind_ms.append(1000 * await nn.probe(b))
             await asyncio.sleep(0.25)
@@ -106,23 +111,35 @@ def main() -> None:
     p.add_argument("--flood", type=int, default=600, help="A's calls")
     p.add_argument("--tokens", type=int, default=256, help="tokens of each of A's calls")
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument(
+        "--seats", type=int, nargs="*", default=[], help="also fair share with these engine seats"
+    )
+    p.add_argument("--only-seats", action="store_true", help="only the --seats sides")
     args = p.parse_args()
-    sides = {name: measure(name, flags, args) for name, flags in SIDES.items()}
+    all_sides = dict(SIDES)
+    for n in args.seats:
+        all_sides[f"fair, {n} seats"] = ("--engine-seats-per-caller", str(n))
+    if args.only_seats:
+        all_sides = {k: v for k, v in all_sides.items() if k not in SIDES}
+    sides = {name: measure(name, flags, args) for name, flags in all_sides.items()}
     mean = statistics.mean
     print(
         "\n| side | one caller tok/s | two callers tok/s | server CPU s / 1k tok "
-        "| B idle ms | B behind A: p50 / p90 / max ms | p50 / idle | lost |"
+        "| B idle ms | B 3 s into A's flood ms | / idle | B during the flood: p50 / p90 / max ms "
+        "| lost |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, s in sides.items():
         idle = statistics.median(s.idle_ms)
         b = s.behind_ms
         print(
             f"| {name} | {mean(s.one_caller):,.0f} | {mean(s.two_callers):,.0f} "
-            f"| {mean(s.cpu_per_1k):.3f} | {idle:.1f} "
-            f"| {pct(b, 0.5):.0f} / {pct(b, 0.9):.0f} / {max(b):.0f} "
-            f"| {pct(b, 0.5) / idle:.1f}x | {s.lost} |"
+            f"| {mean(s.cpu_per_1k):.3f} | {idle:.1f} | {mean(s.first_ms):.0f} "
+            f"| {mean(s.first_ms) / idle:.1f}x "
+            f"| {pct(b, 0.5):.0f} / {pct(b, 0.9):.0f} / {max(b):.0f} | {s.lost} |"
         )
+    if args.only_seats:
+        return
     fair, fcfs = sides["fair"], sides["fcfs"]
     one = mean(fair.one_caller) / mean(fcfs.one_caller)
     two = mean(fair.two_callers) / mean(fcfs.two_callers)

@@ -2,12 +2,15 @@
 
 The noisy neighbour (harness/noisy_neighbour.py): on the secure server, caller
 A (one generate token) submits 600 unary Generate calls of 256 tokens at once;
-3 s later caller B (another generate token) sends one 16-token greedy call.
-First come, first served, B waited behind A's flood (measured 2.5 to 8.3 s
-against ~40 ms idle, 65x to 117x, `--no-fair-share` in benchmarks/fair_share.py);
-fairly shared it is answered within 5x of its idle latency, and A's flood
-loses no request. The server's flags (tests/conftest.py) cap a caller at 600
-generations in flight: A's 601st is refused with a retry hint, B is not.
+once they are all on the server, caller B (another generate token) sends one
+16-token greedy call. First come, first served, B waits behind the flood: it
+is answered after at least the 472 of A's calls the engine queued before it
+(measured: 8.5 s against 41 ms idle, `--no-fair-share` in
+benchmarks/fair_share.py). Fairly shared it is answered before any of them.
+Latency targets (B within 5x of its idle latency; measured 3.5x to 4.4x here)
+live in that benchmark, not in this test: they depend on the machine. A's
+flood loses no request. The server's flags (tests/conftest.py) cap a caller at
+600 generations in flight: A's 601st is refused with a retry hint, B is not.
 """
 
 from __future__ import annotations
@@ -28,10 +31,12 @@ FLOOD = 600  # the secure server's --max-requests-per-caller
 @pytest.mark.timeout(240)
 def test_a_flooding_caller_does_not_starve_another_and_is_capped(shared_secure):
     tls = shared_secure.tls
+    target = shared_secure.proc.target
     seen: dict = {}
+    flooded = asyncio.Event()
 
     async def under_the_flood(a: AsyncRolloutClient) -> None:
-        async with AsyncRolloutClient(shared_secure.proc.target, token=ADMIN, **tls) as admin:
+        async with AsyncRolloutClient(target, token=ADMIN, **tls) as admin:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 fair = (await admin.server_info()).fair_share
@@ -44,23 +49,27 @@ def test_a_flooding_caller_does_not_starve_another_and_is_capped(shared_secure):
                 await a.generate(prompt_token_ids=[1, 2, 3], max_tokens=1)
             except RolloutError as e:
                 seen["refused"] = e
+            flooded.set()
 
     out = asyncio.run(
         noisy_neighbour.run(
-            shared_secure.proc.target,
+            target,
             {"token": GENERATE, **tls},
             {"token": GENERATE_B, **tls},
             flood_calls=FLOOD,
             meanwhile=under_the_flood,
+            until=flooded.wait,
         )
     )
     print(
         f"B idle {out.idle * 1000:.1f} ms, behind A's flood {out.probe_seconds * 1000:.1f} ms "
-        f"({out.ratio:.1f}x); A: {out.flood_ok} of {FLOOD} in {out.flood_seconds:.1f} s"
+        f"({out.ratio:.1f}x), after {out.flood_done_before_probe} of A's calls; "
+        f"A: {out.flood_ok} of {FLOOD} in {out.flood_seconds:.1f} s"
     )
     assert out.flood_ok == FLOOD, out.flood_failed[:3]
     assert out.flood_tokens == FLOOD * 256
-    assert out.ratio <= 5, (out.idle_seconds, out.probe_seconds)
+    # B was not queued behind A's flood (first come, first served: >= 472)
+    assert out.flood_done_before_probe < FLOOD // 4, out.flood_done_before_probe
     fair = seen["fair"]
     assert fair.enabled and fair.max_requests_per_caller == FLOOD
     assert dict(fair.shares) == {"admin": 2}
