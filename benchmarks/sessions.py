@@ -17,11 +17,17 @@ on the same server:
 Printed per way: wall time, output tokens per second, the server's CPU
 seconds per 1k output tokens (its process tree, from /proc), and the prompt
 tokens served from the prefix cache as a share of each turn's history (turns
-after the first), beside the ceiling the KV block size allows (only whole
-blocks are cached: 128 tokens on CPU).
+after the first), beside the most the cache could serve (`reusable`): whole
+KV blocks (128 tokens on CPU) of what the engine computed for the
+trajectory's previous turn. The environment's tokens since were never
+computed, so they are never a hit. For text the ceiling assumes the
+re-encoded history kept the ids, which it need not.
+
+benchmarks/sessions_fleet.py drives the same plan through a Fleet of two.
 
     .venv/bin/python -m benchmarks.sessions               # starts its own server
     .venv/bin/python -m benchmarks.sessions --target 127.0.0.1:50051
+    .venv/bin/python -m benchmarks.sessions --block-size 32   # smaller KV blocks
 """
 
 from __future__ import annotations
@@ -59,20 +65,39 @@ def plans(n: int, turns: int, vocab: int, seed: int) -> list[Plan]:
     return out
 
 
+def reusable(usage: pb.Usage, before: pb.Usage, block: int) -> int:
+    """The most of a turn's prompt the prefix cache can serve: whole blocks
+    of what the engine computed for the trajectory's previous turn, its
+    prompt and every sampled token but the last (never fed through the
+    model), and never the prompt's last token (vLLM recomputes it for its
+    logits). The environment's tokens since were never computed."""
+    computed = before.prompt_tokens + before.completion_tokens - 1
+    return min(computed, usage.prompt_tokens - 1) // block * block
+
+
 @dataclass
 class Tally:
     output: int = 0
     history: int = 0  # prompt tokens of turns after the first
     cached: int = 0
-    ceiling: int = 0  # whole blocks of those prompts
+    ceiling: int = 0  # of those, what the prefix cache could serve (reusable)
     cut: int = 0  # trajectories that could not go on
+    block: int = BLOCK  # the server's KV block size
 
-    def turn(self, index: int, usage: pb.Usage) -> None:
+    def turn(self, usage: pb.Usage, before: pb.Usage | None) -> None:
+        """A turn's usage; `before`: its trajectory's previous turn's (None: the first)."""
         self.output += usage.completion_tokens
-        if index:
+        if before is not None:
             self.history += usage.prompt_tokens
             self.cached += usage.cached_prompt_tokens
-            self.ceiling += (usage.prompt_tokens - 1) // BLOCK * BLOCK
+            self.ceiling += reusable(usage, before, self.block)
+
+    def add(self, other: Tally) -> None:
+        self.output += other.output
+        self.history += other.history
+        self.cached += other.cached
+        self.ceiling += other.ceiling
+        self.cut += other.cut
 
 
 @dataclass
@@ -83,36 +108,40 @@ class Result:
     tally: Tally = field(default_factory=Tally)
 
 
-def _sampling(n: int) -> dict:
+def sampling(n: int) -> dict:
     return {"max_tokens": n, "ignore_eos": True, "temperature": 1.0}
 
 
 async def by_session(c: AsyncRolloutClient, p: Plan, tally: Tally) -> None:
+    before = None
     async with await c.open_session(prompt_token_ids=p.prompt) as s:
         for i, (n, env) in enumerate(zip(p.turns, p.env)):
-            turn = await s.generate(**_sampling(n))
-            tally.turn(i, turn.usage)
+            turn = await s.generate(**sampling(n))
+            tally.turn(turn.usage, before)
+            before = turn.usage
             if i + 1 < len(p.turns):
                 await s.append(token_ids=env)
 
 
 async def by_ids(c: AsyncRolloutClient, p: Plan, tally: Tally) -> None:
-    history = list(p.prompt)
-    for i, (n, env) in enumerate(zip(p.turns, p.env)):
-        r = await c.generate(prompt_token_ids=history, **_sampling(n))
-        tally.turn(i, r.usage)
+    history, before = list(p.prompt), None
+    for n, env in zip(p.turns, p.env):
+        r = await c.generate(prompt_token_ids=history, **sampling(n))
+        tally.turn(r.usage, before)
+        before = r.usage
         history += list(r.completions[0].token_ids) + env
 
 
 async def by_text(c: AsyncRolloutClient, p: Plan, tally: Tally) -> None:
-    history = (await c.detokenize(p.prompt)).text
-    for i, (n, env) in enumerate(zip(p.turns, p.env)):
+    history, before = (await c.detokenize(p.prompt)).text, None
+    for n, env in zip(p.turns, p.env):
         try:
-            r = await c.generate(prompt_text=history, **_sampling(n))
+            r = await c.generate(prompt_text=history, **sampling(n))
         except RolloutError:  # the re-tokenized history outgrew the context
             tally.cut += 1
             return
-        tally.turn(i, r.usage)
+        tally.turn(r.usage, before)  # its ceiling: if the re-encoded history kept the ids
+        before = r.usage
         history += r.completions[0].text + (await c.detokenize(env)).text
 
 
@@ -120,10 +149,10 @@ def _cpu(pid: int) -> float:
     return sum(tree_cpu_seconds(pid))
 
 
-async def run_way(target: str, pid: int | None, way, work: list[Plan]) -> Result:
+async def run_way(target: str, pid: int | None, way, work: list[Plan], block: int) -> Result:
     async with AsyncRolloutClient(target, timeout=600) as c:
         await c.reset_caches()
-        tally = Tally()
+        tally = Tally(block=block)
         cpu0 = _cpu(pid) if pid else 0.0
         t0 = time.perf_counter()
         await asyncio.gather(*(way(c, p, tally) for p in work))
@@ -154,22 +183,39 @@ async def main_async(args, target: str, pid: int | None) -> None:
         await c.wait_until_ready()
         vocab = (await c.server_info()).vocab_size
     work = plans(args.sessions, args.turns, vocab, args.seed)
-    results = [await run_way(target, pid, w, work) for w in (by_session, by_ids, by_text)]
+    ways = (by_session, by_ids, by_text)
+    results = [await run_way(target, pid, w, work, args.block_size) for w in ways]
     print(f"{args.sessions} trajectories x {args.turns} turns, all at once")
     report(results)
+
+
+def workload_args(parser: argparse.ArgumentParser) -> None:
+    """The plan's options, and the KV block size of the servers."""
+    parser.add_argument("--sessions", type=int, default=64)
+    parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=BLOCK,
+        help="the servers' KV block size (vLLM's --block-size; passed to servers started here)",
+    )
+
+
+def server_flags(block: int) -> list[str]:
+    """A started server's flags: the defaults but for another block size."""
+    return [] if block == BLOCK else ["--block-size", str(block)]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", help="a running server (default: start one)")
-    parser.add_argument("--sessions", type=int, default=64)
-    parser.add_argument("--turns", type=int, default=6)
-    parser.add_argument("--seed", type=int, default=0)
+    workload_args(parser)
     args = parser.parse_args()
     if args.target:
         asyncio.run(main_async(args, args.target, None))
         return
-    server = ServerProcess()
+    server = ServerProcess(*server_flags(args.block_size))
     try:
         server.wait_ready()
         asyncio.run(main_async(args, server.target, server.proc.pid))
