@@ -77,6 +77,7 @@ def test_a_flooding_caller_does_not_starve_another_and_is_capped(shared_secure):
     assert a.caller.startswith("generate:") and a.in_flight == FLOOD and a.share == 1
     # A holds at most its seats of the engine: the rest stay free for others
     assert 0 < fair.engine_seats_per_caller < FLOOD
+    assert 0 < a.in_engine <= fair.engine_seats_per_caller
     refused = seen["refused"]
     assert refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert refused.reason == "CALLER_QUEUE_FULL" and "--max-requests-per-caller" in refused.details

@@ -88,6 +88,8 @@ def test_a_caller_holds_at_most_its_seats_in_the_engine_in_arrival_order():
         tasks.append(asyncio.ensure_future(request(9, B)))
         await asyncio.sleep(0.05)
         assert inside == [0, 1, 9]  # A waits for a seat; B gets one at once
+        a = fair.callers["token:a"]
+        assert (a.in_flight, a.in_engine) == (4, 2)
         release.set()
         await asyncio.gather(*tasks)
         assert inside == [0, 1, 9, 2, 3]

@@ -28,6 +28,7 @@ Everything here runs on the event loop, in O(1) per call.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -64,12 +65,14 @@ def parse_shares(spec: str) -> dict[str, int]:
 
 @dataclass
 class CallerLoad:
-    """One caller's requests in flight now, and its engine seats."""
+    """One caller's requests in flight now (`in_engine` of them holding an
+    engine seat, the rest waiting for one), and its engine seats."""
 
     label: str
     share: int
     seats: asyncio.Semaphore | None
     in_flight: int = 0
+    in_engine: int = 0
 
 
 @dataclass
@@ -84,11 +87,15 @@ class Slot:
         """One of the caller's engine seats, held while its request is in
         the engine (taken before the gate: a call waiting here holds no
         admission, so an update does not wait for it)."""
-        if self.load.seats is None:
-            yield
-            return
-        async with self.load.seats:
-            yield
+        load = self.load
+        async with load.seats if load.seats is not None else contextlib.nullcontext():
+            load.in_engine += 1
+            metrics.CALLER_IN_ENGINE.labels(load.label).inc()
+            try:
+                yield
+            finally:
+                load.in_engine -= 1
+                metrics.CALLER_IN_ENGINE.labels(load.label).dec()
 
     def count(self, prompt_tokens: int, completion_tokens: int) -> None:
         """The tokens one of its engine requests processed (metrics)."""
@@ -154,7 +161,9 @@ class FairShare:
             max_requests_per_caller=self.max_per_caller or 0,
             engine_seats_per_caller=self.seats or 0,
             callers=[
-                pb.CallerLoad(caller=c.label, share=c.share, in_flight=c.in_flight)
+                pb.CallerLoad(
+                    caller=c.label, share=c.share, in_flight=c.in_flight, in_engine=c.in_engine
+                )
                 for c in sorted(self.callers.values(), key=lambda c: -c.in_flight)[:MAX_LISTED]
             ],
         )

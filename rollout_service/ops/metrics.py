@@ -58,6 +58,13 @@ CALLER_IN_FLIGHT = Gauge(
     ("caller",),
     registry=REGISTRY,
 )
+CALLER_IN_ENGINE = Gauge(
+    "rollout_caller_requests_in_engine",
+    "Of a caller's generations in flight, those holding an engine seat (queued in the engine "
+    "or running); the others wait for one in the server.",
+    ("caller",),
+    registry=REGISTRY,
+)
 CALLER_TOKENS = Counter(
     "rollout_caller_tokens",
     "Tokens a caller's generations processed.",

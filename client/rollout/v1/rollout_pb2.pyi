@@ -773,14 +773,16 @@ class FairShareInfo(_message.Message):
     def __init__(self, enabled: bool = ..., shares: _Optional[_Mapping[str, int]] = ..., max_requests_per_caller: _Optional[int] = ..., callers: _Optional[_Iterable[_Union[CallerLoad, _Mapping]]] = ..., engine_seats_per_caller: _Optional[int] = ...) -> None: ...
 
 class CallerLoad(_message.Message):
-    __slots__ = ("caller", "share", "in_flight")
+    __slots__ = ("caller", "share", "in_flight", "in_engine")
     CALLER_FIELD_NUMBER: _ClassVar[int]
     SHARE_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    IN_ENGINE_FIELD_NUMBER: _ClassVar[int]
     caller: str
     share: int
     in_flight: int
-    def __init__(self, caller: _Optional[str] = ..., share: _Optional[int] = ..., in_flight: _Optional[int] = ...) -> None: ...
+    in_engine: int
+    def __init__(self, caller: _Optional[str] = ..., share: _Optional[int] = ..., in_flight: _Optional[int] = ..., in_engine: _Optional[int] = ...) -> None: ...
 
 class SessionLimits(_message.Message):
     __slots__ = ("max_sessions", "max_sessions_per_caller", "max_session_tokens", "bytes_per_held_token", "idle_timeout_seconds", "max_total_tokens", "max_segments", "bytes_per_segment")
