@@ -1,9 +1,15 @@
 """The command line is made from ServerConfig: every field has a flag with
-its docstring as help, and the flags parse back into the config."""
+its docstring as help, and the flags parse back into the config; flags that
+cannot work together are refused at start, before any engine."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import fields
+from pathlib import Path
+
+import pytest
 
 from rollout_service.cli import build_serve_parser
 from rollout_service.config import ServerConfig, field_docs, from_args
@@ -33,3 +39,21 @@ def test_flags_reach_their_fields():
     assert (config.cpu_placement, config.protect_health) == (False, True)
     assert (config.max_stream_tokens, config.max_update_bytes) == (5, 7)
     assert (config.grace_seconds, config.tokens_file) == (2.5, "t")
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--caller-shares", "root=2"], "--caller-shares: 'root=2': expected KEY=N"),
+        (["--scheduling-policy", "fcfs"], "pass --no-fair-share to use another policy"),
+    ],
+)
+def test_fair_share_flags_that_cannot_work_are_refused_at_start(flags, says):
+    # Refused before any engine starts (rollout_service/cli.py), with what to do.
+    p = subprocess.run(
+        [str(Path(sys.executable).with_name("rollout-service")), "serve", *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode != 0 and says in p.stderr, p.stderr[-2000:]
