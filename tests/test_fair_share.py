@@ -22,7 +22,7 @@ import grpc
 import pytest
 
 from harness import noisy_neighbour
-from rollout_client import AsyncRolloutClient, RolloutClient, RolloutError
+from rollout_client import AsyncRolloutClient, RolloutClient, RolloutError, pb
 from tests.support.tokens import ADMIN, GENERATE, GENERATE_B
 
 FLOOD = 600  # the secure server's --max-requests-per-caller
@@ -96,3 +96,49 @@ def test_a_tenant_names_a_caller_without_auth_and_a_bad_one_is_refused(server):
             bad.generate(prompt_token_ids=[1, 2, 3], max_tokens=1)
     assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert refused.value.details.startswith("metadata rollout-tenant:")
+
+
+def test_an_aborted_call_waiting_for_a_seat_ends_at_once(server):
+    """A caller past its engine seats: its next call waits in the server, and
+    Abort ends it at once, as it ends one queued in the engine."""
+
+    async def main():
+        opts = {"tenant": "seats", "timeout": 120, "retries": 0}
+        async with (
+            AsyncRolloutClient(server.target, **opts) as c,
+            AsyncRolloutClient(server.target, timeout=60) as other,
+        ):
+            seats = (await other.server_info()).fair_share.engine_seats_per_caller
+            done: list[int] = []
+
+            async def long(i: int):
+                r = await c.generate(
+                    prompt_token_ids=[5, 6, i % 50 + 7], max_tokens=400, ignore_eos=True
+                )
+                done.append(i)
+                return r
+
+            flood = [asyncio.ensure_future(long(i)) for i in range(seats)]
+            while True:
+                callers = {x.caller: x for x in (await other.server_info()).fair_share.callers}
+                if (x := callers.get("tenant:seats")) and x.in_engine == seats:
+                    break
+                await asyncio.sleep(0.02)
+            waiting = asyncio.ensure_future(
+                c.generate(prompt_token_ids=[5, 6, 7], max_tokens=400, request_id="seatless")
+            )
+            while callers["tenant:seats"].in_flight < seats + 1:
+                callers = {x.caller: x for x in (await other.server_info()).fair_share.callers}
+                await asyncio.sleep(0.02)
+            assert callers["tenant:seats"].in_engine == seats  # it waits for a seat
+            assert list((await other.abort(request_ids=["seatless"])).request_ids) == ["seatless"]
+            r = await asyncio.wait_for(waiting, 30)
+            ended_before = len(done)
+            await asyncio.gather(*flood)
+        return r, ended_before, seats
+
+    r, ended_before, seats = asyncio.run(main())
+    assert r.completions[0].finish_reason == pb.FINISH_REASON_ABORT
+    assert len(r.completions[0].token_ids) == 0
+    # ... at once: before any of the calls holding the seats ended
+    assert ended_before == 0 and seats > 0

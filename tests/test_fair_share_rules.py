@@ -80,7 +80,7 @@ def test_a_caller_holds_at_most_its_seats_in_the_engine_in_arrival_order():
 
         async def request(i: int, who: CallerId) -> None:
             with fair.slot(who) as slot:
-                async with slot.seat():
+                async with slot.seat(asyncio.Event()):
                     inside.append(i)
                     await release.wait()
 
@@ -148,7 +148,7 @@ def test_a_call_that_fails_or_is_cancelled_gives_its_place_back():
 
         async def hold(who: CallerId, ready: asyncio.Event) -> None:
             with fair.slot(who) as slot:
-                async with slot.seat():
+                async with slot.seat(asyncio.Event()):
                     ready.set()
                     await asyncio.sleep(60)
 
@@ -167,5 +167,38 @@ def test_a_call_that_fails_or_is_cancelled_gives_its_place_back():
         await asyncio.wait_for(again.wait(), 5)  # the cap and the seat are free
         task.cancel()
         assert fair.callers["token:a"].in_flight == 1
+
+    asyncio.run(main())
+
+
+def test_an_aborted_call_waiting_for_a_seat_ends_at_once_and_takes_none():
+    async def main():
+        fair = FairShare(True, {}, None, seats=1)
+        release = asyncio.Event()
+        outcomes: list[bool] = []
+
+        async def request(abandon: asyncio.Event) -> None:
+            with fair.slot(A) as slot:
+                async with slot.seat(abandon) as seated:
+                    outcomes.append(seated)
+                    if seated:
+                        await release.wait()
+
+        first = asyncio.ensure_future(request(asyncio.Event()))
+        await asyncio.sleep(0.01)
+        aborted = asyncio.Event()
+        waiting = asyncio.ensure_future(request(aborted))
+        await asyncio.sleep(0.01)
+        assert outcomes == [True] and not waiting.done()
+        aborted.set()  # Abort: the waiting call ends without its turn
+        await asyncio.wait_for(waiting, 1)
+        assert outcomes == [True, False]
+        release.set()
+        await first
+        # the seat is free again (the aborted call did not take it)
+        third = asyncio.ensure_future(request(asyncio.Event()))
+        await asyncio.wait_for(third, 1)
+        assert outcomes == [True, False, True]
+        assert fair.callers == {}
 
     asyncio.run(main())

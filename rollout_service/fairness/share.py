@@ -28,7 +28,6 @@ Everything here runs on the event loop, in O(1) per call.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -83,24 +82,54 @@ class Slot:
     load: CallerLoad
 
     @asynccontextmanager
-    async def seat(self) -> AsyncIterator[None]:
+    async def seat(self, abandon: asyncio.Event) -> AsyncIterator[bool]:
         """One of the caller's engine seats, held while its request is in
         the engine (taken before the gate: a call waiting here holds no
-        admission, so an update does not wait for it)."""
+        admission, so an update does not wait for it). Yields False, with no
+        seat, when `abandon` is set first (the call was aborted: it ends at
+        once, as one queued in the engine would)."""
         load = self.load
-        async with load.seats if load.seats is not None else contextlib.nullcontext():
-            load.in_engine += 1
-            metrics.CALLER_IN_ENGINE.labels(load.label).inc()
-            try:
-                yield
-            finally:
-                load.in_engine -= 1
-                metrics.CALLER_IN_ENGINE.labels(load.label).dec()
+        if load.seats is not None and not await _acquire_unless(load.seats, abandon):
+            yield False
+            return
+        load.in_engine += 1
+        metrics.CALLER_IN_ENGINE.labels(load.label).inc()
+        try:
+            yield True
+        finally:
+            load.in_engine -= 1
+            metrics.CALLER_IN_ENGINE.labels(load.label).dec()
+            if load.seats is not None:
+                load.seats.release()
 
     def count(self, prompt_tokens: int, completion_tokens: int) -> None:
         """The tokens one of its engine requests processed (metrics)."""
         metrics.CALLER_TOKENS.labels(self.load.label, "prompt").inc(prompt_tokens)
         metrics.CALLER_TOKENS.labels(self.load.label, "completion").inc(completion_tokens)
+
+
+async def _acquire_unless(seats: asyncio.Semaphore, abandon: asyncio.Event) -> bool:
+    """Takes a seat (True), unless `abandon` is set first (False, none taken)."""
+    if abandon.is_set():
+        return False
+    if not seats.locked():
+        await seats.acquire()  # free: no wait
+        return True
+    acquire = asyncio.ensure_future(seats.acquire())
+    abandoned = asyncio.ensure_future(abandon.wait())
+    got = False
+    try:
+        await asyncio.wait({acquire, abandoned}, return_when=asyncio.FIRST_COMPLETED)
+        got = acquire.done() and not acquire.cancelled() and not abandon.is_set()
+        return got
+    finally:
+        abandoned.cancel()
+        if not got:
+            # Taken as the call was abandoned or cancelled: given back.
+            if acquire.done() and not acquire.cancelled():
+                seats.release()
+            else:
+                acquire.cancel()
 
 
 class FairShare:

@@ -14,6 +14,7 @@ rollout worker cannot end another's (or learn their request ids).
 
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -24,13 +25,29 @@ from rollout_service.ops.auth import CALLER, Caller
 class Call:
     """One running Generate call."""
 
-    __slots__ = ("request_id", "engine_id", "aborted", "owner")
+    __slots__ = ("request_id", "engine_id", "_aborted", "owner")
 
     def __init__(self, request_id: str, owner: str) -> None:
         self.request_id = request_id
         self.engine_id: str | None = None
-        self.aborted = False
+        # Set by Abort: also wakes a call waiting for an engine seat (fairness/).
+        self._aborted = asyncio.Event()
         self.owner = owner
+
+    @property
+    def aborted(self) -> bool:
+        return self._aborted.is_set()
+
+    @aborted.setter
+    def aborted(self, value: bool) -> None:
+        if value:
+            self._aborted.set()
+        else:
+            self._aborted.clear()
+
+    @property
+    def abort_event(self) -> asyncio.Event:
+        return self._aborted
 
 
 class RunningCalls:

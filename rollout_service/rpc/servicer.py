@@ -99,12 +99,14 @@ class RolloutServicer(UpdateRpcs, SessionRpcs, rollout_pb2_grpc.RolloutServiceSe
         return prompt, params
 
     @asynccontextmanager
-    async def _admitted(self, slot: Slot, required_version: str = "") -> AsyncIterator[Ticket]:
-        """An engine seat of the caller's (fairness/), admission through the
-        gate, then the degraded and version checks again: calls that waited at
-        the gate while an update failed inside the engine (or installed
-        another version) must not run on it."""
-        async with slot.seat(), self.gate.admit() as ticket:
+    async def _admitted(
+        self, slot: Slot, call: Call, required_version: str = ""
+    ) -> AsyncIterator[Ticket]:
+        """An engine seat of the caller's (fairness/; an Abort ends the wait
+        for one), admission through the gate, then the degraded and version
+        checks again: calls that waited at the gate while an update failed
+        inside the engine (or installed another version) must not run on it."""
+        async with slot.seat(call.abort_event), self.gate.admit() as ticket:
             self.updater.check_serving()
             if required_version and ticket.version != required_version:
                 raise FailedPrecondition(
@@ -176,7 +178,7 @@ class RolloutServicer(UpdateRpcs, SessionRpcs, rollout_pb2_grpc.RolloutServiceSe
         with self.fair.slot(caller_id(context)) as slot:
             request_id, prompt, params = await self._prepare(request, RequestOutputKind.FINAL_ONLY)
             with self.calls.running(request_id) as call:
-                async with self._admitted(slot, request.required_weight_version) as ticket:
+                async with self._admitted(slot, call, request.required_weight_version) as ticket:
                     final = None
                     run = self._run(ticket, call, prompt, params, request.lora_adapter, slot)
                     async for out in run:
@@ -242,7 +244,7 @@ class RolloutServicer(UpdateRpcs, SessionRpcs, rollout_pb2_grpc.RolloutServiceSe
         delivered: dict[int, int] = {}  # tokens sent so far, by completion index
         first = True
         with self.calls.running(request_id) as call:
-            async with self._admitted(slot, request.required_weight_version) as ticket:
+            async with self._admitted(slot, call, request.required_weight_version) as ticket:
                 version = ticket.version
                 t0 = time.perf_counter()
                 async for out in self._run(

@@ -65,7 +65,7 @@ class SessionRpcs:
         raise NotImplementedError
 
     def _admitted(
-        self, slot: Slot, required_version: str = ""
+        self, slot: Slot, call, required_version: str = ""
     ) -> AbstractAsyncContextManager[Ticket]:
         raise NotImplementedError
 
@@ -149,7 +149,7 @@ class SessionRpcs:
                 session.abort_turn = abort_turn
                 committed = False
                 try:
-                    async with self._admitted(slot, _required(request, session)) as ticket:
+                    async with self._admitted(slot, call, _required(request, session)) as ticket:
                         result["ticket"] = ticket
                         async for o in self._run(
                             ticket, call, prompt, plan.params, session.lora_adapter, slot
