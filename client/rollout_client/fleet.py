@@ -34,8 +34,7 @@ import logging
 import socket
 import threading
 import time
-import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +43,8 @@ import grpc
 from rollout.v1 import rollout_pb2 as pb
 from rollout_client import fleet_health, fleet_staging, push, sessions
 from rollout_client.client import RolloutClient, RolloutError
-from rollout_client.fleet_health import Keeper, Ledger, Replica
+from rollout_client.fleet_health import Keeper, Ledger
+from rollout_client.fleet_replicas import Replica, Replicas
 from rollout_client.fleet_sessions import AsyncFleetSession, FleetSession
 from rollout_client.fleet_staging import FleetUpdateError  # noqa: F401  (re-exported)
 
@@ -106,17 +106,25 @@ class Fleet:
         self.timeout = timeout
         self.wait_seconds = wait_seconds
         self.heal_from_source = heal_from_source
-        self.replicas = [
-            Replica(t, RolloutClient(t, timeout=timeout, **options)) for t in resolve(targets)
-        ]
-        self.version: str | None = None
+        self.replicas = Replicas(
+            [Replica(t, RolloutClient(t, timeout=timeout, **options)) for t in resolve(targets)],
+            nudge=self._nudge,
+            waits=probe_seconds is not None,
+        )
         self.ledger = Ledger(initial_version)
         # What update_weights(delta=True) pushed last (see RolloutClient.pushed).
         self.pushed: PushedWeights | None = None
-        self._changed = threading.Condition(threading.Lock())  # replica states
         self._updating = threading.RLock()  # one update or heal at a time
-        self._picks = 0
         self._keeper = Keeper(self.check, probe_seconds) if probe_seconds else None
+
+    @property
+    def version(self) -> str | None:
+        """The fleet's version: what every call requires."""
+        return self.replicas.version
+
+    def _nudge(self) -> None:
+        if self._keeper is not None:
+            self._keeper.nudge()
 
     def close(self) -> None:
         if self._keeper is not None:
@@ -135,113 +143,35 @@ class Fleet:
         common (ties: its own). How a fleet adopts another client's update."""
         with self._updating:
             seen: list[tuple[Replica, str]] = []
-            for r in self._live():
+            for r in self.replicas.live():
                 try:
                     info = r.client.server_info(timeout)
                     seen.append((r, "" if info.degraded else info.weight_version))
                 except RolloutError as e:
-                    self._drop(r, e)
+                    self.replicas.drop(r, e)
             versions = collections.Counter(v for _, v in seen)
             if versions:
-                self._set_version(max(versions, key=lambda v: (versions[v], v == self.version)))
+                version = max(versions, key=lambda v: (versions[v], v == self.version))
+                self.replicas.set_version(version)
             for r, v in seen:
-                self._observe(r, v)
+                self.replicas.observe(r, v)
 
     def check(self) -> None:
         """One round of the keeper's work in the caller's thread: every
         replica probed, every lagging one healed (see fleet_health)."""
+        interval = self._keeper.interval if self._keeper is not None else 0.0
         for r in self.replicas:
-            fleet_health.probe(self, r)
+            fleet_health.probe(self.replicas, r, self.timeout)
         for r in self.replicas:
             if r.alive and r.version != self.version:
-                fleet_health.heal(self, r)
+                fleet_health.heal(
+                    self.replicas, r, self.ledger, self._updating, self.timeout, interval
+                )
 
     def status(self) -> dict[str, str]:
         """Each replica's state: "serving <version>", "lagging: <why>" or
         "dropped: <why>"."""
-        with self._changed:
-            return {r.target: self._state(r) for r in self.replicas}
-
-    def _state(self, r: Replica) -> str:
-        if not r.alive:
-            return f"dropped: {r.error}"
-        if r.version != self.version:
-            return f"lagging: {r.error or f'serves {r.version!r}'}"
-        return f"serving {r.version}"
-
-    def _live(self) -> list[Replica]:
-        return [r for r in self.replicas if r.alive]
-
-    def _set_version(self, version: str) -> None:
-        with self._changed:
-            self.version = version
-            self._changed.notify_all()
-
-    def _observe(self, r: Replica, version: str, why: str = "") -> None:
-        """`r` answers and serves `version`; `why` it cannot serve, if it lags."""
-        with self._changed:
-            known = r.error if r.alive and r.version == version else ""  # a probe keeps it
-            r.alive, r.version = True, version
-            lags = version != self.version
-            self._note(r, (why or known or f"serves {version!r}") if lags else "")
-            self._changed.notify_all()
-
-    def _drop(self, r: Replica, why: Exception | str) -> None:
-        with self._changed:
-            r.alive = False
-            self._note(r, str(why))
-
-    def _note(self, r: Replica, error: str) -> None:
-        """Sets why `r` does not serve ("" when it does), logging each change
-        once rather than at every probe."""
-        if error == r.error:
-            return
-        r.error = error
-        if error:
-            log.warning("replica %s: %s", r.target, self._state(r))
-        else:
-            log.info("replica %s: %s", r.target, self._state(r))
-
-    def _refused(self, r: Replica, version: str) -> None:
-        """`r` refused `version` at admission: lagging until probed again."""
-        with self._changed:
-            if version == self.version and r.version == version:
-                r.version = None
-                self._note(r, f"refused {version!r} (WRONG_WEIGHT_VERSION)")
-        if self._keeper is not None:
-            self._keeper.nudge()
-
-    def _ready(self, deadline: float) -> list[Replica]:
-        """The replicas on the fleet's version, waited for until `deadline`
-        (with self._changed held)."""
-        # No call goes out without a version to require (none before the
-        # first refresh, when replicas and fleet alike have None).
-        while self.version is None or not (
-            ready := [r for r in self._live() if r.version == self.version]
-        ):
-            left = deadline - time.monotonic()
-            if left <= 0 or self._keeper is None:
-                states = "; ".join(f"{r.target}: {self._state(r)}" for r in self.replicas)
-                raise RolloutError(
-                    grpc.StatusCode.UNAVAILABLE,
-                    f"no replica serves the fleet's version {self.version!r} ({states})",
-                )
-            self._changed.wait(left)
-        return ready
-
-    def _pick(self, prompt_ids: Sequence[int] | None, deadline: float) -> tuple[Replica, str]:
-        with self._changed:
-            ready = self._ready(deadline)
-            assert self.version is not None
-            if self.prefix_affinity_tokens and prompt_ids:
-                key = ",".join(map(str, prompt_ids[: self.prefix_affinity_tokens])).encode()
-                r = sorted(ready, key=lambda x: x.target)[zlib.crc32(key) % len(ready)]
-            else:
-                r = min(ready, key=lambda x: (x.outstanding, x.picked))
-            self._picks += 1
-            r.picked = self._picks
-            r.outstanding += 1
-            return r, self.version
+        return self.replicas.status()
 
     def open_session(
         self, *, move: bool = True, timeout: float | None = None, **kwargs: Any
@@ -258,34 +188,16 @@ class Fleet:
     # fleet_sessions.Placement
 
     def place_session(self, deadline: float) -> tuple[Replica, str]:
-        with self._changed:
-            ready = self._ready(deadline)
-            assert self.version is not None
-            r = min(ready, key=lambda x: (x.sessions, x.outstanding, x.picked))
-            self._picks += 1
-            r.picked = self._picks
-            r.sessions += 1
-            return r, self.version
+        return self.replicas.place_session(deadline)
 
     def session_left(self, r: Replica) -> None:
-        with self._changed:
-            r.sessions = max(0, r.sessions - 1)
+        self.replicas.session_left(r)
 
     def serves(self, r: Replica) -> bool:
-        with self._changed:
-            return r.alive and r.version == self.version
+        return self.replicas.serves(r)
 
     def failed(self, r: Replica, e: RolloutError, version: str) -> None:
-        if e.code == grpc.StatusCode.UNAVAILABLE:
-            self._drop(r, e)
-        elif e.reason == "WRONG_WEIGHT_VERSION":
-            self._refused(r, version)
-        elif e.reason == "SESSION_LOST":  # restarted: on its initial weights until probed
-            with self._changed:
-                r.version = None
-                self._note(r, "restarted (SESSION_LOST)")
-            if self._keeper is not None:
-                self._keeper.nudge()
+        self.replicas.failed(r, e, version)
 
     def generate(self, **kwargs: Any) -> pb.GenerateResponse:
         """RolloutClient.generate on one replica on the fleet's version (see
@@ -295,22 +207,19 @@ class Fleet:
         if self.version is None:
             self.refresh()
         deadline = time.monotonic() + self.wait_seconds
+        prompt = kwargs.get("prompt_token_ids")
         while True:
-            r, version = self._pick(kwargs.get("prompt_token_ids"), deadline)
+            r, version = self.replicas.pick(prompt, deadline, self.prefix_affinity_tokens)
             try:
                 response = r.client.generate(required_weight_version=version, **kwargs)
                 r.served += 1
                 return response
             except RolloutError as e:
-                if e.code == grpc.StatusCode.UNAVAILABLE:
-                    self._drop(r, e)
-                elif e.reason == "WRONG_WEIGHT_VERSION":
-                    self._refused(r, version)
-                else:
+                # gone or lagging: the call goes to another replica
+                if not self.replicas.failed(r, e, version):
                     raise
             finally:
-                with self._changed:
-                    r.outstanding -= 1
+                self.replicas.returned(r)
 
     def update_weights(
         self,
@@ -336,7 +245,7 @@ class Fleet:
         with self._updating:
             if self.version is None:
                 self.refresh()
-            live = self._live()
+            live = self.replicas.live()
             if not live:
                 raise RolloutError(grpc.StatusCode.UNAVAILABLE, "no live replica in the fleet")
             source, unreplayable = fleet_health.replayable(source, self.heal_from_source)
@@ -353,7 +262,7 @@ class Fleet:
             u.timeout = timeout
             full = {t.name for t in u.tensors} == {p.name for p in manifest}
             targets = [r for r in live if full or r.version == self.version]
-            lagging = {r.target: self._state(r) for r in live if r not in targets}
+            lagging = {r.target: self.replicas.state(r) for r in live if r not in targets}
             if not targets:
                 raise RolloutError(
                     grpc.StatusCode.FAILED_PRECONDITION,
@@ -368,7 +277,7 @@ class Fleet:
                 targets,
                 timeout,
                 before_commit=before_commit,
-                on_unavailable=self._drop,
+                on_unavailable=self.replicas.drop,
                 fingerprints=prints if d is None else None,
             )
             acks, dropped = fleet_staging.commit_all(targets, opened, timeout)
@@ -413,12 +322,12 @@ class Fleet:
         before = self.version
         version = u.begin.weight_version
         if acks:
-            self._set_version(version)
+            self.replicas.set_version(version)
         for r in targets:
             if r.target in acks:
-                self._observe(r, version)
+                self.replicas.observe(r, version)
             else:
-                self._drop(r, dropped[r.target])
+                self.replicas.drop(r, dropped[r.target])
         if acks:
             for r in self.replicas:  # a new source: failed heals may try again at once
                 r.heal_failures, r.heal_after = 0, 0.0

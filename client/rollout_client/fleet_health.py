@@ -37,8 +37,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2_grpc
@@ -46,29 +45,12 @@ from grpc_health.v1 import health_pb2_grpc
 from rollout.v1 import rollout_pb2 as pb
 from rollout_client import core, fleet_staging, push, stubs
 from rollout_client.client import RolloutClient, RolloutError
+from rollout_client.fleet_replicas import Failure, Replica, Replicas, gone
 from rollout_client.sources import SourceTensor
-
-if TYPE_CHECKING:
-    from rollout_client.fleet import Fleet
 
 log = logging.getLogger("rollout_client.fleet")
 
 PROBE_TIMEOUT = 5.0  # seconds, each probe call
-
-
-@dataclass
-class Replica:
-    target: str
-    client: RolloutClient
-    version: str | None = None
-    outstanding: int = 0
-    served: int = 0
-    alive: bool = True
-    error: str = ""  # why it does not serve, "" when it does
-    picked: int = 0  # when it was last picked (a count): ties go to the least recent
-    sessions: int = 0  # open sessions this fleet placed on it
-    heal_failures: int = 0  # in a row; the next heal waits 2**n probe rounds, up to 5 min
-    heal_after: float = 0.0  # time.monotonic()
 
 
 class Ledger:
@@ -202,14 +184,15 @@ def _serving(channel: grpc.Channel, metadata: stubs.Metadata) -> bool:
     return status == core.SERVING
 
 
-def probe(fleet: Fleet, r: Replica) -> None:
+def probe(replicas: Replicas, r: Replica, timeout: float) -> None:
     """Drops `r` when it is not SERVING; records its version when it is. A
     dropped replica is asked over a new connection, and given a new client
-    once it answers (not while a call still holds the old one)."""
+    (with the fleet's call `timeout`) once it answers (not while a call still
+    holds the old one)."""
     options = r.client.options
     if r.alive:
         if not _serving(r.client.channel, options.metadata()):
-            fleet._drop(r, "not SERVING (health check)")
+            replicas.drop(r, "not SERVING (health check)")
             return
     else:
         if r.outstanding:
@@ -220,75 +203,88 @@ def probe(fleet: Fleet, r: Replica) -> None:
                 return
         finally:
             channel.close()
-        old, r.client = r.client, RolloutClient(r.target, timeout=fleet.timeout, options=options)
+        old, r.client = r.client, RolloutClient(r.target, timeout=timeout, options=options)
         old.close()
     try:
         info = r.client.server_info(PROBE_TIMEOUT)
     except RolloutError as e:
-        fleet._drop(r, e)
+        replicas.drop(r, e)
         return
-    fleet._observe(r, "" if info.degraded else info.weight_version)
+    replicas.observe(r, "" if info.degraded else info.weight_version)
 
 
-def heal(fleet: Fleet, r: Replica) -> None:
+def heal(
+    replicas: Replicas,
+    r: Replica,
+    ledger: Ledger,
+    updating: threading.RLock,
+    timeout: float,
+    retry_interval: float,
+) -> None:
     """Brings lagging `r` to the fleet's version from the Ledger: one staged
     update, committed only if every tensor's fingerprint is the one pushed
-    to the others. Under the fleet's update lock, after reading `r`'s
-    version again: an update may have moved either side meanwhile."""
+    to the others. Under the fleet's update lock (`updating`), after reading
+    `r`'s version again: an update may have moved either side meanwhile. A
+    failed heal waits 2**n `retry_interval`s before the next."""
     if time.monotonic() < r.heal_after:
         return
-    with fleet._updating:
-        target = fleet.version
+    with updating:
+        target = replicas.version
         try:
             info = r.client.server_info(PROBE_TIMEOUT)
         except RolloutError as e:
-            fleet._drop(r, e)
+            replicas.drop(r, e)
             return
         now = "" if info.degraded else info.weight_version
-        why = "" if now == target else fleet.ledger.why_not(now, target)
+        why = "" if now == target else ledger.why_not(now, target)
         if now == target or why:
-            fleet._observe(r, now, why)
+            replicas.observe(r, now, why)
             return
         assert target is not None  # why_not refuses a fleet without a version
         t0 = time.monotonic()
-        why = _push(fleet, r, target)
-        if why:
-            _failed(fleet, r, now, why)
+        failure = _push(ledger, r, target, timeout)
+        if failure:
+            _failed(replicas, r, now, failure, retry_interval)
             return
         r.heal_failures = 0
-        fleet._observe(r, target)
+        replicas.observe(r, target)
         log.info(
             "replica %s healed: %r -> %r in %.2f s", r.target, now, target, time.monotonic() - t0
         )
 
 
-def _push(fleet: Fleet, r: Replica, target: str) -> str:
+def _push(ledger: Ledger, r: Replica, target: str, timeout: float) -> Failure | None:
     """The Ledger's update staged on `r`, checked and committed; why not."""
-    u, expected = fleet.ledger.update(fleet.timeout)
+    u, expected = ledger.update(timeout)
     prints: list[int] = []
     try:
-        opened = fleet_staging.stage(u, [r], fleet.timeout, fingerprints=prints)
+        opened = fleet_staging.stage(u, [r], timeout, fingerprints=prints)
     except fleet_staging.FleetUpdateError as e:
-        return f"heal failed: {e.errors[r.target]}"
+        return _heal_failed(e.errors[r.target])
     if prints != expected:
         fleet_staging.abort(r, opened[r.target])
         changed = next(t.name for t, a, b in zip(u.tensors, prints, expected) if a != b)
-        fleet.ledger.spoiled = (
+        ledger.spoiled = (
             f"the source of {target!r} changed since it was pushed ({changed}; updated "
             "in place?): it cannot heal, and was not committed (the next full update will)"
         )
-        return fleet.ledger.spoiled
-    _, failed = fleet_staging.commit_all([r], opened, fleet.timeout)
-    return f"heal failed: {failed[r.target]}" if failed else ""
+        return Failure(ledger.spoiled)
+    _, failed = fleet_staging.commit_all([r], opened, timeout)
+    return _heal_failed(failed[r.target]) if failed else None
 
 
-def _failed(fleet: Fleet, r: Replica, version: str, why: str) -> None:
-    """A heal that failed: `r` is dropped if it stopped answering, else left
-    lagging, and not tried again for 2**n probe rounds."""
-    if "UNAVAILABLE" in why:
-        fleet._drop(r, why)
+def _heal_failed(why: str) -> Failure:
+    return Failure(f"heal failed: {why}", getattr(why, "code", None))
+
+
+def _failed(
+    replicas: Replicas, r: Replica, version: str, why: Failure, retry_interval: float
+) -> None:
+    """A heal that failed: `r` is dropped if it stopped answering (by its
+    status code), else left lagging, and not tried again for 2**n rounds."""
+    if gone(why):
+        replicas.drop(r, why)
     else:
-        fleet._observe(r, version, why)
+        replicas.observe(r, version, why)
     r.heal_failures += 1
-    interval = fleet._keeper.interval if fleet._keeper is not None else 0.0
-    r.heal_after = time.monotonic() + min(300.0, interval * 2**r.heal_failures)
+    r.heal_after = time.monotonic() + min(300.0, retry_interval * 2**r.heal_failures)

@@ -40,7 +40,7 @@ import grpc
 from rollout.v1 import rollout_pb2 as pb
 from rollout_client import core
 from rollout_client.client import RolloutClient, RolloutError
-from rollout_client.fleet_health import Replica
+from rollout_client.fleet_replicas import Replica
 from rollout_client.sessions import build_append_request, build_turn_request, merge_tail
 
 log = logging.getLogger("rollout_client.fleet")
@@ -51,8 +51,11 @@ T = TypeVar("T")
 class Placement(Protocol):
     """What a session needs of its Fleet."""
 
-    version: str | None
     wait_seconds: float
+
+    @property
+    def version(self) -> str | None:
+        """The fleet's version."""
 
     def place_session(self, deadline: float) -> tuple[Replica, str]:
         """A replica on the fleet's version for a session (counted there)."""

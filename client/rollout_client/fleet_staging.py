@@ -15,16 +15,13 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
 
 import grpc
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
 from rollout_client import push, stubs
-
-if TYPE_CHECKING:
-    from rollout_client.fleet_health import Replica
+from rollout_client.fleet_replicas import Failure, Replica, gone
 
 
 def _checksum() -> Callable[[bytes | memoryview, int], int]:
@@ -59,8 +56,8 @@ def metadata(r: Replica) -> stubs.Metadata:
     return r.client.options.metadata()
 
 
-def _why(e: grpc.RpcError) -> str:
-    return f"{e.code().name}: {e.details()}"
+def _why(e: grpc.RpcError) -> Failure:
+    return Failure.of(e)
 
 
 def stage(
@@ -100,7 +97,7 @@ def stage(
             if r.target in opened:
                 abort(r, opened[r.target])
         for r in replicas:
-            if "UNAVAILABLE" in errors.get(r.target, ""):
+            if gone(errors.get(r.target)):
                 on_unavailable(r, errors[r.target])
         raise
     return opened
@@ -195,7 +192,7 @@ def _check_staged(
     replicas: Sequence[Replica], opened: dict[str, str], timeout: float
 ) -> dict[str, str]:
     """The barrier: every replica holds every byte of its update."""
-    errors = {}
+    errors: dict[str, str] = {}
     for r in replicas:
         try:
             status = stub(r).GetUpdateStatus(
@@ -204,7 +201,7 @@ def _check_staged(
                 metadata=metadata(r),
             )
             if status.missing:
-                errors[r.target] = f"{len(status.missing)} byte ranges missing"
+                errors[r.target] = Failure(f"{len(status.missing)} byte ranges missing")
         except grpc.RpcError as e:
             errors[r.target] = _why(e)
     return errors

@@ -16,13 +16,40 @@ requests here and differ only in how the call is made.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client import core
+from rollout_client import core, stubs
 
-if TYPE_CHECKING:
-    from rollout_client.client import AsyncRolloutClient, RolloutClient
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp")
+
+
+class Calls(Protocol):
+    """What a Session needs of its RolloutClient (the client's own calls,
+    so that this module does not import the client that imports it)."""
+
+    @property
+    def stub(self) -> stubs.RolloutStub: ...
+
+    def _unary(
+        self, method: stubs.Unary[_Req, _Resp], request: _Req, timeout: float | None
+    ) -> _Resp: ...
+
+    def _call_args(self, timeout: float | None) -> dict[str, Any]: ...
+
+
+class AsyncCalls(Protocol):
+    """What an AsyncSession needs of its AsyncRolloutClient."""
+
+    @property
+    def stub(self) -> stubs.AsyncRolloutStub: ...
+
+    async def _unary(
+        self, method: stubs.AsyncUnary[_Req, _Resp], request: _Req, timeout: float | None
+    ) -> _Resp: ...
+
+    def _call_args(self, timeout: float | None) -> dict[str, Any]: ...
 
 
 def build_open_request(
@@ -120,7 +147,7 @@ def loss_mask(trajectory: pb.GetSessionResponse) -> list[int]:
 class Session:
     """A session on a RolloutClient; a context manager that closes it."""
 
-    def __init__(self, client: RolloutClient, opened: pb.OpenSessionResponse) -> None:
+    def __init__(self, client: Calls, opened: pb.OpenSessionResponse) -> None:
         self.client = client
         self.opened = opened
         self.id = opened.session_id
@@ -188,7 +215,7 @@ class Session:
 class AsyncSession:
     """A session on an AsyncRolloutClient; an async context manager."""
 
-    def __init__(self, client: AsyncRolloutClient, opened: pb.OpenSessionResponse) -> None:
+    def __init__(self, client: AsyncCalls, opened: pb.OpenSessionResponse) -> None:
         self.client = client
         self.opened = opened
         self.id = opened.session_id
