@@ -10,16 +10,16 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from rollout_client import delta
 from rollout_service.config import ServerConfig
 from rollout_service.engine.sleep import Sleeper
-from rollout_service.engine.startup import EngineInfo, engine_info, warm_up
+from rollout_service.engine.startup import engine_info, warm_up
 from rollout_service.fairness.share import FairShare, parse_shares
 from rollout_service.gate import AdmissionGate
 from rollout_service.generation.tokenizing import Tokenizing, eos_token_ids, image_placeholder
 from rollout_service.handoff.region import StagingRegion
+from rollout_service.rpc.serving import App
 from rollout_service.sessions.store import SessionLimits, SessionStore
 from rollout_service.update.lora import Adapters
 from rollout_service.update.reservation import region_bytes
@@ -31,28 +31,6 @@ KEEP_REFUSAL_MULTIMODAL = (
     "PAUSE_MODE_KEEP is not supported on multimodal models yet: a kept request's "
     "image inputs would be recomputed from the multimodal cache the update resets"
 )
-
-
-@dataclass
-class App:
-    """What the servicer serves with (rpc/servicer.py `attach`)."""
-
-    engine: object  # vllm AsyncLLM
-    info: EngineInfo
-    gate: AdmissionGate
-    updater: WeightUpdater
-    sessions: UpdateSessions
-    tokenizing: Tokenizing
-    adapters: Adapters
-    sleeper: Sleeper
-    session_store: SessionStore
-    fair: FairShare
-
-    def close(self) -> None:
-        """After the engine has shut down (its workers read the staging
-        region and load adapters from the adapters' folder until then)."""
-        self.updater.close()
-        self.adapters.close()
 
 
 async def build_app(

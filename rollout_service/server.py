@@ -18,7 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from rollout.v1 import rollout_pb2
-from rollout_service.app import App, build_app
+from rollout_service.app import build_app
 from rollout_service.config import ServerConfig
 from rollout_service.engine import parent_watch, placement, worker_fork
 from rollout_service.engine.startup import build_engine, settle
@@ -29,6 +29,7 @@ from rollout_service.ops.auth import AuthInterceptor, Tokens
 from rollout_service.ops.metrics import MetricsInterceptor
 from rollout_service.rpc.handlers import add_to_server
 from rollout_service.rpc.servicer import RolloutServicer
+from rollout_service.rpc.serving import App
 from rollout_service.update.reservation import reserve_for_checkpoint
 from rollout_service.worker.weights_backend import FAULT_FILE_ENV
 

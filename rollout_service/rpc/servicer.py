@@ -18,7 +18,6 @@ from vllm.sampling_params import RequestOutputKind
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
 from rollout_service import __version__, vllm_compat
-from rollout_service.app import App
 from rollout_service.errors import FailedPrecondition, InvalidArgument, Unavailable, engine_dead
 from rollout_service.fairness.identity import CallerId, caller_id
 from rollout_service.fairness.share import Slot
@@ -29,6 +28,7 @@ from rollout_service.ops.auth import CALLER
 from rollout_service.rpc import many
 from rollout_service.rpc.calls import Call, RunningCalls
 from rollout_service.rpc.handlers import Ending, streaming, unary
+from rollout_service.rpc.serving import App
 from rollout_service.rpc.session_rpcs import SessionRpcs
 from rollout_service.rpc.update_rpcs import UpdateRpcs
 

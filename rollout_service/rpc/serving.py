@@ -1,0 +1,40 @@
+"""What the servicer serves with: every object built for one running
+engine, handed over at once (rpc/servicer.py `attach`). The wiring that
+builds it is `app.py`'s; this is its shape, which the RPCs depend on (so
+the gRPC layer imports nothing above it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rollout_service.engine.sleep import Sleeper
+from rollout_service.engine.startup import EngineInfo
+from rollout_service.fairness.share import FairShare
+from rollout_service.gate import AdmissionGate
+from rollout_service.generation.tokenizing import Tokenizing
+from rollout_service.sessions.store import SessionStore
+from rollout_service.update.lora import Adapters
+from rollout_service.update.sessions import UpdateSessions
+from rollout_service.update.updates import WeightUpdater
+
+
+@dataclass
+class App:
+    """What the servicer serves with (rpc/servicer.py `attach`)."""
+
+    engine: object  # vllm AsyncLLM
+    info: EngineInfo
+    gate: AdmissionGate
+    updater: WeightUpdater
+    sessions: UpdateSessions
+    tokenizing: Tokenizing
+    adapters: Adapters
+    sleeper: Sleeper
+    session_store: SessionStore
+    fair: FairShare
+
+    def close(self) -> None:
+        """After the engine has shut down (its workers read the staging
+        region and load adapters from the adapters' folder until then)."""
+        self.updater.close()
+        self.adapters.close()
