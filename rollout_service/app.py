@@ -13,7 +13,6 @@ from collections.abc import Callable
 
 from rollout_client import delta
 from rollout_service.config import ServerConfig
-from rollout_service.engine.sleep import Sleeper
 from rollout_service.engine.startup import engine_info, warm_up
 from rollout_service.fairness.share import FairShare, parse_shares
 from rollout_service.gate import AdmissionGate
@@ -24,6 +23,7 @@ from rollout_service.sessions.store import SessionLimits, SessionStore
 from rollout_service.update.lora import Adapters
 from rollout_service.update.reservation import region_bytes
 from rollout_service.update.sessions import UpdateSessions
+from rollout_service.update.sleep import Sleeper
 from rollout_service.update.updates import WeightUpdater
 
 # Why PAUSE_MODE_KEEP is refused on a model that takes images.
@@ -91,7 +91,7 @@ async def build_app(
         sessions=UpdateSessions(updater, config.update_idle_timeout_seconds),
         tokenizing=tokenizing,
         adapters=adapters,
-        sleeper=Sleeper(engine, updater),
+        sleeper=Sleeper(engine, updater.quiet, updater.lose_weights),
         session_store=SessionStore(
             SessionLimits(
                 max_sessions=config.max_sessions,

@@ -14,10 +14,10 @@ import pytest
 
 from rollout_client import pb
 from rollout_service import vllm_compat
-from rollout_service.engine.sleep import Sleeper
 from rollout_service.errors import FailedPrecondition
 from rollout_service.gate import AdmissionGate
 from rollout_service.update.quiesce import Quiescer
+from rollout_service.update.sleep import Sleeper
 from rollout_service.update.updates import WeightUpdater
 
 
@@ -255,7 +255,7 @@ def test_sleeper_level_2_wakes_degraded_and_refuses_resets_meanwhile():
     engine.model_config = SimpleNamespace(enable_sleep_mode=True)
     updater = WeightUpdater(engine, gate, {}, 1)
     try:
-        sleeper = Sleeper(engine, updater)
+        sleeper = Sleeper(engine, updater.quiet, updater.lose_weights)
         sleeper.refusal = None  # vLLM's CPU platform has no sleep mode
 
         async def go():

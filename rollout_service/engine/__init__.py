@@ -1,2 +1,3 @@
-"""The engine's life: start-up and the facts read from it, CPU placement,
-sleep, and the parent watch of vLLM's processes."""
+"""The engine's life: start-up and the facts read from it, CPU placement, the
+embedded models, and the process hooks of vLLM's processes (the parent
+watch, the forked workers)."""

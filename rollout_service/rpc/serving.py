@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rollout_service.engine.sleep import Sleeper
 from rollout_service.engine.startup import EngineInfo
 from rollout_service.fairness.share import FairShare
 from rollout_service.gate import AdmissionGate
@@ -15,6 +14,7 @@ from rollout_service.generation.tokenizing import Tokenizing
 from rollout_service.sessions.store import SessionStore
 from rollout_service.update.lora import Adapters
 from rollout_service.update.sessions import UpdateSessions
+from rollout_service.update.sleep import Sleeper
 from rollout_service.update.updates import WeightUpdater
 
 

@@ -8,10 +8,10 @@ import os
 from typing import TYPE_CHECKING
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.engine.sleep import Sleeper
 from rollout_service.handoff.region import SHM_DIR
 from rollout_service.rpc.handlers import unary
 from rollout_service.update.sessions import UpdateSessions
+from rollout_service.update.sleep import Sleeper
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM

@@ -14,9 +14,11 @@ version is claimed and only a full update is accepted.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.errors import FailedPrecondition, InvalidArgument
+from rollout_service.update.quiesce import Quiescer
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +42,14 @@ class Sleeper:
     (quiesce.py; the Quiescer holds the asleep state, and the updater
     refuses updates and resets while it is set)."""
 
-    def __init__(self, engine, updater) -> None:
+    def __init__(
+        self, engine, quiet: Quiescer, lose_weights: Callable[[str], Awaitable[None]]
+    ) -> None:
+        """`quiet`: the one quiesce (the updater's); `lose_weights(why)`:
+        what the updater does when the served weights are gone (level 2)."""
         self.engine = engine
-        self.updater = updater
-        self.quiet = updater.quiet
+        self.quiet = quiet
+        self.lose_weights = lose_weights
         self.refusal = sleep_unavailable_reason(engine)
         self._level = 0
 
@@ -78,7 +84,7 @@ class Sleeper:
             await self.engine.wake_up()
             needs_weights = self._level >= 2
             if needs_weights:
-                await self.updater.lose_weights("the weights were dropped by a level-2 Sleep")
+                await self.lose_weights("the weights were dropped by a level-2 Sleep")
             self._level = 0
         log.info("the engine is awake%s", "; push a full update" if needs_weights else "")
         return pb.WakeUpResponse(needs_weights=needs_weights)
