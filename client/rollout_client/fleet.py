@@ -45,7 +45,7 @@ from rollout_client import fleet_health, fleet_staging, push, sessions
 from rollout_client.client import RolloutClient, RolloutError
 from rollout_client.fleet_health import Keeper, Ledger
 from rollout_client.fleet_replicas import Replica, Replicas
-from rollout_client.fleet_sessions import AsyncFleetSession, FleetSession
+from rollout_client.fleet_sessions import AsyncFleetSession, FleetSession, Threads
 from rollout_client.fleet_staging import FleetUpdateError  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:  # numpy: imported by delta pushes only
@@ -343,30 +343,29 @@ class Fleet:
 
 class AsyncFleet:
     """Fleet for asyncio: the same routing, barrier and bookkeeping, each
-    call run in a thread (as AsyncRolloutClient.update_weights does)."""
+    call run on a thread of its own pool (`max_threads`: the calls it runs
+    at once), as AsyncRolloutClient.update_weights runs its push."""
 
-    def __init__(self, targets: str | list[str], **kwargs: Any) -> None:
+    def __init__(self, targets: str | list[str], *, max_threads: int = 256, **kwargs: Any) -> None:
         self.fleet = Fleet(targets, **kwargs)
+        self.threads = Threads(max_threads)
 
     async def __aenter__(self) -> AsyncFleet:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        import asyncio
+        await self.close()
 
-        await asyncio.to_thread(self.fleet.close)  # joins the keeper thread
+    async def close(self) -> None:
+        await self.threads.run(self.fleet.close)  # joins the keeper thread
+        self.threads.close()
 
     async def generate(self, **kwargs: Any) -> pb.GenerateResponse:
-        import asyncio
-
-        return await asyncio.to_thread(self.fleet.generate, **kwargs)
+        return await self.threads.run(self.fleet.generate, **kwargs)
 
     async def open_session(self, **kwargs: Any) -> AsyncFleetSession:
-        import asyncio
-
-        return AsyncFleetSession(await asyncio.to_thread(self.fleet.open_session, **kwargs))
+        session = await self.threads.run(self.fleet.open_session, **kwargs)
+        return AsyncFleetSession(session, self.threads)
 
     async def update_weights(self, source: Any, version: str, **kwargs: Any) -> FleetAck:
-        import asyncio
-
-        return await asyncio.to_thread(self.fleet.update_weights, source, version, **kwargs)
+        return await self.threads.run(self.fleet.update_weights, source, version, **kwargs)
