@@ -211,3 +211,18 @@ def test_the_server_ships_what_the_client_needs():
     assert names(client["optional-dependencies"]["weights"]) <= names(server["dependencies"])
     assert client["scripts"] == {"rollout-client": server["scripts"]["rollout-client"]}
     assert client["version"] == server["version"]
+
+
+def test_every_package_of_the_server_is_shipped():
+    """[tool.setuptools] lists the packages by hand: a package missing there
+    is absent from a wheel (`pip install .`, an image) though an editable
+    install still finds it (the sessions, fairness and handoff packages were)."""
+    tomllib = pytest.importorskip("tomllib")
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    on_disk = {
+        ".".join(p.parent.relative_to(ROOT).parts)
+        for p in (ROOT / "rollout_service").rglob("__init__.py")
+    }
+    assert on_disk <= listed, sorted(on_disk - listed)
