@@ -26,6 +26,7 @@ longer holds the slot: the next update to begin discards it.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import time
 import uuid
@@ -44,6 +45,18 @@ from rollout_service.update.updates import WeightUpdater
 log = logging.getLogger(__name__)
 
 
+class State(enum.Enum):
+    """Where an update session is: OPEN -> COMMITTING -> DONE, or OPEN ->
+    ABORTED; CommitUpdate passes through CHECKING (its bytes checked, uploads
+    refused), and back to OPEN if they are refused."""
+
+    OPEN = "open"
+    CHECKING = "checking"
+    COMMITTING = "committing"
+    DONE = "done"
+    ABORTED = "aborted"
+
+
 class UpdateSession:
     """One open update."""
 
@@ -55,10 +68,7 @@ class UpdateSession:
         self.same_host = same_host
         self.started = time.perf_counter()
         self.touched = time.monotonic()
-        # open -> committing -> done, or open -> aborted; CommitUpdate passes
-        # through checking (its bytes checked, uploads refused), and back to
-        # open if they are refused.
-        self.state = "open"
+        self.state = State.OPEN
         self.expiry: asyncio.Future | None = None
         # The apply, while committing: twins wait for it.
         self.applying: asyncio.Future | None = None
@@ -107,7 +117,7 @@ class UpdateSessions:
     async def _wait_for_twin(self, begin: pb.UpdateWeightsBegin) -> None:
         """Until no update that may be this one is applying (whatever its
         outcome: this one then goes on as if it had come after)."""
-        while (s := self._current) is not None and s.state == "committing":
+        while (s := self._current) is not None and s.state == State.COMMITTING:
             if not could_be_twins(s.begin, begin):
                 return
             log.info("update %r waits for its twin %s to be applied", begin.weight_version, s.id)
@@ -122,10 +132,10 @@ class UpdateSessions:
         s = self._current
         if s is None:
             return
-        if s.state == "open" and s.refused:
+        if s.state == State.OPEN and s.refused:
             self.abort(s, "replaced by a new update after its commit was refused")
             return
-        what = "being applied" if s.state == "committing" else "open"
+        what = "being applied" if s.state == State.COMMITTING else "open"
         raise Aborted(f"another update is {what}; only one runs at a time")
 
     def get(self, update_id: str) -> UpdateSession:
@@ -137,7 +147,7 @@ class UpdateSessions:
                 "replaced after a refused commit, or expired after the idle timeout)",
                 reason=pb.ERROR_REASON_UPDATE_NOT_OPEN,
             )
-        if s.state != "open":
+        if s.state != State.OPEN:
             raise FailedPrecondition(
                 f"update_id: {update_id!r} is being applied", reason=pb.ERROR_REASON_UPDATE_NOT_OPEN
             )
@@ -146,7 +156,7 @@ class UpdateSessions:
 
     def upload(self, session: UpdateSession, msg: RawChunk | pb.UploadChunksRequest) -> int:
         """Writes an UploadChunksRequest's chunk or chunks; returns their size."""
-        if session.state != "open":
+        if session.state != State.OPEN:
             raise FailedPrecondition(
                 f"update_id: {session.id!r} is no longer open",
                 reason=pb.ERROR_REASON_UPDATE_NOT_OPEN,
@@ -177,13 +187,13 @@ class UpdateSessions:
         if self._committed is not None and self._committed[0] == update_id:
             return _replayed(self._committed[1])
         s = self._current
-        if s is not None and s.id == update_id and s.state == "committing":
+        if s is not None and s.id == update_id and s.state == State.COMMITTING:
             assert s.applying is not None
             return _replayed(await asyncio.shield(s.applying))
         session = self.get(update_id)
         if session.same_host:
             session.assembler.mark_written()
-        session.state = "checking"
+        session.state = State.CHECKING
         return await asyncio.shield(self._check_and_apply(session, stream=False))
 
     async def _check_and_apply(
@@ -192,11 +202,11 @@ class UpdateSessions:
         """The commit is in: its bytes are checked, then it is applied, to the
         end even if the call that committed goes away (shielded by callers).
         The checksums take time that grows with the update: in a thread,
-        while uploads to it are refused (state "checking")."""
+        while uploads to it are refused (State.CHECKING)."""
         try:
             staged = await asyncio.to_thread(session.assembler.finish, require_commit=stream)
         except BaseException:
-            session.state = "open"
+            session.state = State.OPEN
             if stream:
                 self.abort(session, "refused at its commit")
             else:
@@ -208,19 +218,19 @@ class UpdateSessions:
         return await self._apply(session, staged)
 
     def abort(self, session: UpdateSession, why: str = "aborted") -> None:
-        if session.state == "open" and self._current is session:
-            session.state = "aborted"
+        if session.state == State.OPEN and self._current is session:
+            session.state = State.ABORTED
             self._current = None
             received = session.assembler.bytes_received
             log.info("update %s %s after %d bytes", session.id, why, received)
 
     async def _apply(self, session: UpdateSession, staged) -> pb.UpdateWeightsResponse:
-        session.state = "committing"
+        session.state = State.COMMITTING
         receive_s = time.perf_counter() - session.started
         apply = session.applying = asyncio.ensure_future(self.updater.apply(staged, receive_s))
 
         def done(f: asyncio.Future) -> None:
-            session.state = "done"
+            session.state = State.DONE
             if self._current is session:
                 self._current = None
             if not f.cancelled() and f.exception() is None:
@@ -233,9 +243,9 @@ class UpdateSessions:
         return await asyncio.shield(apply)
 
     async def _expire_when_idle(self, session: UpdateSession) -> None:
-        while session.state in ("open", "checking") and self._current is session:
+        while session.state in (State.OPEN, State.CHECKING) and self._current is session:
             idle = time.monotonic() - session.touched
-            if idle >= self.idle_timeout_seconds and session.state == "open":
+            if idle >= self.idle_timeout_seconds and session.state == State.OPEN:
                 self.abort(session, f"expired after {idle:.0f}s without a call")
                 return
             # (While checking it is not idle: looked at again shortly.)
@@ -255,7 +265,7 @@ class UpdateSessions:
                 ) from None
             # From here the update runs to its end even if the call is
             # cancelled: the server has its commit.
-            session.state = "checking"
+            session.state = State.CHECKING
             return await asyncio.shield(self._check_and_apply(session, stream=True))
         finally:
             if session is not None:
