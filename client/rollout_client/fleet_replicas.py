@@ -181,10 +181,14 @@ class Replicas:
                 r = sorted(ready, key=lambda x: x.target)[zlib.crc32(key) % len(ready)]
             else:
                 r = min(ready, key=lambda x: (x.outstanding, x.picked))
-            self._picks += 1
-            r.picked = self._picks
+            self._picked(r)
             r.outstanding += 1
             return r, self.version
+
+    def _picked(self, r: Replica) -> None:
+        """Marks `r` the most recently picked (ties go to the least recent)."""
+        self._picks += 1
+        r.picked = self._picks
 
     def returned(self, r: Replica) -> None:
         with self.changed:
@@ -196,8 +200,7 @@ class Replicas:
             ready = self.ready(deadline)
             assert self.version is not None
             r = min(ready, key=lambda x: (x.sessions, x.outstanding, x.picked))
-            self._picks += 1
-            r.picked = self._picks
+            self._picked(r)
             r.sessions += 1
             return r, self.version
 

@@ -56,10 +56,6 @@ def metadata(r: Replica) -> stubs.Metadata:
     return r.client.options.metadata()
 
 
-def _why(e: grpc.RpcError) -> Failure:
-    return Failure.of(e)
-
-
 def stage(
     u: push.Update,
     replicas: Sequence[Replica],
@@ -83,7 +79,7 @@ def stage(
                     stub(r).BeginUpdate(begin, timeout=timeout, metadata=metadata(r)).update_id
                 )
             except grpc.RpcError as e:
-                errors[r.target] = _why(e)
+                errors[r.target] = Failure.of(e)
         if not errors:
             errors = _fan_out(u, [(r, opened[r.target]) for r in replicas], fingerprints)
         if not errors and before_commit is not None:
@@ -117,7 +113,7 @@ def commit_all(
                 stub(r).CommitUpdate(request, timeout=timeout, metadata=metadata(r)).result
             )
         except grpc.RpcError as e:
-            failed[r.target] = _why(e)
+            failed[r.target] = Failure.of(e)
 
     threads = [threading.Thread(target=commit, args=(r,)) for r in replicas]
     for t in threads:
@@ -160,7 +156,7 @@ def _fan_out(
         try:
             call(requests(), timeout=u.timeout, metadata=metadata(r))
         except grpc.RpcError as e:
-            errors[r.target] = _why(e)
+            errors[r.target] = Failure.of(e)
             while q.get() is not None:  # keep the reader from blocking on us
                 pass
 
@@ -203,5 +199,5 @@ def _check_staged(
             if status.missing:
                 errors[r.target] = Failure(f"{len(status.missing)} byte ranges missing")
         except grpc.RpcError as e:
-            errors[r.target] = _why(e)
+            errors[r.target] = Failure.of(e)
     return errors
