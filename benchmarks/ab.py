@@ -34,7 +34,8 @@ import statistics
 import string
 import sys
 
-from benchmarks import compare
+from benchmarks import compare_runs, compare_servers
+from benchmarks.compare_report import front_per_engine
 from benchmarks.profile_split import format_split
 
 KINDS = ("ours", "thin", "inprocess", "serve")
@@ -64,7 +65,7 @@ FIGURES = (
     ("latency p50 ms", _ms("latency", "p50")),
     ("front CPU/1k", lambda s: s.get("front_cpu_s_per_1k_tokens")),
     ("client CPU/1k", lambda s: s.get("client_cpu_s_per_1k_tokens")),
-    ("front/engine", compare.front_per_engine),
+    ("front/engine", front_per_engine),
 )
 
 
@@ -88,19 +89,13 @@ class Side:
         if env and kind != "ours":
             raise SystemExit("--env applies to `ours` sides only")
         if kind == "ours":
-            self.server = compare.ServerProcess(
-                "--model",
-                compare.MODEL,
-                *compare.ENGINE_ARGS,
-                *compare.placement_args(args),
-                env={**compare.ENGINE_ENV, **env},
-            )
+            self.server = compare_servers.rollout_server(args, env=env)
         elif kind == "thin":
-            self.server = compare.ThinServer(args)
+            self.server = compare_servers.ThinServer(args)
         elif kind == "serve":
             from rollout_service.engine.tiny_models import ensure_model
 
-            self.server = compare.VllmServe(ensure_model(compare.MODEL))
+            self.server = compare_servers.VllmServe(ensure_model(compare_servers.MODEL))
 
     def describe(self) -> str:
         if self.server is None:
@@ -111,8 +106,8 @@ class Side:
     def wait(self, args) -> None:
         if self.server is not None:
             self.server.wait_ready()
-            if self.kind != "serve" or args.pin_serve:  # as compare.run_serve
-                compare.place(args, self.server.proc.pid)
+            if self.kind != "serve" or args.pin_serve:  # as compare_runs.run_serve
+                compare_servers.place(args, self.server.proc.pid)
 
     def runs(self, load: str) -> bool:
         """`vllm serve` has no streaming load of this kind (gRPC only)."""
@@ -121,13 +116,13 @@ class Side:
     def drive(self, args, load: str, vocab: int) -> dict:
         suffix, tuned, mode = LOADS[load]
         if self.server is None:
-            return compare.run_inprocess(args, [mode])[f"inprocess_{mode}"]
+            return compare_runs.run_inprocess(args, [mode])[f"inprocess_{mode}"]
         s = self.server
         if self.kind == "serve":
-            return compare.drive_serve(args, s, vocab)
+            return compare_runs.drive_serve(args, s, vocab)
         driver = ("grpc" if self.kind == "ours" else "thin") + suffix
-        flags = compare.stream_flags(args, tuned) if suffix else []
-        summary = compare.drive(
+        flags = compare_runs.stream_flags(args, tuned) if suffix else []
+        summary = compare_runs.drive(
             args, driver, s.target, vocab, s.proc.pid, args.profile, flags=flags
         )
         if "front_components" in summary:
@@ -179,8 +174,12 @@ def window_line(round_no: int, side: Side, load: str, s: dict) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = compare.build_parser()
-    ap.prog, ap.description = "python -m benchmarks.ab", __doc__.split("\n\n")[0]
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.ab",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    compare_runs.add_run_args(ap)
     ap.add_argument("--sides", default="thin,ours", help="two or more of " + ",".join(KINDS))
     ap.add_argument("--env", action="append", default=[], metavar="LABEL:NAME=VALUE")
     ap.add_argument("--loads", default="stream", help="of " + ",".join(LOADS))
@@ -199,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     envs = side_envs(args.env, labels)
     from rollout_service.engine.tiny_models import ensure_model
 
-    vocab = compare.model_vocab(ensure_model(compare.MODEL))
+    vocab = compare_servers.model_vocab(ensure_model(compare_servers.MODEL))
     sides: list[Side] = []
     try:
         # Started one after the other: two engines warming up at once on

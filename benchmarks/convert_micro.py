@@ -5,7 +5,7 @@ to build in this process.
     .venv/bin/python -m benchmarks.convert_micro [--number N]
 
 The figures are µs per call, best of five repeats. They say what a change to
-convert.py or many.py saves per message; whether a load sees it is for
+convert.py, outputs.py or many.py saves per message; whether a load sees it is for
 benchmarks.ab to say (BENCHMARKS.md, stop 23).
 """
 
@@ -18,7 +18,7 @@ from vllm.logprobs import Logprob
 from vllm.outputs import CompletionOutput
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.generation import convert
+from rollout_service.generation import outputs
 
 
 def delta_output(tokens: int = 1) -> CompletionOutput:
@@ -39,14 +39,14 @@ def cases() -> dict:
     final.finish_reason = "length"
 
     def delta():
-        spans = convert.version_spans(None, 5, 1, "v1")
-        return convert.stream_delta_to_proto("req-abcdef-0123", one, 0, "v1", spans)
+        spans = outputs.version_spans(None, 5, 1, "v1")
+        return outputs.stream_delta_to_proto("req-abcdef-0123", one, 0, "v1", spans)
 
     def delta_serialized():
         return delta().SerializeToString()
 
     def completion():
-        return convert.completion_to_proto(final, 0, None, "v1")
+        return outputs.completion_to_proto(final, 0, None, "v1")
 
     batch = [delta() for _ in range(8)]
 

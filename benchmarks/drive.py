@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def make_driver(args):
     if args.driver == "http":
-        from benchmarks.compare import HttpDriver
+        from benchmarks.compare_servers import HttpDriver
 
         return HttpDriver(args.target, args.temperature, args.logprobs)
     from benchmarks.loadgen import stream_options

@@ -4,7 +4,7 @@
 one line per distinct stack (root first, `;`-separated) with its count.
 Each sample is charged to the first component that claims a frame, reading
 from the innermost frame outwards: time in protobuf's C code called from
-convert.py is conversion, time in prometheus_client called from the servicer
+convert.py or outputs.py is conversion, time in prometheus_client called from the servicer
 is metrics. Work that has no Python frame of its own (gRPC's Cython and C
 core, asyncio's C internals, a native thread's loop) lands on the frame that
 called it: a sample whose innermost frame is the event loop's callback runner
@@ -24,11 +24,14 @@ from pathlib import Path
 # (component, substrings of a frame), the first match wins, from the
 # innermost frame out.
 COMPONENTS = [
-    ("protobuf building (our conversion)", ("rollout_service/generation/convert.py",)),
+    (
+        "protobuf building (our conversion)",
+        ("rollout_service/generation/convert.py", "rollout_service/generation/outputs.py"),
+    ),
     ("protobuf (other)", ("google/protobuf",)),
     ("metrics (prometheus, vLLM stat loggers)", ("prometheus_client", "vllm/v1/metrics")),
     ("logging and tracing", ("logging/", "opentelemetry", "rollout_service/ops/tracing.py")),
-    ("admission gate", ("rollout_service/gate.py",)),
+    ("admission gate", ("rollout_service/engine/gate.py",)),
     (
         "vLLM output processing (detokenizer, logprobs)",
         (

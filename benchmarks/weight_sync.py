@@ -82,7 +82,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def largest_tensor(path: str) -> int:
-    from rollout_client.sources import open_source
+    from rollout_codecs.sources import open_source
 
     return max(t.nbytes for t in open_source(path))
 

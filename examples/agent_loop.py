@@ -46,9 +46,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rollout_client import AsyncRolloutClient, dtypes, pb
+from rollout_client import AsyncRolloutClient, pb
 from rollout_client.mismatch import Mismatch, mismatch
 from rollout_client.sessions import loss_mask
+from rollout_codecs import dtypes
 
 TASKS = [(17, 23), (48, 7), (305, 12)]
 # An agent's usual long system prompt: more than a KV block (128 tokens on

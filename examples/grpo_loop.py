@@ -42,9 +42,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rollout_client import AsyncRolloutClient, dtypes, pb
+from rollout_client import AsyncRolloutClient, pb
 from rollout_client.mismatch import mismatch
 from rollout_client.versions import token_versions
+from rollout_codecs import dtypes
 
 PROMPTS = [
     "The model should learn to",

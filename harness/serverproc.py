@@ -1,4 +1,6 @@
-"""Runs `rollout-service serve` as a subprocess for tests and benchmarks."""
+"""Runs a server subprocess for tests and benchmarks: `rollout-service serve`
+(ServerProcess), or any other server a benchmark measures it against
+(LoggedServer, whose one lifecycle both share)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -28,44 +30,44 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class ServerProcess:
-    """A server subprocess with its log in a temporary file."""
+class LoggedServer:
+    """A server subprocess with its log in a temporary file: started with
+    TEST_ENGINE_ENV over the caller's environment, waited for until
+    `ready()`, stopped with SIGTERM (killed past a deadline). Subclasses give
+    the command and `ready()`."""
+
+    name = "server"
+    # Seconds between readiness checks; 0 for a check that itself waits.
+    poll_seconds = 1.0
 
     def __init__(
-        self, *args: str, env: dict[str, str] | None = None, port: int | None = None
+        self, cmd: list[str], env: dict[str, str] | None = None, log_prefix: str = "server-"
     ) -> None:
-        self.port = port or free_port()  # a port: a restart at the same address
-        self.target = f"127.0.0.1:{self.port}"
-        self.log = Path(tempfile.mkstemp(prefix="rollout-server-", suffix=".log")[1])
-        cmd = [
-            str(Path(sys.executable).with_name("rollout-service")),
-            "serve",
-            "--port",
-            str(self.port),
-            "--grace-seconds",
-            "5",
-            *args,
-        ]
+        self.log = Path(tempfile.mkstemp(prefix=log_prefix, suffix=".log")[1])
         full_env = {**os.environ, **TEST_ENGINE_ENV, **(env or {})}
         self._log_file = open(self.log, "wb")
         self.proc = subprocess.Popen(
             cmd, stdout=self._log_file, stderr=subprocess.STDOUT, env=full_env
         )
 
-    def wait_ready(self, timeout: float = 300, **client_options) -> None:
-        """Until health is SERVING (`client_options`: a token, TLS files for
-        RolloutClient); fails with the log's tail if the server exits."""
-        with RolloutClient(self.target, **client_options) as client:
-            deadline = time.monotonic() + timeout
-            while True:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"server exited ({self.proc.returncode}):\n{self.tail()}")
-                try:
-                    client.wait_until_ready(timeout=2)
-                    return
-                except TimeoutError:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"server not ready:\n{self.tail()}") from None
+    def ready(self) -> bool:
+        raise NotImplementedError
+
+    def wait_ready(self, timeout: float = 300) -> None:
+        self._wait_until(self.ready, timeout)
+
+    def _wait_until(self, ready: Callable[[], bool], timeout: float) -> None:
+        """Until `ready()`; fails with the log's tail if the server exits or
+        the timeout passes."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited ({self.proc.returncode}):\n{self.tail()}")
+            if ready():
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} not ready:\n{self.tail()}")
+            time.sleep(self.poll_seconds)
 
     def tail(self, n: int = 60) -> str:
         lines = self.log.read_text(errors="replace").splitlines()
@@ -82,18 +84,59 @@ class ServerProcess:
                 return None
         return self._finish(timeout)
 
+    def kill(self) -> None:
+        """What a server still running past its stop's deadline gets."""
+        self.proc.kill()
+
     def _finish(self, timeout: float) -> int:
         try:
             self.proc.wait(max(timeout, 0))
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            self.kill()
             self.proc.wait()
         self._log_file.close()
         return self.proc.returncode
 
 
+class ServerProcess(LoggedServer):
+    """`rollout-service serve` as a subprocess, ready when its health is SERVING."""
+
+    # Each check waits up to 2 s on the health service itself.
+    poll_seconds = 0.0
+
+    def __init__(
+        self, *args: str, env: dict[str, str] | None = None, port: int | None = None
+    ) -> None:
+        self.port = port or free_port()  # a port: a restart at the same address
+        self.target = f"127.0.0.1:{self.port}"
+        cmd = [
+            str(Path(sys.executable).with_name("rollout-service")),
+            "serve",
+            "--port",
+            str(self.port),
+            "--grace-seconds",
+            "5",
+            *args,
+        ]
+        super().__init__(cmd, env=env, log_prefix="rollout-server-")
+
+    def wait_ready(self, timeout: float = 300, **client_options) -> None:
+        """Until health is SERVING (`client_options`: a token, TLS files for
+        RolloutClient); fails with the log's tail if the server exits."""
+        with RolloutClient(self.target, **client_options) as client:
+
+            def serving() -> bool:
+                try:
+                    client.wait_until_ready(timeout=2)
+                    return True
+                except TimeoutError:
+                    return False
+
+            self._wait_until(serving, timeout)
+
+
 # Servers told to stop that may still be shutting down, with their deadlines.
-_stopping: list[tuple[ServerProcess, float]] = []
+_stopping: list[tuple[LoggedServer, float]] = []
 
 
 @atexit.register

@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from rollout_client import dtypes, pb
+from rollout_client import pb
+from rollout_codecs import dtypes
 
 
 def random_weights(parameters, seed: int, std: float = 0.08) -> dict[str, torch.Tensor]:

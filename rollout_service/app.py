@@ -9,22 +9,24 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
-from rollout_client import delta
+from rollout_codecs import delta
 from rollout_service.config import ServerConfig
+from rollout_service.engine.gate import AdmissionGate
+from rollout_service.engine.protocol import Engine
 from rollout_service.engine.startup import engine_info, warm_up
 from rollout_service.fairness.share import FairShare, parse_shares
-from rollout_service.gate import AdmissionGate
 from rollout_service.generation.tokenizing import Tokenizing, eos_token_ids, image_placeholder
 from rollout_service.handoff.region import StagingRegion
 from rollout_service.rpc.serving import App
 from rollout_service.sessions.store import SessionLimits, SessionStore
-from rollout_service.update.lora import Adapters
+from rollout_service.update.delta_base import DeltaBase
 from rollout_service.update.reservation import region_bytes
+from rollout_service.update.served import Served
 from rollout_service.update.sessions import UpdateSessions
 from rollout_service.update.sleep import Sleeper
-from rollout_service.update.updates import WeightUpdater
+from rollout_service.update.updates import build_updater
 
 # Why PAUSE_MODE_KEEP is refused on a model that takes images.
 KEEP_REFUSAL_MULTIMODAL = (
@@ -34,10 +36,10 @@ KEEP_REFUSAL_MULTIMODAL = (
 
 
 async def build_app(
-    engine,
+    engine: Engine,
     config: ServerConfig,
     staging: StagingRegion,
-    on_degraded: Callable[[bool], object],
+    on_degraded: Callable[[bool], Awaitable[object]],
     cpus: set[int] | None = None,
 ) -> App:
     """Builds the app on a started engine and warms it up. Raises
@@ -45,22 +47,27 @@ async def build_app(
     info = await engine_info(engine, config.max_prompt_tokens)
     gate = AdmissionGate(config.initial_weight_version, config.max_queued_generate)
     max_update = config.max_update_bytes or (info.model_bytes + info.model_bytes // 4 + (64 << 20))
-    adapters = Adapters(engine, info.manifest)
-    updater = WeightUpdater(
+    served = Served(gate, on_degraded)
+    base = DeltaBase(
+        info.manifest,
+        staging,
+        # Deltas, adapters and possible retries arrive here instead, so
+        # that they never write the served bytes in the slots.
+        StagingRegion(),
+        decode_threads=config.delta_decode_threads or min(8, len(cpus or os.sched_getaffinity(0))),
+        decode_cpus=cpus,
+    )
+    updater = build_updater(
         engine,
-        gate,
+        served,
         info.manifest,
         max_update,
-        on_degraded=on_degraded,
+        base,
         groups=info.groups,
         kv_connector=info.kv_connector,
         drain_timeout_seconds=config.drain_timeout_seconds,
-        staging=staging,
         broadcast=config.weight_broadcast,
         keep_refusal=KEEP_REFUSAL_MULTIMODAL if info.limits.supports_images else None,
-        adapters=adapters,
-        decode_threads=config.delta_decode_threads or min(8, len(cpus or os.sched_getaffinity(0))),
-        decode_cpus=cpus,
     )
     if nbytes := region_bytes(info.manifest, max_update):
         staging.ensure(nbytes, prefault=config.prefault_staging)
@@ -90,8 +97,8 @@ async def build_app(
         updater=updater,
         sessions=UpdateSessions(updater, config.update_idle_timeout_seconds),
         tokenizing=tokenizing,
-        adapters=adapters,
-        sleeper=Sleeper(engine, updater.quiet, updater.lose_weights),
+        adapters=updater.adapters,
+        sleeper=Sleeper(engine, updater.quiet, served),
         session_store=SessionStore(
             SessionLimits(
                 max_sessions=config.max_sessions,

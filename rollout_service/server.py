@@ -22,7 +22,6 @@ from rollout_service.app import build_app
 from rollout_service.config import ServerConfig
 from rollout_service.engine import parent_watch, placement, worker_fork
 from rollout_service.engine.startup import build_engine, settle
-from rollout_service.errors import engine_dead
 from rollout_service.handoff.region import StagingRegion, StagingSpaceError, remove_stale_segments
 from rollout_service.ops import metrics, tracing
 from rollout_service.ops.auth import AuthInterceptor, Tokens
@@ -30,6 +29,7 @@ from rollout_service.ops.metrics import MetricsInterceptor
 from rollout_service.rpc.handlers import add_to_server
 from rollout_service.rpc.servicer import RolloutServicer
 from rollout_service.rpc.serving import App
+from rollout_service.status.errors import engine_dead
 from rollout_service.update.reservation import reserve_for_checkpoint
 from rollout_service.worker.weights_backend import FAULT_FILE_ENV
 

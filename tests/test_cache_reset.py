@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 
 from rollout_client import pb
-from rollout_service.gate import AdmissionGate
-from rollout_service.update.updates import WeightUpdater
+from rollout_service.engine.gate import AdmissionGate
+from rollout_service.update.quiesce import Quiescer
+from rollout_service.update.served import Served
 
 
 class _Engine:
@@ -30,9 +31,8 @@ class _Engine:
 
 def _reset(kv_connector: bool):
     engine = _Engine()
-    updater = WeightUpdater(engine, AdmissionGate("v0"), {}, 1, kv_connector=kv_connector)
-    results = asyncio.run(updater._reset_all())
-    updater.close()
+    quiet = Quiescer(engine, Served(AdmissionGate("v0")), kv_connector=kv_connector)
+    results = asyncio.run(quiet.reset_all())
     return engine.calls, [(r.cache, r.reset) for r in results]
 
 

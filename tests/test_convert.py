@@ -8,12 +8,12 @@ import pytest
 from vllm.sampling_params import RequestOutputKind
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.errors import InvalidArgument
 from rollout_service.generation.convert import (
     ModelLimits,
     prompt_from_request,
     sampling_params_from_proto,
 )
+from rollout_service.status.errors import InvalidArgument
 
 LIMITS = ModelLimits(vocab_size=100, max_model_len=64, max_logprobs=5, supports_images=False)
 

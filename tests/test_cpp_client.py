@@ -7,7 +7,7 @@ The server is the test's own (TLS and tokens on), so the weights the program
 pushes do not reach the session server that other tests share.
 
 Its delta mode (--base-seed) is checked twice: without a server, its
-SPARSE_XOR16 bytes (--encode-only) against rollout_client.delta's encoder, and
+SPARSE_XOR16 bytes (--encode-only) against rollout_codecs.delta's encoder, and
 against the server, where a delta must give the outputs a full push of the
 same bytes gives, and a refused base must end in a full push.
 
@@ -31,8 +31,9 @@ import numpy as np
 import pytest
 import torch
 
-from rollout_client import RolloutClient, RolloutError, delta, dtypes, pb
+from rollout_client import RolloutClient, RolloutError, pb
 from rollout_client.sessions import Session, loss_mask
+from rollout_codecs import delta, dtypes
 from tests.support.tokens import ADMIN, GENERATE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -224,7 +225,7 @@ def _encode_only(trainer: Path, out: Path, *args) -> tuple[bytes, dict]:
 
 
 def _python_payload(base: bytes, new: bytes, encoding: str = "xor16") -> bytes:
-    """rollout_client.delta's bytes, the compiled and the numpy loops agreeing."""
+    """rollout_codecs.delta's bytes, the compiled and the numpy loops agreeing."""
     enc = delta.SPARSE8 if encoding == "xor8" else delta.SPARSE
     b, n = delta.elements(base, enc), delta.elements(new, enc)
     payload = delta.encode_sparse(b, n).tobytes()

@@ -1,5 +1,5 @@
-"""The delta encodings (rollout_client/delta.py, the proto's TensorEncoding)
-and the assembler's checks of a delta's begin, without an engine: encoding
+"""The delta encodings (rollout_codecs/delta.py, the proto's TensorEncoding)
+and the plan's checks of a delta's begin, without an engine: encoding
 then decoding gives the new bytes back, bit for bit, compiled or not; every
 malformed payload the proto allows is refused with what is wrong, before a
 word is written."""
@@ -15,10 +15,12 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout_client import delta, pb
-from rollout_service.errors import FailedPrecondition, InvalidArgument
-from rollout_service.update.assembler import Placement, UpdateAssembler
+from rollout_client import pb
+from rollout_codecs import delta
+from rollout_service.status.errors import FailedPrecondition, InvalidArgument
+from rollout_service.update.plan import Placement, Target
 from tests.support.regions import FakeRegion
+from tests.support.update_stream import UpdateStream
 
 
 def payload(values, gaps, unit="<u2") -> bytes:
@@ -162,7 +164,7 @@ def test_a_zstd_frame_that_hides_or_inflates_its_size_is_refused_before_decompre
         delta.zstd_decompress(b"not zstd at all", 20)
 
 
-# ------------------------------------------------------------ the assembler
+# ------------------------------------------------------------ the plan and the receiver
 
 MANIFEST = {
     "w": pb.TensorSpec(name="w", dtype=pb.D_TYPE_BFLOAT16, shape=[8, 4]),
@@ -173,7 +175,7 @@ MANIFEST = {
 def assembler(delta_base="v0"):
     slots = {"w": 0, "b": 64}
     placement = Placement(FakeRegion(), slots=slots, incoming=FakeRegion(), delta_base=delta_base)
-    return UpdateAssembler(MANIFEST, 1 << 20, placement.staging, "v0", placement=placement)
+    return UpdateStream(Target(MANIFEST, "v0"), placement)
 
 
 def begin(*specs, base="v0"):
@@ -240,24 +242,25 @@ def test_a_bad_encoding_is_refused_naming_the_field(spec, base, field, why):
 def test_the_incoming_region_grows_with_a_quarter_to_spare():
     """So that the next step's delta, a little larger, does not pay for
     growing it (allocating and faulting in its pages) again."""
-    asm = assembler()
-    asm.begin(begin(sparse_spec(encoded_bytes=64)))
-    assert asm.region.size == 64 + 16
+    plan = assembler().begin(begin(sparse_spec(encoded_bytes=64)))
+    assert plan.region.size == 64 + 16
     full = assembler()
-    full.begin(begin(pb.TensorSpec(name="w", dtype=pb.D_TYPE_BFLOAT16, shape=[8, 4]), base=""))
-    assert full.region is full._staging and full.region.size == 64, "slots: no room added"
+    plan = full.begin(
+        begin(pb.TensorSpec(name="w", dtype=pb.D_TYPE_BFLOAT16, shape=[8, 4]), base="")
+    )
+    assert plan.region is full.staging and plan.region.size == 64, "slots: no room added"
 
 
 def test_a_delta_that_does_not_fit_in_dev_shm_is_resource_exhausted(monkeypatch):
-    from rollout_service.errors import ResourceExhausted
     from rollout_service.handoff.region import StagingSpaceError
+    from rollout_service.status.errors import ResourceExhausted
 
     asm = assembler()
 
     def full(*args, **kwargs):
         raise StagingSpaceError(1 << 30, 1 << 20)
 
-    monkeypatch.setattr(asm._place.incoming, "ensure", full)
+    monkeypatch.setattr(asm.placement.incoming, "ensure", full)
     with pytest.raises(ResourceExhausted) as e:
         asm.begin(begin(sparse_spec(encoded_bytes=8)))
     assert "begin.tensors: the update's 8 bytes do not fit" in str(e.value)
@@ -266,14 +269,14 @@ def test_a_delta_that_does_not_fit_in_dev_shm_is_resource_exhausted(monkeypatch)
 
 def test_a_delta_arrives_packed_in_the_incoming_region_never_in_the_slots():
     asm = assembler()
-    asm.begin(begin(sparse_spec(encoded_bytes=8)))
-    assert asm.region is not asm._staging and asm.tensor_offsets == [0]
+    plan = asm.begin(begin(sparse_spec(encoded_bytes=8)))
+    assert plan.region is not asm.staging and plan.tensor_offsets == [0]
     asm.add_chunk(0, 0, payload([5], [3]))
     staged = asm.finish(require_commit=False)
     assert staged.base_version == "v0" and staged.delta is not None
     (t,) = staged.delta.tensors
     assert (t.wire_offset, t.wire_nbytes, t.slot_offset, t.nbytes) == (0, 8, 0, 64)
-    assert bytes(asm._staging.ensure(0)) == bytes(len(asm._staging.buf)), "slots untouched"
+    assert bytes(asm.staging.ensure(0)) == bytes(len(asm.staging.buf)), "slots untouched"
 
 
 # ------------------------------------------------------------ the client's record

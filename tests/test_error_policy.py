@@ -21,7 +21,8 @@ from vllm.exceptions import (
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.errors import (
+from rollout_service.rpc.handlers import Ending, streaming, unary
+from rollout_service.status.errors import (
     Aborted,
     FailedPrecondition,
     InvalidArgument,
@@ -29,7 +30,6 @@ from rollout_service.errors import (
     abort,
     from_exception,
 )
-from rollout_service.rpc.handlers import Ending, streaming, unary
 from tests.support.aborts import Context, aborted
 
 INV = grpc.StatusCode.INVALID_ARGUMENT
@@ -176,7 +176,7 @@ def test_the_engine_s_queue_overflow_is_queue_full():
 
 
 def test_the_unexpected_is_logged_and_internal(caplog):
-    with caplog.at_level(logging.INFO, logger="rollout_service.errors"):
+    with caplog.at_level(logging.INFO, logger="rollout_service.status.errors"):
         code, details, _ = aborted(RuntimeError("boom"), rpc="ResetCaches")
     assert code == grpc.StatusCode.INTERNAL
     assert details == "ResetCaches failed: RuntimeError: boom"
@@ -237,7 +237,7 @@ def test_calls_running_when_the_engine_dies_end_unavailable_and_a_cancelled_one_
     """The server ends its running calls when the engine dies (server.py):
     UNAVAILABLE, which clients retry elsewhere, not the CANCELLED gRPC
     would send at the end of the shutdown grace."""
-    from rollout_service.errors import Unavailable
+    from rollout_service.status.errors import Unavailable
 
     async def main(end: bool, context: Context) -> None:
         service = Service()

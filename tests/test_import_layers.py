@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = {
     "rollout_service": REPO / "rollout_service",
     "rollout_client": REPO / "client" / "rollout_client",
+    "rollout_codecs": REPO / "client" / "rollout_codecs",
 }
 
 
@@ -94,8 +95,9 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 # rollout_service's packages and root modules, top down. A layer may import
 # the layers below it; within a layer only the process modules and the
-# ground import each other. `rollout_client` (the codecs the server shares
-# with the client: wire, delta, dtypes) counts as ground.
+# ground import each other. `rollout_codecs` (the codecs the server shares
+# with the client: wire, delta, dtypes, sources) counts as ground; the
+# client (`rollout_client`) is in no layer: the service never imports it.
 LAYERS = [
     {"cli", "server", "app", "config"},
     {"rpc"},
@@ -104,12 +106,14 @@ LAYERS = [
     {"engine"},
     {"worker"},
     {"ops"},
-    {"errors", "gate", "vllm_compat", "handoff", "rollout_client"},
+    {"status", "handoff", "rollout_codecs"},
 ]
 WITHIN = {0, len(LAYERS) - 1}
-# What the worker may import besides the ground: the engine's process hooks,
-# which vLLM's plugin entry point arms in every process it starts.
+# What the worker may import besides the ground: the one door to vLLM's
+# private state, and the engine's process hooks, which vLLM's plugin entry
+# point arms in every process it starts.
 WORKER_HOOKS = {
+    "rollout_service.engine.vllm_compat",
     "rollout_service.engine.parent_watch",
     "rollout_service.engine.worker_fork",
     "rollout_service.engine.tiny_models",
@@ -118,9 +122,9 @@ WORKER_HOOKS = {
 
 def part(module: str) -> str:
     """The layer unit a module belongs to: its package under rollout_service,
-    or the root module's name; the client is one unit."""
+    or the root module's name; the client and the codecs are a unit each."""
     parts = module.split(".")
-    return "rollout_client" if parts[0] == "rollout_client" else parts[1]
+    return parts[1] if parts[0] == "rollout_service" else parts[0]
 
 
 def violations(graph: dict[str, set[str]]) -> list[str]:
@@ -135,6 +139,8 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
                 continue
             if pa == "worker":
                 ok = layer[pb] == len(LAYERS) - 1 or b in WORKER_HOOKS
+            elif pb not in layer:
+                ok = False
             else:
                 la, lb = layer[pa], layer[pb]
                 ok = la < lb or (la == lb and la in WITHIN)
@@ -156,6 +162,21 @@ def test_an_upward_import_is_caught():
     assert violations({"rollout_service.sessions.turns": {"rollout_service.update.lora"}})
     assert violations({"rollout_service.worker.plugins": {"rollout_service.engine.startup"}})
     assert not violations({"rollout_service.worker.plugins": WORKER_HOOKS})
+    # the service depends on the shared codecs, never on the client
+    assert violations({"rollout_service.update.lora": {"rollout_client.push"}})
+    assert not violations({"rollout_service.update.lora": {"rollout_codecs.dtypes"}})
+
+
+def test_the_codecs_import_nothing_of_the_client_or_the_service():
+    mods = modules()
+    for m, p in mods.items():
+        if m.startswith("rollout_codecs"):
+            assert {d.split(".")[0] for d in imports(p, m, set(mods))} <= {"rollout_codecs"}, m
+
+
+def test_the_root_of_the_service_holds_only_the_process():
+    root = {p.stem for p in PACKAGES["rollout_service"].glob("*.py")}
+    assert root == {"__init__", "app", "cli", "config", "server"}
 
 
 def test_no_module_imports_another_in_a_circle():

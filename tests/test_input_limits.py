@@ -14,16 +14,16 @@ import torch
 from google.rpc import error_details_pb2
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.errors import (
+from rollout_service.generation import json_input
+from rollout_service.generation.structured import structured_outputs_from_proto
+from rollout_service.handoff.staged_tensor import StagedTensor
+from rollout_service.status.errors import (
     MAX_MESSAGE_BYTES,
     InvalidArgument,
     RpcError,
     bounded,
     short_repr,
 )
-from rollout_service.generation import json_input
-from rollout_service.generation.structured import structured_outputs_from_proto
-from rollout_service.handoff.staged_tensor import StagedTensor
 from rollout_service.update.lora import Adapters
 from rollout_service.update.lora_config import check_name, peft_config
 from tests.support.aborts import aborted
@@ -226,7 +226,8 @@ def adapters(tmp_path, monkeypatch) -> Adapters:
             name="model.layers.0.self_attn.q_proj.weight", dtype=pb.D_TYPE_FLOAT32, shape=[4, 4]
         )
     }
-    return Adapters(engine, base)
+    # No quiesce and no region: these tests stop before either is used.
+    return Adapters(engine, base, quiet=None, incoming=None, max_update_bytes=1 << 20)
 
 
 def staged(*tensors: torch.Tensor) -> tuple[SimpleNamespace, bytearray]:

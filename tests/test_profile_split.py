@@ -13,7 +13,7 @@ LOOP = (
 def test_innermost_claimed_frame_wins_and_roots_are_skipped():
     ours = LOOP + ";RolloutServicer._stream (rollout_service/rpc/servicer.py:190)"
     assert component_of(
-        (ours + ";stream_delta_to_proto (rollout_service/generation/convert.py:371)").split(";")
+        (ours + ";stream_delta_to_proto (rollout_service/generation/outputs.py:140)").split(";")
     ) == ("protobuf building (our conversion)")
     assert component_of(ours.split(";")) == "our servicer and handlers"
     vllm = (

@@ -13,12 +13,15 @@ from types import SimpleNamespace
 import pytest
 
 from rollout_client import pb
-from rollout_service import vllm_compat
-from rollout_service.errors import FailedPrecondition
-from rollout_service.gate import AdmissionGate
-from rollout_service.update.quiesce import Quiescer
+from rollout_service.engine import vllm_compat
+from rollout_service.engine.gate import AdmissionGate
+from rollout_service.handoff.region import StagingRegion
+from rollout_service.status.errors import FailedPrecondition
+from rollout_service.update.delta_base import DeltaBase
+from rollout_service.update.quiesce import EngineFailure, Quiescer
+from rollout_service.update.served import Served
 from rollout_service.update.sleep import Sleeper
-from rollout_service.update.updates import WeightUpdater
+from rollout_service.update.updates import build_updater
 
 
 class _Core:
@@ -69,11 +72,26 @@ class _Engine:
     async def wake_up(self):
         self.log("wake_up")
 
+    async def collective_rpc(self, method):
+        self.log("abandon" if method == "rollout_abandon_weight_update" else method)
+
+
+class _Served(Served):
+    """Logs when a version is installed, beside the engine's calls."""
+
+    def __init__(self, engine: _Engine, gate: AdmissionGate) -> None:
+        super().__init__(gate)
+        self.engine = engine
+
+    async def install(self, version):
+        self.engine.log("install", version)
+        await super().install(version)
+
 
 def _quiescer(**kw) -> tuple[Quiescer, _Engine, AdmissionGate]:
     gate = AdmissionGate("v0")
     engine = _Engine(gate, kw.pop("prefix_resets", True))
-    return Quiescer(engine, gate, **kw), engine, gate
+    return Quiescer(engine, _Served(engine, gate), **kw), engine, gate
 
 
 async def _running_call(gate: AdmissionGate, engine: _Engine, engine_id: str):
@@ -89,11 +107,7 @@ def test_the_sequence_in_order_with_the_gate_closed_throughout():
     quiet, engine, gate = _quiescer()
 
     async def go():
-        async def installed():
-            engine.log("on_success")
-            gate.version = "v1"
-
-        async with quiet.quiesced(on_success=installed) as q:
+        async with quiet.quiesced(installs="v1") as q:
             engine.log("work")
         waiting = gate.admit()
         ticket = await waiting.__aenter__()
@@ -108,7 +122,7 @@ def test_the_sequence_in_order_with_the_gate_closed_throughout():
         ("mm", "closed"),
         ("encoder", "closed"),
         ("resume", "closed"),
-        ("on_success", "closed"),
+        ("install", "v1", "closed"),
     ]
     assert gate.is_open and ticket.version == "v1"
     assert [r.cache for r in q.results] == [
@@ -151,24 +165,20 @@ def test_a_running_call_is_drained_by_abort_past_the_deadline(mode):
     assert engine.names()[:2] == ["abort", "pause"]
 
 
-def test_a_failure_runs_the_hook_while_paused_then_resumes_and_reopens():
+def test_a_failed_load_degrades_while_paused_then_resumes_and_reopens():
     quiet, engine, gate = _quiescer()
 
-    class Replaced(Exception):
-        pass
-
-    async def failed(e):
-        engine.log("on_failure", str(e))
-        raise Replaced from e
-
     async def go():
-        async with quiet.quiesced(on_failure=failed):
+        async with quiet.quiesced(installs="v1"):
             raise ValueError("load failed")
 
-    with pytest.raises(Replaced):
+    with pytest.raises(EngineFailure, match="'v1' failed inside the engine") as e:
         asyncio.run(go())
-    assert engine.names() == ["pause", "on_failure", "resume"]
-    assert gate.is_open
+    assert isinstance(e.value.__cause__, ValueError)
+    # the workers' half-loaded state is cleared while the engine is paused,
+    # and no version is claimed: not the old one, not the new one
+    assert engine.names() == ["pause", "abandon", "resume"]
+    assert gate.is_open and gate.version == "" and quiet.served.degraded
 
 
 def test_without_a_hook_the_failure_itself_is_raised_and_a_refused_reset_too():
@@ -253,9 +263,12 @@ def test_sleeper_level_2_wakes_degraded_and_refuses_resets_meanwhile():
     gate = AdmissionGate("v0")
     engine = _Engine(gate)
     engine.model_config = SimpleNamespace(enable_sleep_mode=True)
-    updater = WeightUpdater(engine, gate, {}, 1)
+    engine.vllm_config = SimpleNamespace(lora_config=None)
+    served = Served(gate)
+    base = DeltaBase({}, StagingRegion(), StagingRegion())
+    updater = build_updater(engine, served, {}, 1, base)
     try:
-        sleeper = Sleeper(engine, updater.quiet, updater.lose_weights)
+        sleeper = Sleeper(engine, updater.quiet, served)
         sleeper.refusal = None  # vLLM's CPU platform has no sleep mode
 
         async def go():

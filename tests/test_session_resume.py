@@ -11,10 +11,10 @@ import pytest
 
 from rollout_client import core, pb
 from rollout_service.engine.limits import ModelLimits
-from rollout_service.errors import FailedPrecondition, InvalidArgument
 from rollout_service.sessions import resuming
 from rollout_service.sessions.store import Session
 from rollout_service.sessions.trajectory import snapshot, tokens_to_proto
+from rollout_service.status.errors import FailedPrecondition, InvalidArgument
 
 LIMITS = ModelLimits(vocab_size=512, max_model_len=2048, max_logprobs=20, supports_images=False)
 USER = {"role": "user", "content": "2+2?"}

@@ -7,7 +7,11 @@ import jinja2
 import pytest
 
 from rollout_client import pb
-from rollout_service.errors import (
+from rollout_service.ops.auth import Caller
+from rollout_service.sessions import rendering
+from rollout_service.sessions.store import SessionLimits, SessionStore
+from rollout_service.sessions.trajectory import Trajectory, snapshot, tokens_to_proto
+from rollout_service.status.errors import (
     Aborted,
     FailedPrecondition,
     InvalidArgument,
@@ -15,10 +19,6 @@ from rollout_service.errors import (
     PermissionDenied,
     ResourceExhausted,
 )
-from rollout_service.ops.auth import Caller
-from rollout_service.sessions import rendering
-from rollout_service.sessions.store import SessionLimits, SessionStore
-from rollout_service.sessions.trajectory import Trajectory, snapshot, tokens_to_proto
 
 PLAIN = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}</s>\n{% endfor %}"

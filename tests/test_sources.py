@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import save_file
 
 from rollout_client import pb
-from rollout_client.sources import open_source
+from rollout_codecs.sources import open_source
 
 TENSORS = {
     "w": torch.arange(24, dtype=torch.float32).reshape(4, 6).to(torch.bfloat16),

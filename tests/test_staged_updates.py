@@ -15,7 +15,8 @@ from safetensors.torch import save_file
 
 from harness.weights_util import random_weights, spec, tensor_bytes, version
 from rollout.v1 import rollout_pb2_grpc
-from rollout_client import RolloutError, pb, wire
+from rollout_client import RolloutError, pb
+from rollout_codecs import wire
 
 PROMPT = list(range(40, 120))
 

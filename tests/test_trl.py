@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 
-from rollout_client import RolloutClient, RolloutError, dtypes, pb
+from rollout_client import RolloutClient, RolloutError, pb
 from rollout_client.mismatch import Mismatch, mismatch
 from rollout_client.trl import METRICS, RolloutStep, ServiceRollout
+from rollout_codecs import dtypes
 from rollout_service.engine.tiny_models import ensure_model
 
 # Two prompts, each a few KV blocks long (~230 tokens: its blocks land in the

@@ -9,8 +9,8 @@ import threading
 import pytest
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.errors import Aborted, DeadlineExceeded, FailedPrecondition
-from rollout_service.update.assembler import UpdateAssembler
+from rollout_service.status.errors import Aborted, DeadlineExceeded, FailedPrecondition
+from rollout_service.update.plan import Placement, Target, plan_update
 from rollout_service.update.sessions import UpdateSessions
 
 SPEC = pb.TensorSpec(name="a", dtype=pb.D_TYPE_BFLOAT16, shape=[4])
@@ -28,8 +28,8 @@ class _Updater:
     def __init__(self, staging=None) -> None:
         self.staging = staging or _Staging()
 
-    async def assembler(self, begin=None):
-        return UpdateAssembler({"a": SPEC}, 1 << 20, self.staging, "v0")
+    async def plan(self, begin):
+        return plan_update(begin, Target({"a": SPEC}, "v0"), Placement(self.staging), 1 << 20)
 
 
 class _Growing(_Staging):
@@ -63,7 +63,7 @@ def test_the_region_grows_off_the_event_loop_and_a_cancelled_begin_waits_for_it(
         with pytest.raises(asyncio.CancelledError):
             await begun
         region.threads.clear()
-        assert (await sessions.begin(BEGIN)).assembler is not None  # then free
+        assert (await sessions.begin(BEGIN)).receiver is not None  # then free
 
     asyncio.run(main())
 

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rollout_client import pb, wire
+from rollout_client import pb
+from rollout_codecs import wire
 
 indices = st.integers(0, 2**32 - 1)
 offsets = st.integers(0, 2**64 - 1)
@@ -76,7 +77,7 @@ def test_what_the_parser_accepts_protobuf_reads_the_same(raw):
 
 def _update(sizes: list[int], chunk_bytes: int, batch: bool):
     from rollout_client import push
-    from rollout_client.sources import SourceTensor
+    from rollout_codecs.sources import SourceTensor
 
     tensors = []
     for i, n in enumerate(sizes):

@@ -9,8 +9,7 @@ import os
 import psutil
 import pytest
 
-from rollout_service import vllm_compat
-from rollout_service.engine import worker_fork
+from rollout_service.engine import vllm_compat, worker_fork
 from tests.support.cpus import thread_cpus
 
 

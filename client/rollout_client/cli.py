@@ -26,9 +26,9 @@ from typing import Any
 from google.protobuf import json_format
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client import dtypes
 from rollout_client.client import ConnectionOptions, RolloutClient, RolloutError
 from rollout_client.push import ManifestMismatch
+from rollout_codecs import dtypes
 
 
 def _json(msg: Any) -> str:  # any message (protobuf's Message has no stubs here)

@@ -18,8 +18,9 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client import extras, push, stubs
+from rollout_client import push, stubs
 from rollout_client.connection import ConnectionOptions, RolloutError
+from rollout_codecs import extras
 
 _SAMPLING_FIELDS = {f.name for f in pb.SamplingParams.DESCRIPTOR.fields}
 

@@ -38,9 +38,9 @@ from typing import Any
 import numpy as np
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client import delta, extras
 from rollout_client.push import Update
-from rollout_client.sources import SourceTensor
+from rollout_codecs import delta, extras
+from rollout_codecs.sources import SourceTensor
 
 # A tensor is sent raw once its encoding would take more than this share of
 # its bytes: the sparse encoding costs 4 bytes per changed 2-byte word.

@@ -1,19 +1,7 @@
-"""The optional dependencies (client/pyproject.toml's extras), imported only
-by the features that use them: `import rollout_client`, generate, server info,
-cache resets and updates from safetensors files need none of them."""
+"""Deprecated alias of rollout_codecs.extras (moved there so that the server
+and the client share the codecs without the server importing the client's
+internals). Import rollout_codecs.extras instead; this alias goes in 0.3."""
 
-from __future__ import annotations
+from rollout_client._moved import alias
 
-import importlib
-from types import ModuleType
-
-
-def require(module: str, feature: str, extra: str = "weights") -> ModuleType:
-    """`module`, or an ImportError that names the extra to install."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        raise ImportError(
-            f"{feature} needs the {module.split('.')[0]} package: "
-            f"pip install 'rollout-client[{extra}]'"
-        ) from e
+alias(__name__, "rollout_codecs.extras")

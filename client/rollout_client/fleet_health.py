@@ -46,7 +46,7 @@ from rollout.v1 import rollout_pb2 as pb
 from rollout_client import core, fleet_staging, push, stubs
 from rollout_client.client import RolloutClient, RolloutError
 from rollout_client.fleet_replicas import Failure, Replica, Replicas, gone
-from rollout_client.sources import SourceTensor
+from rollout_codecs.sources import SourceTensor
 
 log = logging.getLogger("rollout_client.fleet")
 

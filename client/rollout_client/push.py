@@ -24,8 +24,9 @@ from typing import Any, Protocol
 import grpc
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client import dtypes, extras, stubs, wire
-from rollout_client.sources import SourceTensor
+from rollout_client import stubs
+from rollout_codecs import dtypes, extras, wire
+from rollout_codecs.sources import SourceTensor
 
 _SERVICE = "/rollout.v1.RolloutService/"
 _COMMIT = pb.UpdateWeightsRequest(commit=pb.UpdateWeightsCommit()).SerializeToString()
@@ -377,7 +378,7 @@ def prepare(
     manifest; no tensor bytes are read yet unless `checksum`. With `adapter`
     it loads that LoRA adapter instead (the server checks its tensors against
     the base modules; pass manifest=None)."""
-    from rollout_client.sources import open_source
+    from rollout_codecs.sources import open_source
 
     tensors = open_source(source)
     begin = pb.UpdateWeightsBegin(

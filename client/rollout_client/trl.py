@@ -38,9 +38,9 @@ from types import ModuleType
 from typing import Any
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client import dtypes, extras
 from rollout_client.client import RolloutClient
 from rollout_client.mismatch import Mismatch, mismatch
+from rollout_codecs import dtypes, extras
 
 # GRPOConfig's sampling fields and the values that leave sampling unchanged
 # (sent only when they differ: the server's defaults are neutral).

@@ -9,8 +9,9 @@ import uuid
 from dataclasses import dataclass, field
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client import dtypes
+from rollout_codecs import dtypes
 from rollout_service.engine.limits import ModelLimits
+from rollout_service.engine.protocol import Engine
 from rollout_service.handoff.staged_tensor import BACKEND_NAME
 from rollout_service.worker.plugins import register
 
@@ -98,7 +99,7 @@ def _connector_resets_its_cache(name: str | None) -> bool:
     return cls.reset_cache is not KVConnectorBase_V1.reset_cache
 
 
-def build_engine(engine_args):  # -> AsyncLLM
+def build_engine(engine_args) -> Engine:
     """Starts an AsyncLLM with this project's weight-transfer backend and
     worker extension."""
     from vllm.config.weight_transfer import WeightTransferConfig
@@ -129,7 +130,7 @@ def read_manifest(model_dir: str) -> dict[str, pb.TensorSpec]:
     return manifest
 
 
-def model_limits(engine, max_prompt_tokens: int | None = None) -> ModelLimits:
+def model_limits(engine: Engine, max_prompt_tokens: int | None = None) -> ModelLimits:
     """The served model's limits, from a running engine."""
     mc = engine.model_config
     return ModelLimits(
@@ -141,7 +142,7 @@ def model_limits(engine, max_prompt_tokens: int | None = None) -> ModelLimits:
     )
 
 
-async def engine_info(engine, max_prompt_tokens: int | None = None) -> EngineInfo:
+async def engine_info(engine: Engine, max_prompt_tokens: int | None = None) -> EngineInfo:
     """Reads the served model's limits, manifest and parameter groups from a
     running engine."""
     mc = engine.model_config
@@ -162,7 +163,7 @@ async def engine_info(engine, max_prompt_tokens: int | None = None) -> EngineInf
     )
 
 
-async def warm_up(engine) -> None:
+async def warm_up(engine: Engine) -> None:
     """Runs one tiny request with logprobs, so that the first real request
     does not pay for lazy initialisation (vLLM compiles its logprobs gather
     on the first request that asks for them)."""

@@ -32,7 +32,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 
-from rollout_service import vllm_compat
+from rollout_service.engine import vllm_compat
 
 # Set by arm() in the server; the engine core inherits it.
 ENV = "ROLLOUT_SERVICE_FORK_WORKERS"

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rollout_service.errors import InvalidArgument
 from rollout_service.ops.auth import CALLER
+from rollout_service.status.errors import InvalidArgument
 
 TENANT_HEADER = "rollout-tenant"
 MAX_TENANT_CHARS = 64

@@ -33,9 +33,9 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.errors import ResourceExhausted
 from rollout_service.fairness.identity import CallerId
 from rollout_service.ops import metrics
+from rollout_service.status.errors import ResourceExhausted
 
 # The retry hint past the cap: about the time one of the caller's requests
 # takes to finish on a busy engine (seconds of a 256-token rollout here).

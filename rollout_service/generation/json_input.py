@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 
-from rollout_service.errors import InvalidArgument, short_repr
+from rollout_service.status.errors import InvalidArgument, short_repr
 
 # Objects and arrays nest at most this many levels (the top one counts as
 # 1). vLLM 0.32 refuses JSON schemas nested deeper than the same 64

@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.errors import InvalidArgument
 from rollout_service.generation import json_input
+from rollout_service.status.errors import InvalidArgument
 
 FIELD = "sampling_params.structured_output"
 

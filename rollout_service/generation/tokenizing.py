@@ -24,10 +24,13 @@ import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.errors import InvalidArgument
+from rollout_service.status.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from rollout_service.engine.protocol import Engine
 
 
 @dataclass
@@ -195,7 +198,7 @@ def _longest_token(tokenizer) -> int:
         return 0
 
 
-def eos_token_ids(engine, tokenizer) -> list[int]:
+def eos_token_ids(engine: Engine, tokenizer) -> list[int]:
     """The tokenizer's eos id and the generation config's (which may list several)."""
     ids = set()
     if tokenizer is not None and isinstance(getattr(tokenizer, "eos_token_id", None), int):
@@ -209,7 +212,7 @@ def eos_token_ids(engine, tokenizer) -> list[int]:
     return sorted(ids)
 
 
-def image_placeholder(engine) -> str:
+def image_placeholder(engine: Engine) -> str:
     """The multimodal model's image placeholder text ("" for text models)."""
     mc = engine.model_config
     if not mc.is_multimodal_model:

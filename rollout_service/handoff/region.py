@@ -47,7 +47,7 @@ _CREATING_SECONDS = 60.0
 # What vLLM itself checks for in /dev/shm at start (its message queues).
 _VLLM_SHM_BYTES = 240 << 20
 _MiB = 1 << 20
-# Tensors start on this alignment inside a region (assembler.py, delta_base.py).
+# Tensors start on this alignment inside a region (plan.py, delta_base.py).
 ALIGN = 64
 
 

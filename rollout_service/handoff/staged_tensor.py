@@ -20,7 +20,7 @@ class StagedTensor:
     """One checkpoint-format tensor lying in the staging segment."""
 
     name: str
-    # torch dtype name, e.g. "bfloat16" (rollout_client.dtypes)
+    # torch dtype name, e.g. "bfloat16" (rollout_codecs.dtypes)
     dtype: str
     shape: tuple[int, ...]
     # Byte offset inside the segment, and size (0 for an empty tensor).

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import grpc
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.errors import details_trailer
 from rollout_service.ops.shapes import around, like
+from rollout_service.status.errors import details_trailer
 
 ROLES = ("generate", "admin")
 TOKENS_ENV = "ROLLOUT_SERVICE_TOKENS"

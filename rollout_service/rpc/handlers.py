@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator
 import grpc
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client import wire
-from rollout_service.errors import InvalidArgument, abort
+from rollout_codecs import wire
 from rollout_service.ops.shapes import make_handler
+from rollout_service.status.errors import InvalidArgument, abort
 
 
 class Malformed:

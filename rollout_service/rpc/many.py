@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.errors import InvalidArgument, as_rpc_error
+from rollout_service.status.errors import InvalidArgument, as_rpc_error
 
 _END = object()  # every generation has ended and the client has half-closed
 

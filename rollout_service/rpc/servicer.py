@@ -1,7 +1,9 @@
 """RolloutService: an adapter between rollout.v1 and the vLLM engine.
 
 Each RPC validates, converts, calls the engine and converts back; the
-conversions live in `convert.py`, the update machinery in `updates.py`.
+conversions live in `convert.py` (in) and `outputs.py` (out), a stream's
+messages are built from the engine's outputs in `deltas.py` (all three in
+generation/, tested without an engine), the update machinery in update/.
 """
 
 from __future__ import annotations
@@ -11,18 +13,18 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, cast
 
 from vllm.sampling_params import RequestOutputKind
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
-from rollout_service import __version__, vllm_compat
-from rollout_service.errors import FailedPrecondition, InvalidArgument, Unavailable, engine_dead
+from rollout_service import __version__
+from rollout_service.engine import vllm_compat
+from rollout_service.engine.gate import Ticket
+from rollout_service.engine.protocol import Engine
 from rollout_service.fairness.identity import CallerId, caller_id
 from rollout_service.fairness.share import Slot
-from rollout_service.gate import Ticket
-from rollout_service.generation import convert
+from rollout_service.generation import convert, deltas, outputs
 from rollout_service.ops import logs, metrics, tracing
 from rollout_service.ops.auth import CALLER
 from rollout_service.rpc import many
@@ -31,9 +33,12 @@ from rollout_service.rpc.handlers import Ending, streaming, unary
 from rollout_service.rpc.serving import App
 from rollout_service.rpc.session_rpcs import SessionRpcs
 from rollout_service.rpc.update_rpcs import UpdateRpcs
-
-if TYPE_CHECKING:
-    from vllm.v1.engine.async_llm import AsyncLLM
+from rollout_service.status.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    Unavailable,
+    engine_dead,
+)
 
 
 class RolloutServicer(UpdateRpcs, SessionRpcs, rollout_pb2_grpc.RolloutServiceServicer):
@@ -43,7 +48,7 @@ class RolloutServicer(UpdateRpcs, SessionRpcs, rollout_pb2_grpc.RolloutServiceSe
         # Registered before the server starts (handlers cannot be added
         # later); the engine is attached once it is up.
         self.config = config
-        self.engine: AsyncLLM | None = None
+        self.engine: Engine | None = None
         self.calls = RunningCalls()
         # Every running call (handlers.py), for ending them if the engine dies.
         self.ending = Ending()
@@ -59,9 +64,9 @@ class RolloutServicer(UpdateRpcs, SessionRpcs, rollout_pb2_grpc.RolloutServiceSe
         self.sessions = app.sessions
         self.session_store = app.session_store
         self.fair = app.fair
-        self.engine = cast("AsyncLLM", app.engine)
+        self.engine = app.engine
 
-    def _check_ready(self) -> AsyncLLM:
+    def _check_ready(self) -> Engine:
         """The engine, once attached and alive; UNAVAILABLE before and after."""
         if self.engine is None:
             raise Unavailable(
@@ -147,29 +152,26 @@ class RolloutServicer(UpdateRpcs, SessionRpcs, rollout_pb2_grpc.RolloutServiceSe
                 await engine.abort(ticket.engine_id)
             yield out
 
-    def _live_spans(
-        self, engine_id: str | None, index: int, start: int, count: int, fallback: str
-    ) -> list[tuple[str, int, int]]:
-        """Version spans of a running completion's tokens [start, start +
-        count), from vLLM's own labels (the engine core tags each step's
-        outputs with the weight version it ran on; only finished outputs
-        carry the spans, so a stream reads them from the request's state)."""
-        # engine_id is None only before the request reaches the engine (_run).
-        spans = (
-            vllm_compat.weight_version_spans(self.engine, engine_id, index) if engine_id else None
-        )
-        return convert.version_spans(spans, start, count, fallback)
+    def _live_spans(self, ticket: Ticket, index: int) -> list | None:
+        """vLLM's version spans of running completion `index`'s tokens so
+        far, read from the request's state (deltas.py's route 3); None
+        before the request reaches the engine (_run)."""
+        if ticket.engine_id is None:
+            return None
+        return vllm_compat.weight_version_spans(self.engine, ticket.engine_id, index)
 
     def _delta_spans(self, ticket: Ticket, c, start: int, count: int) -> list[tuple[str, int, int]]:
         """Version spans of a delta's tokens [start, start + count) of
-        completion `c`: vLLM's own once it has finished; the admission
-        version while no PAUSE_MODE_KEEP update applied since; else read live."""
-        version = ticket.version
-        if c.finished():
-            return convert.version_spans(c.weight_versions, start, count, version)
-        if ticket.keep_epoch == self.gate.keep_epoch:
-            return convert.version_spans(None, start, count, version)
-        return self._live_spans(ticket.engine_id, c.index, start, count, version)
+        completion `c` (a session's turn; a stream's come from StreamDeltas)."""
+        kept = ticket.keep_epoch != self.gate.keep_epoch
+        live = functools.partial(self._live_spans, ticket)
+        return deltas.delta_spans(c, start, count, ticket.version, kept, live)
+
+    def _count(self, slot: Slot, usage: pb.Usage) -> None:
+        """A finished generation's tokens: into the metrics and its caller's share."""
+        metrics.PROMPT_TOKENS.inc(usage.prompt_tokens)
+        metrics.COMPLETION_TOKENS.inc(usage.completion_tokens)
+        slot.count(usage.prompt_tokens, usage.completion_tokens)
 
     @unary
     async def Generate(self, request, context):
@@ -184,17 +186,15 @@ class RolloutServicer(UpdateRpcs, SessionRpcs, rollout_pb2_grpc.RolloutServiceSe
                     async for out in run:
                         final = out
         if final is None:  # aborted before it reached the engine
-            return convert.aborted_response(request_id, params.n, ticket.version)
+            return outputs.aborted_response(request_id, params.n, ticket.version)
         top_k = params.logprobs or 0
         decode = self._decoder(params)
-        usage = convert.usage_to_proto(final)
-        metrics.PROMPT_TOKENS.inc(usage.prompt_tokens)
-        metrics.COMPLETION_TOKENS.inc(usage.completion_tokens)
-        slot.count(usage.prompt_tokens, usage.completion_tokens)
+        usage = outputs.usage_to_proto(final)
+        self._count(slot, usage)
         response = pb.GenerateResponse(
             request_id=request_id,
             completions=[
-                convert.completion_to_proto(c, top_k, decode, ticket.version)
+                outputs.completion_to_proto(c, top_k, decode, ticket.version)
                 for c in sorted(final.outputs, key=lambda c: c.index)
             ],
             weight_version=ticket.version,
@@ -203,7 +203,7 @@ class RolloutServicer(UpdateRpcs, SessionRpcs, rollout_pb2_grpc.RolloutServiceSe
         )
         if prompt.echo_ids:
             response.prompt_token_ids.extend(final.prompt_token_ids or [])
-        convert.prompt_logprobs_to_proto(final, params.prompt_logprobs or 0, response)
+        outputs.prompt_logprobs_to_proto(final, params.prompt_logprobs or 0, response)
         return response
 
     @streaming
@@ -235,74 +235,36 @@ class RolloutServicer(UpdateRpcs, SessionRpcs, rollout_pb2_grpc.RolloutServiceSe
                 yield message
 
     async def _generation_in(self, stream_request: pb.GenerateStreamRequest, slot: Slot):
+        """Admits the request, runs it and yields what StreamDeltas makes of
+        each engine output (generation/deltas.py)."""
         request = pb.GenerateRequest.FromString(stream_request.SerializeToString())
         options = stream_request.stream_options
         request_id, prompt, params = await self._prepare(request, RequestOutputKind.DELTA, options)
-        top_k = params.logprobs or 0
-        omit_text = options.omit_text
-        usage = pb.Usage()
-        delivered: dict[int, int] = {}  # tokens sent so far, by completion index
-        first = True
         with self.calls.running(request_id) as call:
             async with self._admitted(slot, call, request.required_weight_version) as ticket:
-                version = ticket.version
+                stream = deltas.StreamDeltas(
+                    request_id,
+                    ticket,
+                    functools.partial(self._live_spans, ticket),
+                    top_k=params.logprobs or 0,
+                    prompt_top_k=params.prompt_logprobs or 0,
+                    omit_text=options.omit_text,
+                    echo_prompt=prompt.echo_ids,
+                )
                 t0 = time.perf_counter()
-                async for out in self._run(
-                    ticket, call, prompt, params, request.lora_adapter, slot
-                ):
+                run = self._run(ticket, call, prompt, params, request.lora_adapter, slot)
+                async for out in run:
                     if t0:
                         metrics.TTFT.observe(time.perf_counter() - t0)
                         t0 = 0.0
-                    if out.prompt_token_ids:
-                        usage.prompt_tokens = len(out.prompt_token_ids)
-                    deltas = []
-                    for c in out.outputs:
-                        if not (c.token_ids or c.finish_reason):
-                            continue
-                        start, count = delivered.get(c.index, 0), len(c.token_ids)
-                        delivered[c.index] = start + count
-                        spans = self._delta_spans(ticket, c, start, count)
-                        d = convert.stream_delta_to_proto(
-                            request_id, c, top_k, version, spans, omit_text, ticket.adapter_version
-                        )
-                        usage.completion_tokens += count
-                        deltas.append(d)
-                    if first and (deltas or out.finished):
-                        first = False
-                        if not deltas:
-                            deltas.append(self._empty_delta(request_id, ticket))
-                        if prompt.echo_ids:
-                            deltas[0].prompt_token_ids.extend(out.prompt_token_ids or [])
-                        convert.prompt_logprobs_to_proto(
-                            out, params.prompt_logprobs or 0, deltas[0]
-                        )
+                    messages = stream.step(out, self.gate.keep_epoch)
                     if out.finished:
-                        usage.cached_prompt_tokens = out.num_cached_tokens or 0
-                        if not deltas:
-                            deltas.append(self._empty_delta(request_id, ticket))
-                        deltas[-1].usage.CopyFrom(usage)
-                        metrics.PROMPT_TOKENS.inc(usage.prompt_tokens)
-                        metrics.COMPLETION_TOKENS.inc(usage.completion_tokens)
-                        slot.count(usage.prompt_tokens, usage.completion_tokens)
-                    for d in deltas:
-                        yield d
+                        self._count(slot, stream.usage)
+                    for message in messages:
+                        yield message
                 if ticket.engine_id is None:  # aborted before it reached the engine
-                    for i in range(params.n):
-                        yield pb.GenerateStreamResponse(
-                            request_id=request_id,
-                            index=i,
-                            finish_reason=pb.FINISH_REASON_ABORT,
-                            weight_version=version,
-                            usage=usage if i == params.n - 1 else None,
-                        )
-
-    @staticmethod
-    def _empty_delta(request_id: str, ticket: Ticket) -> pb.GenerateStreamResponse:
-        return pb.GenerateStreamResponse(
-            request_id=request_id,
-            weight_version=ticket.version,
-            lora_adapter_version=ticket.adapter_version,
-        )
+                    for message in stream.aborted(params.n):
+                        yield message
 
     @unary
     async def Abort(self, request, context):

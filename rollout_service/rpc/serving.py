@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rollout_service.engine.gate import AdmissionGate
+from rollout_service.engine.protocol import Engine
 from rollout_service.engine.startup import EngineInfo
 from rollout_service.fairness.share import FairShare
-from rollout_service.gate import AdmissionGate
 from rollout_service.generation.tokenizing import Tokenizing
 from rollout_service.sessions.store import SessionStore
 from rollout_service.update.lora import Adapters
@@ -22,7 +23,7 @@ from rollout_service.update.updates import WeightUpdater
 class App:
     """What the servicer serves with (rpc/servicer.py `attach`)."""
 
-    engine: object  # vllm AsyncLLM
+    engine: Engine
     info: EngineInfo
     gate: AdmissionGate
     updater: WeightUpdater

@@ -10,22 +10,24 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.errors import FailedPrecondition, InvalidArgument
 from rollout_service.fairness.identity import CallerId, caller_id
-from rollout_service.generation.convert import EnginePrompt, stream_delta_to_proto
+from rollout_service.generation.convert import EnginePrompt
+from rollout_service.generation.outputs import stream_delta_to_proto
 from rollout_service.ops import logs
 from rollout_service.ops.auth import CALLER
 from rollout_service.rpc.handlers import streaming, unary
 from rollout_service.sessions import appends, resuming, trajectory, turns
 from rollout_service.sessions.opening import budget_of, open_prompt
 from rollout_service.sessions.store import Session, SessionStore
+from rollout_service.status.errors import FailedPrecondition, InvalidArgument
 
 if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
 
+    from rollout_service.engine.gate import AdmissionGate, Ticket
+    from rollout_service.engine.protocol import Engine
     from rollout_service.engine.startup import EngineInfo
     from rollout_service.fairness.share import FairShare, Slot
-    from rollout_service.gate import AdmissionGate, Ticket
     from rollout_service.generation.tokenizing import Tokenizing
     from rollout_service.rpc.calls import RunningCalls
     from rollout_service.update.lora import Adapters
@@ -61,7 +63,7 @@ class SessionRpcs:
     calls: RunningCalls
     fair: FairShare
 
-    def _check_ready(self) -> Any:
+    def _check_ready(self) -> Engine:
         raise NotImplementedError
 
     def _admitted(

@@ -14,7 +14,7 @@ from rollout_service.update.sessions import UpdateSessions
 from rollout_service.update.sleep import Sleeper
 
 if TYPE_CHECKING:
-    from vllm.v1.engine.async_llm import AsyncLLM
+    from rollout_service.engine.protocol import Engine
 
 
 class UpdateRpcs:
@@ -23,7 +23,7 @@ class UpdateRpcs:
     sessions: UpdateSessions
     sleeper: Sleeper
 
-    def _check_ready(self) -> AsyncLLM:  # RolloutServicer's
+    def _check_ready(self) -> Engine:  # RolloutServicer's
         raise NotImplementedError
 
     @unary
@@ -35,15 +35,15 @@ class UpdateRpcs:
     async def BeginUpdate(self, request, context):
         self._check_ready()
         session = await self.sessions.begin(request.begin, same_host=request.same_host)
-        a = session.assembler
+        plan = session.receiver.plan
         reply = pb.BeginUpdateResponse(
             update_id=session.id,
-            total_bytes=a.total_bytes,
+            total_bytes=plan.total_bytes,
             idle_timeout_seconds=self.sessions.idle_timeout_seconds,
         )
         if request.same_host:
-            reply.shared_staging.path = os.path.join(SHM_DIR, a.region.name)
-            reply.shared_staging.tensor_offsets.extend(a.tensor_offsets)
+            reply.shared_staging.path = os.path.join(SHM_DIR, plan.region.name)
+            reply.shared_staging.tensor_offsets.extend(plan.tensor_offsets)
         return reply
 
     @unary

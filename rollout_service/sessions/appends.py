@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.engine.limits import ModelLimits
-from rollout_service.errors import FailedPrecondition, InvalidArgument
 from rollout_service.generation import convert
 from rollout_service.sessions.conversation import rendered_ids
 from rollout_service.sessions.opening import check_text, text_chars, text_conversation
 from rollout_service.sessions.store import Session
+from rollout_service.status.errors import FailedPrecondition, InvalidArgument
 
 
 def append(

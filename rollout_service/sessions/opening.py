@@ -8,10 +8,10 @@ from typing import Any
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.engine.limits import ModelLimits
-from rollout_service.errors import FailedPrecondition, InvalidArgument
 from rollout_service.generation import convert, json_input
 from rollout_service.generation.tokenizing import conversation_of
 from rollout_service.sessions.store import TEXT_BYTES_PER_TOKEN
+from rollout_service.status.errors import FailedPrecondition, InvalidArgument
 
 MAX_TOOLS = 64
 

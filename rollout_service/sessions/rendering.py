@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.errors import FailedPrecondition
+from rollout_service.status.errors import FailedPrecondition
 
 # render(conversation, add_generation_prompt) -> text
 Render = Callable[[list[dict[str, Any]], bool], str]

@@ -17,11 +17,11 @@ from typing import Any
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.engine.limits import ModelLimits
-from rollout_service.errors import FailedPrecondition, InvalidArgument
 from rollout_service.generation import convert
 from rollout_service.sessions.opening import check_text, load_tools, text_conversation
 from rollout_service.sessions.store import MAX_SEGMENTS, Session
 from rollout_service.sessions.trajectory import Segment
+from rollout_service.status.errors import FailedPrecondition, InvalidArgument
 
 # Version spans a history may bring: a turn makes one, plus one per
 # PAUSE_MODE_KEEP update that lands inside it.

@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.errors import (
+from rollout_service.ops.auth import Caller
+from rollout_service.sessions.trajectory import SEGMENT_BYTES, TOKEN_BYTES, Segment, Trajectory
+from rollout_service.status.errors import (
     Aborted,
     FailedPrecondition,
     InvalidArgument,
@@ -35,8 +37,6 @@ from rollout_service.errors import (
     ResourceExhausted,
     short_repr,
 )
-from rollout_service.ops.auth import Caller
-from rollout_service.sessions.trajectory import SEGMENT_BYTES, TOKEN_BYTES, Segment, Trajectory
 
 # Appended messages' text a session may hold, per token of its budget.
 TEXT_BYTES_PER_TOKEN = 16

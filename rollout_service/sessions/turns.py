@@ -16,11 +16,11 @@ from vllm.sampling_params import RequestOutputKind
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.engine.limits import ModelLimits
-from rollout_service.errors import FailedPrecondition, InvalidArgument
-from rollout_service.generation import convert
+from rollout_service.generation import convert, outputs
 from rollout_service.sessions.conversation import rendered_ids
 from rollout_service.sessions.store import Session
 from rollout_service.sessions.trajectory import Segment
+from rollout_service.status.errors import FailedPrecondition, InvalidArgument
 
 _F = "sampling_params."
 
@@ -120,14 +120,14 @@ class TurnOutput:
         """One delta of the turn's completion (a vLLM CompletionOutput);
         `spans` index into its token_ids."""
         base = len(self.ids)
-        lps, top = convert.logprobs_to_proto(c.token_ids, c.logprobs, top_k)
+        lps, top = outputs.logprobs_to_proto(c.token_ids, c.logprobs, top_k)
         self.ids.extend(c.token_ids)
         self.logprobs.extend(lps)
         self.top.extend(top)
         self.spans.extend((v, base + s, n) for v, s, n in spans)
         if c.finish_reason is not None:
-            self.finish_reason = convert.finish_reason_to_proto(c.finish_reason)
-            self.stop_reason = convert.stop_reason_to_str(c.stop_reason)
+            self.finish_reason = outputs.finish_reason_to_proto(c.finish_reason)
+            self.stop_reason = outputs.stop_reason_to_str(c.stop_reason)
             self.stopped_on_token = c.finish_reason == "stop" and not isinstance(c.stop_reason, str)
 
     def final_reason(self, plan: TurnPlan) -> int:

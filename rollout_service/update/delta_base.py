@@ -41,9 +41,9 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client import delta, dtypes
-from rollout_service.errors import InvalidArgument
+from rollout_codecs import delta, dtypes
 from rollout_service.handoff.region import ALIGN, StagingRegion
+from rollout_service.status.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class DeltaPlan:
 
 
 def slot_layout(manifest: dict[str, pb.TensorSpec]) -> tuple[dict[str, int], int]:
-    """Each tensor's slot offset (manifest order, aligned as the assembler
+    """Each tensor's slot offset (manifest order, aligned as plan.py
     aligns) and the bytes of the whole layout (reservation.region_bytes)."""
     offsets, at = {}, 0
     for name, spec in manifest.items():
@@ -130,7 +130,7 @@ class DeltaBase:
     def load_checkpoint(self, model_dir: str, version: str) -> None:
         """Fills the slots from the checkpoint the engine started from (run
         in a thread at start, before serving)."""
-        from rollout_client.sources import open_source
+        from rollout_codecs.sources import open_source
 
         if not self.enabled:
             return

@@ -23,6 +23,7 @@ temporary directory) and is removed at shutdown (`close`).
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import logging
@@ -33,11 +34,13 @@ import time
 from dataclasses import dataclass
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client import dtypes
-from rollout_service.errors import FailedPrecondition, InvalidArgument, short_repr
+from rollout_codecs import dtypes
 from rollout_service.handoff.region import StagingRegion
+from rollout_service.status.errors import FailedPrecondition, InvalidArgument, short_repr
 from rollout_service.update.lora_config import check_name, peft_config
+from rollout_service.update.plan import AdapterConfig, Placement, Target, UpdatePlan, plan_update
 from rollout_service.update.quiesce import Quiescer
+from rollout_service.update.received import ReceivedUpdate
 
 log = logging.getLogger(__name__)
 
@@ -55,23 +58,24 @@ class Adapter:
     rank: int
 
 
-@dataclass(frozen=True)
-class AdapterPlan:
-    """What a validated adapter update will load: the assembler's manifest
-    and groups, the version it replaces, the PEFT config."""
-
-    manifest: dict[str, pb.TensorSpec]
-    groups: dict[str, list[str]]
-    current_version: str
-    config: dict
-    rank: int
-
-
 class Adapters:
-    """The adapters the engine serves, by name."""
+    """The adapters the engine serves, by name; the applier of adapter
+    updates (the other applier is base_weights.BaseWeights)."""
 
-    def __init__(self, engine, base_manifest: dict[str, pb.TensorSpec]) -> None:
+    def __init__(
+        self,
+        engine,
+        base_manifest: dict[str, pb.TensorSpec],
+        quiet: Quiescer,
+        incoming: StagingRegion,
+        max_update_bytes: int,
+    ) -> None:
         self.engine = engine
+        self.quiet = quiet
+        # Adapter updates are packed in the incoming region, never in the
+        # slots of the base weights.
+        self.incoming = incoming
+        self.max_update_bytes = max_update_bytes
         lc = engine.vllm_config.lora_config
         self.enabled = lc is not None
         self.limits = pb.LoraLimits(enabled=self.enabled)
@@ -130,8 +134,22 @@ class Adapters:
 
     # -- validating an update -----------------------------------------------
 
-    def plan(self, begin: pb.UpdateWeightsBegin) -> AdapterPlan:
-        """Validates begin.adapter and the tensors against the base modules."""
+    async def region_free(self) -> None:
+        """The incoming region is free once the update before has ended
+        (one update at a time, update/sessions.py)."""
+
+    def plan(self, begin: pb.UpdateWeightsBegin) -> UpdatePlan:
+        """Validates begin.adapter, then the update against the adapter's
+        tensors (plan.py)."""
+        return plan_update(
+            begin,
+            self._target(begin),
+            Placement(self.incoming),
+            self.max_update_bytes,
+        )
+
+    def _target(self, begin: pb.UpdateWeightsBegin) -> Target:
+        """What begin.adapter may write: its tensors, shaped by the base modules."""
         t = begin.adapter
         self._require_enabled("begin.adapter")
         check_name(t.name, "begin.adapter.name")
@@ -150,7 +168,7 @@ class Adapters:
                 )
             if begin.tensors or t.config_json:
                 raise InvalidArgument("begin.tensors", "a removal carries no tensors and no config")
-            return AdapterPlan({}, {}, version, {}, 0)
+            return Target({}, version, allow_empty=True, adapter=AdapterConfig({}, 0))
         config, rank = peft_config(t.config_json, self.limits.max_rank)
         manifest: dict[str, pb.TensorSpec] = {}
         modules: dict[str, list[str]] = {}
@@ -180,8 +198,10 @@ class Adapters:
             shape = [rank, in_f] if part == _PARTS[0] else [out_f, rank]
             manifest[spec.name] = pb.TensorSpec(name=spec.name, dtype=spec.dtype, shape=shape)
             modules.setdefault(module, []).append(spec.name)
-        groups = {m: [PEFT_PREFIX + m + p for p in _PARTS] for m in modules}
-        return AdapterPlan(manifest, groups, version, config, rank)
+        # Both parts of a module or neither: each name maps to its module's pair.
+        pairs = [[PEFT_PREFIX + m + p for p in _PARTS] for m in modules]
+        groups = {n: pair for pair in pairs for n in pair}
+        return Target(manifest, version, groups=groups, adapter=AdapterConfig(config, rank))
 
     # -- applying -----------------------------------------------------------
 
@@ -217,19 +237,23 @@ class Adapters:
             json.dump(config, f)
         return path
 
-    async def apply(
-        self, quiet: Quiescer, staging: StagingRegion, staged, plan: AdapterPlan
-    ) -> pb.UpdateWeightsResponse:
+    async def apply(self, staged: ReceivedUpdate, receive_s: float) -> pb.UpdateWeightsResponse:
         """Loads (beside the old one), then switches inside the quiesce
-        (quiesce.py): drained, the engine paused, every cache reset after."""
+        (quiesce.py): drained, the engine paused, every cache reset after.
+        Shielded: a cancelled call does not cut the switch in half."""
+        return await asyncio.shield(self._load_and_switch(staged))
+
+    async def _load_and_switch(self, staged: ReceivedUpdate) -> pb.UpdateWeightsResponse:
         from vllm.lora.request import LoRARequest
 
-        t = staged.adapter
+        t = staged.begin.adapter
+        plan = staged.plan.target.adapter
+        assert plan is not None  # _target gives every adapter update its config
         t0 = time.perf_counter()
         new = None
         if t.action != pb.ADAPTER_ACTION_REMOVE:
-            tensors = self._tensors(staged, staging.ensure(0))
-            path = self._write(t.name, tensors, plan.config)
+            tensors = self._tensors(staged, staged.region.ensure(0))
+            path = self._write(t.name, tensors, plan.peft)
             new = Adapter(t.name, next(self._ids), path, staged.weight_version, plan.rank)
             try:
                 await self.engine.add_lora(LoRARequest(new.name, new.int_id, new.path))
@@ -239,7 +263,7 @@ class Adapters:
                     "begin.adapter", f"the engine refused the adapter ({type(e).__name__}: {e})"
                 ) from e
         t_switch = time.perf_counter()
-        async with quiet.quiesced(staged.pause_mode, staged.drain_timeout_seconds) as q:
+        async with self.quiet.quiesced(staged.pause_mode, staged.drain_timeout_seconds) as q:
             old = self._loaded.pop(t.name, None)
             if new is not None:
                 self._loaded[t.name] = new

@@ -16,8 +16,8 @@ import math
 import re
 from typing import TypeGuard
 
-from rollout_service.errors import InvalidArgument, short_repr
 from rollout_service.generation import json_input
+from rollout_service.status.errors import InvalidArgument, short_repr
 
 # The adapter-name rule: 1 to 64 characters, ASCII letters, digits, ".",
 # "_" and "-", starting with a letter or a digit. So: no path separator, no

@@ -11,11 +11,12 @@ enter `Quiescer.quiesced`; what differs between them is a parameter:
   mode, a safety net with nothing left running. KEEP drains nothing: vLLM's
   "keep" pause freezes the running requests where they are, and the reset
   preempts them so that their KV is recomputed under the new weights.
-- `on_failure`: awaited with the exception when the work or the reset
-  fails, before the engine resumes; it may raise an error of its own (an
-  update marks the server degraded), else the exception is re-raised.
-- `on_success`: awaited once the engine has resumed, before the gate
-  reopens: what it sets (an update's version) is what the next calls see.
+- `installs`: the weight version the work loads (base updates). If the
+  work or the reset fails, the engine may hold half-loaded weights: before
+  it resumes, the workers' reload state is cleared and the server marked
+  degraded (served.py), and EngineFailure (INTERNAL) is raised; if both
+  succeed, the version is installed once the engine has resumed, before the
+  gate reopens, so that the next calls are tagged with it.
 - `sleep`: the work puts the engine to sleep. vLLM's sleep pauses the
   scheduler and clears the caches itself and its wake_up resumes it, so
   neither is done here; the gate stays closed, and the Quiescer asleep,
@@ -31,17 +32,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service import vllm_compat
-from rollout_service.errors import FailedPrecondition
-from rollout_service.gate import AdmissionGate
+from rollout_service.engine import vllm_compat
 from rollout_service.ops import metrics
+from rollout_service.status.errors import FailedPrecondition, RpcError
+from rollout_service.update.served import Served
 
 log = logging.getLogger(__name__)
+
+
+class EngineFailure(RpcError):
+    """The engine failed while loading: INTERNAL, and the server is degraded."""
+
+    reason = pb.ERROR_REASON_ENGINE_FAILURE
 
 
 @dataclass
@@ -64,12 +71,13 @@ class Quiescer:
     def __init__(
         self,
         engine,
-        gate: AdmissionGate,
+        served: Served,
         kv_connector: bool = False,
         drain_timeout_seconds: float = 120.0,
     ) -> None:
         self.engine = engine
-        self.gate = gate
+        self.served = served
+        self.gate = served.gate
         self.kv_connector = kv_connector
         # The bound of a WAIT drain (a call may ask for less).
         self.drain_timeout_seconds = drain_timeout_seconds
@@ -93,8 +101,7 @@ class Quiescer:
         pause_mode: int = pb.PAUSE_MODE_WAIT,
         drain_timeout: float = 0.0,
         *,
-        on_failure: Callable[[Exception], Awaitable[None]] | None = None,
-        on_success: Callable[[], Awaitable[None]] | None = None,
+        installs: str | None = None,
         sleep: bool = False,
     ) -> AsyncIterator[Quiet]:
         """Runs the block with the gate closed, the admitted calls drained
@@ -118,18 +125,36 @@ class Quiescer:
                     quiet.t_reset = time.perf_counter()
                     quiet.results = await self.reset_all(preempt_running=keep)
                 except Exception as e:
-                    if on_failure is not None:
-                        await on_failure(e)
+                    if installs is not None:
+                        await self._failed(installs, e)
                     raise
                 finally:
-                    # Resumed even after a failure: whatever the caller
-                    # decided, the engine must not stay paused.
+                    # Resumed even after a failure: the engine must not
+                    # stay paused.
                     await self.engine.resume_generation()
-                if on_success is not None:
-                    await on_success()
+                if installs is not None:
+                    await self.served.install(installs)
             finally:
                 if not held:
                     self.gate.open()
+
+    async def _failed(self, version: str, e: Exception) -> None:
+        """Loading or resetting `version` failed inside the engine (paused):
+        some layers may hold the new weights, so no version is claimed and
+        the server is degraded."""
+        log.error("weight update %r failed in the engine", version, exc_info=e)
+        try:
+            # What a failed load left in the workers (reload_state.py); the
+            # backend clears it too when loading raises, this covers the rest.
+            await self.engine.collective_rpc("rollout_abandon_weight_update")
+        except Exception:
+            log.exception("could not clear the workers' reload state")
+        await self.served.lose(f"loading {version!r} failed inside the engine")
+        raise EngineFailure(
+            f"loading {version!r} failed inside the engine "
+            f"({type(e).__name__}: {e}); the server is degraded until a full "
+            "update succeeds"
+        ) from e
 
     @asynccontextmanager
     async def woken(self) -> AsyncIterator[None]:

@@ -1,18 +1,19 @@
 """Receiving updates: one UpdateWeights stream, or a staged update (begin,
 any number of concurrent upload streams or a same-host write, commit).
 
-Both feed one UpdateAssembler, which writes into the staging region and
-validates everything before the engine is touched; both end in
-WeightUpdater.apply. At most one update is open or applying at a time: the
-staging region is single, and a second update waiting behind the first would
-only apply stale weights later, so it is refused at once (ABORTED).
+Both are the chain of updates.py: begin becomes a plan (WeightUpdater.plan),
+a Receiver writes the bytes into the staging region and checks them before
+the engine is touched, and the received update ends in WeightUpdater.apply.
+At most one update is open or applying at a time: the staging region is
+single, and a second update waiting behind the first would only apply stale
+weights later, so it is refused at once (ABORTED).
 
 Except its twin: a client whose call was cancelled after its commit (a
 network blip) cannot tell whether it applied and sends the same update
 again, often while the first is still applying. A begin that may be the same
 update as the one applying (could_be_twins) waits for it to end, then goes
 on as if it had come after: its bytes are received and compared, and it is
-answered `replayed` if the twin applied (updates.py), or applied itself if
+answered `replayed` if the twin applied (base_weights.py), or applied itself if
 the twin failed; nothing of it touches the region before then. CommitUpdate
 of the update applying waits for it and returns its outcome.
 
@@ -32,14 +33,15 @@ import time
 import uuid
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client.wire import RawChunk
-from rollout_service.errors import (
+from rollout_codecs.wire import RawChunk
+from rollout_service.status.errors import (
     Aborted,
     DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
 )
-from rollout_service.update.assembler import UpdateAssembler
+from rollout_service.update.received import ReceivedUpdate
+from rollout_service.update.receiver import Receiver
 from rollout_service.update.updates import WeightUpdater
 
 log = logging.getLogger(__name__)
@@ -60,13 +62,12 @@ class State(enum.Enum):
 class UpdateSession:
     """One open update."""
 
-    def __init__(self, begin: pb.UpdateWeightsBegin, same_host: bool) -> None:
+    def __init__(self, receiver: Receiver, same_host: bool, started: float) -> None:
         self.id = uuid.uuid4().hex
-        self.begin = begin
-        # Set once the region is free for it (UpdateSessions.begin).
-        self.assembler: UpdateAssembler = None  # type: ignore[assignment]
+        self.receiver = receiver
+        self.begin = receiver.plan.begin
         self.same_host = same_host
-        self.started = time.perf_counter()
+        self.started = started
         self.touched = time.monotonic()
         self.state = State.OPEN
         self.expiry: asyncio.Future | None = None
@@ -86,6 +87,9 @@ class UpdateSessions:
         self.updater = updater
         self.idle_timeout_seconds = idle_timeout_seconds
         self._current: UpdateSession | None = None
+        # An update is being begun (planned, its region reserved): it holds
+        # the slot before it is an UpdateSession.
+        self._opening = False
         # The last committed update: CommitUpdate retried returns its ack.
         self._committed: tuple[str, pb.UpdateWeightsResponse] | None = None
 
@@ -94,25 +98,26 @@ class UpdateSessions:
         await self._wait_for_twin(begin)
         self._take_slot()
         # Taken before the first await, so that a concurrent begin is refused.
-        self._current = placeholder = UpdateSession(begin, same_host)
+        self._opening = True
+        started = time.perf_counter()
         reserving = None
         try:
-            assembler = await self.updater.assembler(begin)
-            assembler.begin(begin, reserve=False)
+            plan = await self.updater.plan(begin)
             # Growing the region takes time that grows with the update: in a
             # thread, which ends before the slot is given up even if the
             # call is cancelled, so the next update never finds it half-grown.
-            reserving = asyncio.ensure_future(asyncio.to_thread(assembler.reserve))
-            await asyncio.shield(reserving)
+            reserving = asyncio.ensure_future(asyncio.to_thread(plan.reserve))
+            buf = await asyncio.shield(reserving)
         except BaseException:
             if reserving is not None and not reserving.done():
                 await asyncio.wait([reserving])
-            self._current = None
             raise
-        placeholder.assembler = assembler
+        finally:
+            self._opening = False
+        session = self._current = UpdateSession(Receiver(plan, buf), same_host, started)
         # Referenced from the session: the loop keeps only weak references.
-        placeholder.expiry = asyncio.ensure_future(self._expire_when_idle(placeholder))
-        return placeholder
+        session.expiry = asyncio.ensure_future(self._expire_when_idle(session))
+        return session
 
     async def _wait_for_twin(self, begin: pb.UpdateWeightsBegin) -> None:
         """Until no update that may be this one is applying (whatever its
@@ -129,6 +134,8 @@ class UpdateSessions:
         whose commit was refused: that one is discarded instead, so that a
         client that never comes back for it holds nothing until its idle
         timeout."""
+        if self._opening:
+            raise Aborted("another update is open; only one runs at a time")
         s = self._current
         if s is None:
             return
@@ -163,18 +170,18 @@ class UpdateSessions:
             )
         session.touch()
         if isinstance(msg, RawChunk):
-            session.assembler.add_chunk(msg.tensor_index, msg.offset, msg.data)
+            session.receiver.add_chunk(msg.tensor_index, msg.offset, msg.data)
             return len(msg.data)
         if msg.HasField("chunks"):
             if msg.HasField("chunk"):
                 raise InvalidArgument("chunks", "set chunk or chunks, not both")
-            session.assembler.add_chunks(msg.chunks.chunks)
+            session.receiver.add_chunks(msg.chunks.chunks)
             return sum(len(c.data) for c in msg.chunks.chunks)
-        session.assembler.add_chunk(msg.chunk.tensor_index, msg.chunk.offset, msg.chunk.data)
+        session.receiver.add_chunk(msg.chunk.tensor_index, msg.chunk.offset, msg.chunk.data)
         return len(msg.chunk.data)
 
     def status(self, session: UpdateSession) -> pb.GetUpdateStatusResponse:
-        a = session.assembler
+        a = session.receiver
         return pb.GetUpdateStatusResponse(
             bytes_received=a.bytes_received,
             total_bytes=a.total_bytes,
@@ -192,7 +199,7 @@ class UpdateSessions:
             return _replayed(await asyncio.shield(s.applying))
         session = self.get(update_id)
         if session.same_host:
-            session.assembler.mark_written()
+            session.receiver.mark_written()
         session.state = State.CHECKING
         return await asyncio.shield(self._check_and_apply(session, stream=False))
 
@@ -204,7 +211,7 @@ class UpdateSessions:
         The checksums take time that grows with the update: in a thread,
         while uploads to it are refused (State.CHECKING)."""
         try:
-            staged = await asyncio.to_thread(session.assembler.finish, require_commit=stream)
+            update = await asyncio.to_thread(session.receiver.finish, require_commit=stream)
         except BaseException:
             session.state = State.OPEN
             if stream:
@@ -215,19 +222,21 @@ class UpdateSessions:
                 # ones count as missing), until another update begins.
                 session.refused = True
             raise
-        return await self._apply(session, staged)
+        return await self._apply(session, update)
 
     def abort(self, session: UpdateSession, why: str = "aborted") -> None:
         if session.state == State.OPEN and self._current is session:
             session.state = State.ABORTED
             self._current = None
-            received = session.assembler.bytes_received
+            received = session.receiver.bytes_received
             log.info("update %s %s after %d bytes", session.id, why, received)
 
-    async def _apply(self, session: UpdateSession, staged) -> pb.UpdateWeightsResponse:
+    async def _apply(
+        self, session: UpdateSession, update: ReceivedUpdate
+    ) -> pb.UpdateWeightsResponse:
         session.state = State.COMMITTING
         receive_s = time.perf_counter() - session.started
-        apply = session.applying = asyncio.ensure_future(self.updater.apply(staged, receive_s))
+        apply = session.applying = asyncio.ensure_future(self.updater.apply(update, receive_s))
 
         def done(f: asyncio.Future) -> None:
             session.state = State.DONE
@@ -291,7 +300,7 @@ class UpdateSessions:
                         idle.reschedule(loop.time() + self.idle_timeout_seconds)
                     else:
                         session.touch()
-                        session.assembler.feed(msg)
+                        session.receiver.feed(msg)
         except BaseException:
             if session is not None:
                 self.abort(session, "ended without being applied")

@@ -14,11 +14,11 @@ version is claimed and only a full update is accepted.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.errors import FailedPrecondition, InvalidArgument
+from rollout_service.status.errors import FailedPrecondition, InvalidArgument
 from rollout_service.update.quiesce import Quiescer
+from rollout_service.update.served import Served
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +42,12 @@ class Sleeper:
     (quiesce.py; the Quiescer holds the asleep state, and the updater
     refuses updates and resets while it is set)."""
 
-    def __init__(
-        self, engine, quiet: Quiescer, lose_weights: Callable[[str], Awaitable[None]]
-    ) -> None:
-        """`quiet`: the one quiesce (the updater's); `lose_weights(why)`:
-        what the updater does when the served weights are gone (level 2)."""
+    def __init__(self, engine, quiet: Quiescer, served: Served) -> None:
+        """`quiet`: the one quiesce (the updater's); `served`: what the
+        engine serves, lost when a level-2 Sleep drops the weights."""
         self.engine = engine
         self.quiet = quiet
-        self.lose_weights = lose_weights
+        self.served = served
         self.refusal = sleep_unavailable_reason(engine)
         self._level = 0
 
@@ -84,7 +82,7 @@ class Sleeper:
             await self.engine.wake_up()
             needs_weights = self._level >= 2
             if needs_weights:
-                await self.lose_weights("the weights were dropped by a level-2 Sleep")
+                await self.served.lose("the weights were dropped by a level-2 Sleep")
             self._level = 0
         log.info("the engine is awake%s", "; push a full update" if needs_weights else "")
         return pb.WakeUpResponse(needs_weights=needs_weights)

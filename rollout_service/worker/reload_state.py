@@ -31,7 +31,7 @@ def discard(model: torch.nn.Module) -> int:
     put back. Safe to call when no reload is in progress."""
     from vllm.model_executor.model_loader.reload import layerwise
 
-    from rollout_service import vllm_compat
+    from rollout_service.engine import vllm_compat
 
     restored = 0
     for layer in model.modules():

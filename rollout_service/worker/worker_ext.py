@@ -33,7 +33,7 @@ class RolloutWorkerExtension:
         behind (reload_state.py), so the next update starts clean. vLLM's
         worker clears its own "update active" flag when loading raises, but
         not when finishing raises; both are cleared here."""
-        from rollout_service import vllm_compat
+        from rollout_service.engine import vllm_compat
         from rollout_service.worker.reload_state import discard
 
         restored = discard(self.get_model())

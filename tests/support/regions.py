@@ -1,4 +1,4 @@
-"""A staging region in plain memory, for the assembler's engine-free tests."""
+"""A staging region in plain memory, for the update chain's engine-free tests."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The update assembler alone: order, coverage, limits (no engine)."""
+"""An update's plan and its receiver alone (plan.py, receiver.py): order,
+coverage, limits (no engine)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ import crc32c
 import pytest
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
-from rollout_service.update import assembler as assembler_module
-from rollout_service.update.assembler import UpdateAssembler, _Coverage
+from rollout_service.status.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from rollout_service.update import receiver as receiver_module
+from rollout_service.update.plan import Placement, Target
+from rollout_service.update.receiver import Coverage
 from tests.support.regions import FakeRegion
+from tests.support.update_stream import UpdateStream
 
 MANIFEST = {
     "a": pb.TensorSpec(name="a", dtype=pb.D_TYPE_BFLOAT16, shape=[4, 8]),  # 64 bytes
@@ -18,7 +21,7 @@ MANIFEST = {
 
 
 def assembler(max_bytes=1 << 20, current="v0"):
-    return UpdateAssembler(MANIFEST, max_bytes, FakeRegion(), current)
+    return UpdateStream(Target(MANIFEST, current), Placement(FakeRegion()), max_bytes)
 
 
 def begin(*specs, version="v1"):
@@ -47,7 +50,7 @@ def test_chunks_in_any_order_land_at_their_offsets():
     ]:
         asm.feed(msg)
     staged = asm.finish()
-    buf = asm._staging.buf
+    buf = asm.staging.buf
     a, b = staged.tensors
     assert bytes(buf[a.offset : a.offset + 64]) == data_a
     assert bytes(buf[b.offset : b.offset + 6]) == data_b
@@ -105,7 +108,7 @@ def test_huge_offsets_and_unknown_enums_are_rejected():
     ],
 )
 def test_coverage_detects_overlap(ranges, ok):
-    cov = _Coverage()
+    cov = Coverage()
     results = [cov.add(a, b) == "" for a, b in ranges]
     assert all(results) == ok
     if ok:
@@ -129,7 +132,7 @@ def test_a_batch_of_chunks_lands_as_its_chunks_would_one_by_one():
     asm.feed(chunk(0, 0, data_a[:32]))
     asm.feed(COMMIT)
     a, b = asm.finish().tensors
-    buf = asm._staging.buf
+    buf = asm.staging.buf
     assert bytes(buf[a.offset : a.offset + 64]) == data_a
     assert bytes(buf[b.offset : b.offset + 6]) == data_b
 
@@ -154,7 +157,7 @@ def test_a_bad_chunk_in_a_batch_is_refused_naming_it(chunks, field, why):
 
 def test_a_tensors_bytes_may_form_only_so_many_separate_ranges(monkeypatch):
     """Out-of-order chunks cost a sorted insertion each: their ranges are bounded."""
-    monkeypatch.setattr(assembler_module, "MAX_RANGES", 3)
+    monkeypatch.setattr(receiver_module, "MAX_RANGES", 3)
     asm = assembler()
     asm.feed(begin(MANIFEST["a"]))
     asm.feed(batch((0, 40, b"x"), (0, 20, b"x"), (0, 0, b"x")))
@@ -170,9 +173,7 @@ def test_a_piece_of_a_fused_group_is_refused_at_begin_naming_the_rest():
     group = ["k", "q", "v"]
 
     def grouped():
-        return UpdateAssembler(
-            manifest, 1 << 20, FakeRegion(), "v0", groups=dict.fromkeys(group, group)
-        )
+        return UpdateStream(Target(manifest, "v0", groups=dict.fromkeys(group, group)))
 
     with pytest.raises(InvalidArgument) as e:
         grouped().feed(begin(manifest["q"], manifest["o"]))
@@ -186,7 +187,7 @@ def test_0d_and_empty_tensors_stage_and_their_content_is_recorded():
         "scale": pb.TensorSpec(name="scale", dtype=pb.D_TYPE_FLOAT32, shape=[]),
         "none": pb.TensorSpec(name="none", dtype=pb.D_TYPE_INT64, shape=[0, 4]),
     }
-    asm = UpdateAssembler(manifest, 1 << 20, FakeRegion(), "v0")
+    asm = UpdateStream(Target(manifest, "v0"))
     for msg in [begin(manifest["scale"], manifest["none"]), chunk(0, 0, b"\0\0\0?"), COMMIT]:
         asm.feed(msg)
     staged = asm.finish()
@@ -199,5 +200,5 @@ def test_0d_and_empty_tensors_stage_and_their_content_is_recorded():
 def test_the_served_version_is_accepted_only_as_a_retry_of_its_update():
     with pytest.raises(FailedPrecondition):
         assembler(current="v1").feed(begin(MANIFEST["a"], version="v1"))
-    asm = UpdateAssembler(MANIFEST, 1 << 20, FakeRegion(), "v1", replayable_version="v1")
-    asm.feed(begin(MANIFEST["a"], version="v1"))  # compared by content later (updates.py)
+    asm = UpdateStream(Target(MANIFEST, "v1", replayable_version="v1"))
+    asm.feed(begin(MANIFEST["a"], version="v1"))  # compared by content later (base_weights.py)

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.errors import ResourceExhausted
+from rollout_service.status.errors import ResourceExhausted
 
 
 class Ticket:

@@ -1,0 +1,89 @@
+"""The suite's pytest hooks, a plugin conftest.py loads (`pytest_plugins`):
+the servers' start-up (tests.support.server_starts) tied to collection and to
+each module's first test, every test that needs an engine marked `engine`,
+and the suite's order.
+
+Tests that need no engine run first, so a broken converter fails in seconds,
+not after the engine tests; `-m "not engine"` (`scripts/test --fast`) runs
+only those. A test needs an engine when it uses a server fixture of
+conftest.py (directly or through another fixture), or its module, or the
+module of any other fixture it uses, starts servers (imports
+harness.serverproc's ServerProcess or running). The marker is set here, from
+what each test uses, so it cannot go stale.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.support import server_starts, shared_servers
+
+_STARTS_SERVERS = ("ServerProcess", "running")
+
+
+def pytest_collection_modifyitems(config, items):
+    engine = pytest.mark.engine
+    for item in items:
+        if _needs_engine(item):
+            item.add_marker(engine)
+    # Stable: within each group, the files' and tests' own order; a test that
+    # stops a shared server after all that may use it.
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("engine") is not None,
+            item.get_closest_marker("last") is not None,
+        )
+    )
+
+
+def pytest_collection_finish(session):
+    """The shared servers the collected tests use start now, all at once."""
+    server_starts.start_collected(session.items)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Before a module's first test: its own servers, if not yet started,
+    and those of the next module that has any."""
+    server_starts.start_for(item.nodeid.split("::")[0])
+
+
+def pytest_sessionfinish(session):
+    server_starts.stop_unused()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Which modules left other weights on a shared server (put back after
+    the module): each costs a full update, and none may count on another's."""
+    if shared_servers.restored:
+        lines = [f"{module} (the {name})" for module, name in shared_servers.restored]
+        terminalreporter.write_line("weights restored after: " + ", ".join(lines))
+
+
+def _starts_servers(module) -> bool:
+    return any(
+        getattr(getattr(module, name, None), "__module__", None) == "harness.serverproc"
+        for name in _STARTS_SERVERS
+    )
+
+
+def _is_conftest(module_name: str) -> bool:
+    return module_name.rpartition(".")[2] == "conftest"
+
+
+def _needs_engine(item) -> bool:
+    """The item uses a server fixture of conftest.py, or its module, or the
+    module of any fixture it uses, starts servers."""
+    if server_starts.server_fixtures() & set(getattr(item, "fixturenames", ())):
+        return True
+    modules = {getattr(item, "module", None)}
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in info.name2fixturedefs.values() if info else ():
+        # conftest.py's fixtures start servers only through the server
+        # fixtures it declares (server_starts.declare), checked above.
+        modules.update(
+            sys.modules.get(d.func.__module__) for d in defs if not _is_conftest(d.func.__module__)
+        )
+    return any(_starts_servers(m) for m in modules if m is not None)
