@@ -2,10 +2,13 @@
 
 Simulated RL steps: an fp32 master copy of a bf16 model's weights, Adam
 (torch.optim.Adam, random gradients ~N(0, 1e-3)) at each learning rate, the
-bf16 weights pushed after every step, twice: as a delta (`update_weights(...,
-delta=True)`, the delta client's record of what it pushed) and as a full
-update of the same bytes (another client), both to the real server started
-on the model, over the chosen transports. After the full push the delta
+bf16 weights pushed after every step, twice: by the delta client
+(`update_weights(..., delta=True)`: each push the cheaper way by what its
+earlier pushes measured, rollout_client/delta_costs.py; `--mode always`: a
+delta every time) and as a full update of the same bytes (another client),
+both to the real server started on the model, over the chosen transports.
+The `ways` column lists how each of the delta client's pushes went (d: a
+delta, f: full). After the full push the delta
 client's record names the full push's version: the bytes are the same, so
 the next delta goes against it.
 
@@ -26,6 +29,7 @@ model stands. Run it with nothing else running:
 
     .venv/bin/python -m benchmarks.delta_sync [--model mid|2g] [--steps 4]
         [--lrs 1e-6,3e-6,1e-5] [--transports one,four,host] [--zstd]
+        [--mode auto|always]
 
 The client sends SPARSE_XOR8 (its default); `--zstd`: SPARSE_XOR16 in zstd
 frames (PushedWeights(zstd=True)).
@@ -99,19 +103,6 @@ class SignTrainer:
         return {n: t.to(self.dtypes[n]) for n, t in self.master.items()}
 
 
-class Timed(PushedWeights):
-    """PushedWeights that times its encoding (the client's share)."""
-
-    encode_s = 0.0
-
-    def delta(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        t = time.perf_counter()
-        try:
-            return super().delta(*args, **kwargs)
-        finally:
-            self.encode_s = time.perf_counter() - t
-
-
 def sink_seconds(target: str, nbytes: int) -> float:
     """Seconds to stream `nbytes` as raw 1 MiB messages to the bytes-only sink."""
     pieces = [bytes(MiB)] * (nbytes // MiB) + ([bytes(nbytes % MiB)] if nbytes % MiB else [])
@@ -141,6 +132,7 @@ def run(
     label: str,
     adam: bool,
     zstd: bool,
+    mode: bool | str,
 ) -> dict:
     model_bytes = sum(t.numel() * t.element_size() for t in start.values())
     trainer = (Trainer if adam else SignTrainer)(start, lr, seed=int(lr * 1e9))
@@ -151,31 +143,36 @@ def run(
 
     cpu = psutil.Process(pid)
     with RolloutClient(target, timeout=1800) as dc, RolloutClient(target, timeout=1800) as fc:
-        dc.pushed = Timed(zstd=zstd)
+        dc.pushed = PushedWeights(zstd=zstd)
         tag = f"{label}-{lr:g}-{os.getpid()}"
         fc.update_weights(start, f"{tag}-f0", **how)
-        dc.update_weights(start, f"{tag}-d0", delta=True, **how)  # a full push, recorded
+        dc.update_weights(start, f"{tag}-d0", delta=mode, **how)  # a full push, recorded
+        ways = ""
         for i in range(1, steps + 1):
             weights = trainer.step()
             c0 = cpu.cpu_times()
             t = time.perf_counter()
-            d = dc.update_weights(weights, f"{tag}-d{i}", delta=True, **how)
+            d = dc.update_weights(weights, f"{tag}-d{i}", delta=mode, **how)
             d_e2e = time.perf_counter() - t
             c1 = cpu.cpu_times()
             t = time.perf_counter()
             f = fc.update_weights(weights, f"{tag}-f{i}", **how)
             f_e2e = time.perf_counter() - t
-            # The same bytes are served: the delta client's record stands for them.
-            dc.pushed.version = f.weight_version
-            assert d.timings.decode_seconds > 0, f"step {i} went full"
+            # The same bytes are served: the delta client's record stands for
+            # them (when it keeps one: not on the same host).
+            if dc.pushed.version:
+                dc.pushed.version = f.weight_version
+            pushed = dc.pushed.costs.history[-1]
+            ways += pushed.way[0]
             if i == 1:
                 continue  # Adam's first step moves every value by lr: reported apart
             add("wire", d.bytes_received / model_bytes)
-            add("encode_s", dc.pushed.encode_s)
-            add("encode_gbs", model_bytes / dc.pushed.encode_s / 1e9)
             add("d_receive", d.timings.receive_seconds)
-            add("d_decode", d.timings.decode_seconds)
-            add("decode_gbs", model_bytes / d.timings.decode_seconds / 1e9)
+            if pushed.way == "delta":
+                add("encode_s", pushed.encode_seconds)
+                add("encode_gbs", model_bytes / pushed.encode_seconds / 1e9)
+                add("d_decode", d.timings.decode_seconds)
+                add("decode_gbs", model_bytes / d.timings.decode_seconds / 1e9)
             add("d_apply", d.timings.apply_seconds)
             add("d_reset", d.timings.reset_seconds)
             add("f_receive", f.timings.receive_seconds)
@@ -203,7 +200,10 @@ def run(
                 add("sink_d", sink_d)
                 add("sink_f", sink_f)
                 add("sink_ratio", sink_d / sink_f)
-    out = {k: statistics.median(v) for k, v in rows.items()}
+    out: dict = {k: statistics.median(v) for k, v in rows.items()}
+    for k in ("encode_s", "encode_gbs", "d_decode", "decode_gbs"):
+        out.setdefault(k, float("nan"))  # every step went full
+    out["ways"] = ways
     out["server_rss_gb"] = peak_rss(pid) / 1e9
     out["client_peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
     return out
@@ -230,6 +230,12 @@ def main() -> None:
         help="sign: lr x sign(noise) steps, no Adam moments (the 2 GB model on 24 GiB)",
     )
     ap.add_argument("--zstd", action="store_true", help="SPARSE_XOR16 in zstd frames")
+    ap.add_argument(
+        "--mode",
+        choices=["auto", "always"],
+        default="auto",
+        help="auto: delta=True (the client picks the cheaper way); always: a delta every step",
+    )
     ap.add_argument("--cache", default=os.path.expanduser("~/.cache/rollout-service/bench"))
     args = ap.parse_args()
     cache = Path(args.cache)
@@ -261,7 +267,7 @@ def main() -> None:
         for t in psutil.Process(sink_pid).threads():
             os.sched_setaffinity(t.id, psutil.Process(pid).cpu_affinity())
         header = (
-            "lr      transport  wire%   enc s  enc GB/s  recv s  dec s  dec GB/s  apply s  "
+            "lr      transport  ways   wire%   enc s  enc GB/s  recv s  dec s  dec GB/s  apply s  "
             "reset s | full recv s  (recv+dec)/full recv | e2e s  full e2e s  ratio  "
             "ratio w/o apply | "
             "srv CPU s/GB  srv RSS GB  cli RSS GB | sink s: delta  model  ratio"
@@ -281,9 +287,11 @@ def main() -> None:
                     name,
                     args.trainer == "adam",
                     args.zstd,
+                    True if args.mode == "auto" else "always",
                 )
                 print(
-                    f"{lr:<7g} {name:<9}  {100 * r['wire']:5.2f}  {r['encode_s']:6.3f}  "
+                    f"{lr:<7g} {name:<9}  {r['ways']:<5}  {100 * r['wire']:5.2f}  "
+                    f"{r['encode_s']:6.3f}  "
                     f"{r['encode_gbs']:8.2f}  {r['d_receive']:6.3f}  {r['d_decode']:5.3f}  "
                     f"{r['decode_gbs']:8.2f}  {r['d_apply']:7.3f}  {r['d_reset']:7.3f} | "
                     f"{r['f_receive']:11.3f}  {r['ratio_rdv']:20.3f} | {r['d_e2e']:5.2f}  "

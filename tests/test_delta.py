@@ -28,9 +28,8 @@ from rollout_client import RolloutClient, RolloutError, pb
 from rollout_codecs import delta
 from tests.support.cpus import thread_cpus, vllm_process
 from tests.support.delta_steps import initial, simulate
+from tests.support.greedy import assert_same, served
 from tests.support.stall import stalled, wait_stalled
-
-PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8], [40, 41, 42, 43], list(range(100, 164))]
 
 
 @pytest.fixture(scope="module")
@@ -59,23 +58,6 @@ def stub(server):
         yield rollout_pb2_grpc.RolloutServiceStub(ch)
 
 
-def served(c: RolloutClient) -> list[tuple[tuple[int, ...], tuple[float, ...]]]:
-    """Greedy tokens and their logprobs for every prompt."""
-    out = []
-    for p in PROMPTS:
-        r = c.generate(
-            prompt_token_ids=p, max_tokens=12, temperature=0, ignore_eos=True, logprobs=0
-        )
-        out.append((tuple(r.completions[0].token_ids), tuple(r.completions[0].logprobs)))
-    return out
-
-
-def assert_same(got, want, noise: float = 1e-6):
-    for (tokens, lps), (want_tokens, want_lps) in zip(got, want):
-        assert tokens == want_tokens
-        assert np.max(np.abs(np.subtract(lps, want_lps))) <= noise
-
-
 def full_push(c: RolloutClient, weights: dict) -> str:
     v = version()
     c.update_weights(weights, v)
@@ -88,11 +70,11 @@ def test_twenty_delta_steps_serve_what_full_pushes_and_a_fresh_engine_serve(
     fresh = served(reference)  # before anything is pushed to it
     # The engine's own run-to-run noise, measured: the same weights twice.
     assert_same(served(reference), fresh, noise=0.0)
-    first = client.update_weights(steps[0], version(), delta=True)
+    first = client.update_weights(steps[0], version(), delta="always")
     assert client.pushed is not None and client.pushed.version == first.weight_version
     wire = []
     for i, weights in enumerate(steps[1:], start=1):
-        ack = client.update_weights(weights, f"delta-{i}-{version()}", delta=True)
+        ack = client.update_weights(weights, f"delta-{i}-{version()}", delta="always")
         info = client.server_info()
         assert info.delta_base_version == ack.weight_version == client.pushed.version
         assert ack.timings.decode_seconds > 0, f"step {i} went as a full update"
@@ -108,7 +90,7 @@ def test_twenty_delta_steps_serve_what_full_pushes_and_a_fresh_engine_serve(
 def test_a_delta_against_another_base_is_refused_untouched_and_the_client_falls_back(
     client, stub, steps
 ):
-    client.update_weights(steps[0], version(), delta=True)
+    client.update_weights(steps[0], version(), delta="always")
     info = client.server_info()
     before = served(client)
     bad = pb.UpdateWeightsBegin(
@@ -131,7 +113,7 @@ def test_a_delta_against_another_base_is_refused_untouched_and_the_client_falls_
     # The client's record says another version: it pushes in full.
     assert client.pushed is not None
     client.pushed.version = "not-the-base"
-    ack = client.update_weights(steps[1], version(), delta=True)
+    ack = client.update_weights(steps[1], version(), delta="always")
     assert ack.bytes_received == sum(len(tensor_bytes(t)) for t in steps[1].values())
     assert ack.timings.decode_seconds == 0
     assert client.pushed.version == ack.weight_version == client.server_info().delta_base_version
@@ -176,7 +158,7 @@ def delta_stream(
 def test_a_delta_that_reconstructs_the_wrong_crc_is_refused_and_the_base_is_intact(
     client, stub, steps
 ):
-    client.update_weights(steps[0], version(), delta=True)
+    client.update_weights(steps[0], version(), delta="always")
     base = client.server_info().delta_base_version
     before = served(client)
     name = "lm_head.weight"
@@ -200,7 +182,7 @@ def test_one_wrong_tensor_among_many_refuses_the_whole_delta_and_the_worker_core
     the worker's cores (delta_base.py): one wrong CRC-32C in the middle
     refuses the whole update with the base intact, names that tensor, and
     every thread of the server is back off the worker's cores after."""
-    client.update_weights(steps[0], version(), delta=True)
+    client.update_weights(steps[0], version(), delta="always")
     base = client.server_info().delta_base_version
     before = served(client)
     names = [
@@ -239,7 +221,7 @@ def test_a_tensor_sent_in_more_separate_ranges_than_the_bound_is_refused_untouch
     nothing is served differently."""
     from rollout_service.update.receiver import MAX_RANGES
 
-    client.update_weights(steps[0], version(), delta=True)
+    client.update_weights(steps[0], version(), delta="always")
     base = client.server_info().delta_base_version
     before = served(client)
     name = max(steps[0], key=lambda n: steps[0][n].numel() * steps[0][n].element_size())
@@ -269,7 +251,7 @@ def test_a_tensor_sent_in_more_separate_ranges_than_the_bound_is_refused_untouch
 
 
 def test_a_delta_cancelled_after_commit_and_retried_is_replayed(client, stub, steps, fault_file):
-    client.update_weights(steps[0], version(), delta=True)
+    client.update_weights(steps[0], version(), delta="always")
     base = client.server_info().delta_base_version
     v = version()
     name = "lm_head.weight"
@@ -294,18 +276,18 @@ def test_a_delta_cancelled_after_commit_and_retried_is_replayed(client, stub, st
 def test_a_failure_inside_the_engine_mid_delta_then_a_full_update_serves_a_fresh_engine(
     client, reference, steps, fault_file
 ):
-    client.update_weights(steps[0], version(), delta=True)
+    client.update_weights(steps[0], version(), delta="always")
     fault_file.write_text("1")  # fails after one tensor is loaded
     try:
         with pytest.raises(RolloutError) as e:
-            client.update_weights(steps[1], version(), delta=True)
+            client.update_weights(steps[1], version(), delta="always")
     finally:
         fault_file.unlink(missing_ok=True)
     assert e.value.code == grpc.StatusCode.INTERNAL and e.value.reason == "ENGINE_FAILURE"
     info = client.server_info()
     assert info.degraded and info.delta_base_version == ""
     # The client's next delta is refused (no base) and goes in full.
-    ack = client.update_weights(steps[-1], version(), delta=True)
+    ack = client.update_weights(steps[-1], version(), delta="always")
     assert ack.timings.decode_seconds == 0 and not client.server_info().degraded
     full_push(reference, steps[-1])
     assert_same(served(client), served(reference))
@@ -313,8 +295,8 @@ def test_a_failure_inside_the_engine_mid_delta_then_a_full_update_serves_a_fresh
 
 @pytest.mark.parametrize("how", [{"streams": 2}, {"same_host": True}])
 def test_staged_and_same_host_deltas_serve_what_a_full_push_serves(client, reference, steps, how):
-    client.update_weights(steps[2], version(), delta=True, **how)
-    ack = client.update_weights(steps[3], version(), delta=True, **how)
+    client.update_weights(steps[2], version(), delta="always", **how)
+    ack = client.update_weights(steps[3], version(), delta="always", **how)
     assert ack.timings.decode_seconds > 0
     assert client.server_info().delta_base_version == ack.weight_version
     full_push(reference, steps[3])

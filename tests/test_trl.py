@@ -143,7 +143,7 @@ def _train(target: str, model_path: Path, steps: int, temperature: float, out: P
             return ack
 
     with Probing(target, timeout=120) as client:
-        rollout = ServiceRollout(client, delta=True)
+        rollout = ServiceRollout(client, delta="always")
         trainer = Observed(
             model=model,
             reward_funcs=reward,

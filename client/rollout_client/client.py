@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2_grpc
@@ -157,7 +157,7 @@ class RolloutClient(_Surface[stubs.RolloutStub]):
         same_host: bool = False,
         adapter: str | None = None,
         adapter_config: dict[str, Any] | None = None,
-        delta: bool = False,
+        delta: bool | Literal["always"] = False,
     ) -> pb.UpdateWeightsResponse:
         """Sends `source` (a safetensors file or folder, a state_dict, a
         module or an iterable of (name, tensor)), read tensor by tensor,
@@ -173,12 +173,15 @@ class RolloutClient(_Surface[stubs.RolloutStub]):
         (PEFT names) and the update loads or replaces that adapter; the base
         weights are untouched, `version` is the adapter's.
 
-        With `delta`, the client keeps a copy of what it pushes
+        With `delta=True`, the client keeps a copy of what it pushes
         (`self.pushed`, a delta_push.PushedWeights: the model's size in host
         memory, or less with its max_bytes) and, when the server's delta
-        base is the version it pushed last, sends only what changed
-        (docs/weight-sync.md#delta-updates); otherwise, or when the server refuses the base, a
-        full update."""
+        base is the version it pushed last, sends the cheaper of a delta
+        (only what changed) and a full update, from what its earlier pushes
+        measured (delta_costs.py; `self.pushed.costs.history` says which way
+        each push went and why; docs/weight-sync.md#delta-updates); a full
+        update when the server refuses the base. `delta="always"`: a delta
+        whenever the server's base allows it (for measuring)."""
         target = core.adapter_target(adapter, adapter_config)
         if delta:
             if target is not None:
@@ -186,6 +189,7 @@ class RolloutClient(_Surface[stubs.RolloutStub]):
             return self._update_delta(
                 source,
                 version,
+                always=delta == "always",
                 pause_mode=pause_mode,
                 chunk_bytes=chunk_bytes,
                 timeout=timeout,
@@ -218,15 +222,16 @@ class RolloutClient(_Surface[stubs.RolloutStub]):
         timeout: float | None,
         streams: int,
         same_host: bool,
+        always: bool,
         **begin: Any,
     ) -> pb.UpdateWeightsResponse:
-        """update_weights(delta=True): a delta against `self.pushed` when the
-        server's base is its version, else (or when the server refuses the
-        base) a full update; either is recorded once acknowledged."""
-        from rollout_client.delta_push import PushedWeights
+        """update_weights(delta=...): the cheaper of a delta against
+        `self.pushed` (when the server's base is its version) and a full
+        update (delta_push.push_cheaper); either is recorded once acknowledged."""
+        from rollout_client import delta_push
 
         if self.pushed is None:
-            self.pushed = PushedWeights()
+            self.pushed = delta_push.PushedWeights()
         pushed = self.pushed
         info = self.server_info(timeout)
         u = core.prepare_update(
@@ -239,19 +244,13 @@ class RolloutClient(_Surface[stubs.RolloutStub]):
             **begin,
         )
         u.batch_chunks = info.accepts_chunk_batches
-        if pushed.version and pushed.version == info.delta_base_version:
-            d = pushed.delta(u)
-            try:
-                ack = self._send(d.update, streams, same_host)
-            except RolloutError as e:
-                if e.reason != "DELTA_BASE_MISMATCH":
-                    raise
-            else:
-                pushed.record_delta(d, ack.weight_version)
-                return ack
-        ack = self._send(u, streams, same_host)
-        pushed.record_full(u.tensors, ack)
-        return ack
+        has_base = bool(pushed.version) and pushed.version == info.delta_base_version
+
+        def send(update: push.Update) -> pb.UpdateWeightsResponse:
+            return self._send(update, streams, same_host)
+
+        transport = (streams, same_host)
+        return delta_push.push_cheaper(pushed, u, has_base, transport, send, always)
 
     def _send(self, u: push.Update, streams: int, same_host: bool) -> pb.UpdateWeightsResponse:
         if self._regions is None:
@@ -407,7 +406,7 @@ class AsyncRolloutClient(_Surface[stubs.AsyncRolloutStub]):
         same_host: bool = False,
         adapter: str | None = None,
         adapter_config: dict[str, Any] | None = None,
-        delta: bool = False,
+        delta: bool | Literal["always"] = False,
     ) -> pb.UpdateWeightsResponse:
         """RolloutClient.update_weights, run in a thread on a blocking client
         to the same target (the sending code is the same; its `pushed` is

@@ -30,7 +30,8 @@ What it costs the trainer host:
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,13 +39,11 @@ from typing import Any
 import numpy as np
 
 from rollout.v1 import rollout_pb2 as pb
+from rollout_client.connection import RolloutError
+from rollout_client.delta_costs import Choice, Costs, PushRecord, Timer, sampled_share
 from rollout_client.push import Update
 from rollout_codecs import delta, extras
 from rollout_codecs.sources import SourceTensor
-
-# A tensor is sent raw once its encoding would take more than this share of
-# its bytes: the sparse encoding costs 4 bytes per changed 2-byte word.
-RAW_ABOVE = 0.5
 
 
 @dataclass
@@ -66,10 +65,39 @@ class DeltaUpdate:
 
     update: Update
     tensors: list[_Tensor] = field(default_factory=list)
+    encode_seconds: float = 0.0  # all of delta(), CRC-32C included
+    crc_seconds: float = 0.0  # summed over the tensors (threads overlap)
+    encode_thread_seconds: float = 0.0  # encoding alone, summed likewise
 
     @property
     def wire_bytes(self) -> int:
         return sum(t.nbytes for t in self.update.tensors)
+
+    @property
+    def model_bytes(self) -> int:
+        return sum(t.source.nbytes for t in self.tensors)
+
+    @property
+    def encoded_bytes(self) -> int:
+        """Bytes of the tensors that went through the encoder."""
+        return sum(t.source.nbytes for t in self.tensors if t.sparse is not None)
+
+    def measured(self) -> tuple[int, float, float]:
+        """(bytes encoded, wall seconds of their encode, wall seconds of the
+        CRC-32C of all): delta()'s wall time shared out by thread time."""
+        busy = self.crc_seconds + self.encode_thread_seconds
+        if busy <= 0:
+            return self.encoded_bytes, 0.0, 0.0
+        wall = self.encode_seconds
+        return (
+            self.encoded_bytes,
+            wall * self.encode_thread_seconds / busy,
+            wall * self.crc_seconds / busy,
+        )
+
+    @property
+    def raw_tensors(self) -> int:
+        return sum(1 for t in self.tensors if t.changed and t.spec.encoding == delta.RAW)
 
 
 class PushedWeights:
@@ -81,6 +109,9 @@ class PushedWeights:
         # The version the recorded bytes make on the server ("" : none).
         self.version = ""
         self._bytes: dict[str, np.ndarray] = {}
+        # What earlier pushes measured: which way the next one goes (delta_costs.py).
+        self.costs = Costs()
+        self._warm = False
 
     @property
     def nbytes(self) -> int:
@@ -91,28 +122,109 @@ class PushedWeights:
         self.version = ""
         self._bytes.clear()
 
-    def delta(
-        self, u: Update, raw_above: float = RAW_ABOVE, threads: int | None = None
-    ) -> DeltaUpdate:
+    def plan(
+        self, u: Update, has_base: bool, transport: Any, same_host: bool, always: bool = False
+    ) -> tuple[DeltaUpdate | None, Choice]:
+        """Which way `u` goes (delta_costs.Costs.choose; `always`: a delta
+        whenever the server's base is the record's), and the delta if so."""
+        if always:
+            why = "delta='always'" if has_base else "no record of the server's delta base"
+            choice = Choice("delta" if has_base else "full", why)
+        else:
+            names, sizes = [t.name for t in u.tensors], [t.nbytes for t in u.tensors]
+            choice = self.costs.choose(transport, same_host, has_base, names, sizes)
+        if choice.way == "full":
+            return None, choice
+        if not self._warm:
+            delta.warm_up()  # numba's compile (or its disk cache) is not an encode cost
+            self._warm = True
+        with Timer() as timer:
+            d = self.delta(u, None if always else transport)
+        d.encode_seconds = timer.seconds
+        return d, choice
+
+    def acknowledged(
+        self,
+        u: Update,
+        d: DeltaUpdate | None,
+        choice: Choice,
+        ack: pb.UpdateWeightsResponse,
+        seconds: float,
+        transport: Any,
+    ) -> None:
+        """`d` (or, None, the full `u`) was acknowledged `seconds` after it
+        was sent: recorded, its costs observed (delta_costs.py), its way and
+        why kept in `costs.history`."""
+        costs = self.costs
+        names, sizes = [t.name for t in u.tensors], [t.nbytes for t in u.tensors]
+        nbytes = sum(sizes)
+        if d is not None:
+            self.record_delta(d, ack.weight_version)  # counts or samples each share
+            share = costs.share(names, sizes)
+            transfer = costs.observe_delta(transport, names, sizes, d.measured(), ack, seconds)
+            wire, raw, encode = d.wire_bytes, d.raw_tensors, d.encode_seconds
+        else:
+            transfer = costs.observe_full(transport, nbytes, ack, seconds)
+            if choice.record:
+                self.record_full(u.tensors, ack)  # samples each share
+            else:
+                self.forget()
+                for t in u.tensors:
+                    t.release()
+            share = costs.share(names, sizes)
+            wire, raw, encode = nbytes, 0, 0.0
+        costs.history.append(
+            PushRecord(
+                version=ack.weight_version,
+                way="delta" if d is not None else "full",
+                why=choice.why,
+                model_bytes=nbytes,
+                wire_bytes=wire,
+                changed_share=share,
+                encode_seconds=encode,
+                transfer_seconds=transfer,
+                raw_tensors=raw,
+                predicted_delta_seconds=choice.predicted_delta,
+                predicted_full_seconds=choice.predicted_full,
+            )
+        )
+
+    def delta(self, u: Update, transport: Any = None, threads: int | None = None) -> DeltaUpdate:
         """`u` (a full update of the new bytes, from push.prepare) as a
-        delta against the record; nothing is recorded until it is acknowledged."""
+        delta against the record; nothing is recorded until it is
+        acknowledged. Each tensor goes encoded or raw, whichever `costs`
+        says is cheaper on `transport` (delta_costs.py)."""
+        costs = self.costs
         crc32c = extras.require("crc32c", "delta updates").crc32c
         if self.zstd:
             extras.require("zstandard", "the zstd delta encoding", extra="weights")
+
+        timings: list[tuple[float, float]] = []  # (CRC, encode) s per tensor
 
         def encode(item: tuple[SourceTensor, pb.TensorSpec]) -> _Tensor:
             t, spec = item
             new = t.read(0, t.nbytes)
             out = pb.TensorSpec()
             out.CopyFrom(spec)
+            t0 = time.perf_counter()
             out.crc32c = crc32c(new)
+            t1 = time.perf_counter()
+            e = encode_one(t, out, new)
+            timings.append((t1 - t0, time.perf_counter() - t1))  # list.append: atomic
+            return e
+
+        def encode_one(t: SourceTensor, out: pb.TensorSpec, new: Any) -> _Tensor:
             old = self._bytes.get(t.name)
             if old is None or old.nbytes != t.nbytes:
                 return _Tensor(t, out, new, new)
+            if not costs.worth_encoding(transport, t.name, t.nbytes):
+                out.encoding = delta.RAW
+                return _Tensor(t, out, new, new)  # its share is sampled when recorded
             unit = delta.SPARSE if self.zstd and t.nbytes % 2 == 0 else delta.SPARSE8
             sparse = delta.encode_sparse(delta.elements(old, unit), delta.elements(new, unit))
             out.encoding = unit
             if sparse.size == 4:  # no entry: unchanged
+                costs.shares[t.name] = 0.0
                 out.encoded_bytes = 4
                 return _Tensor(t, out, new, sparse, sparse, unit, changed=False)
             wire: Any = sparse
@@ -120,14 +232,16 @@ class PushedWeights:
                 frame = delta.zstd_compress(sparse)
                 if len(frame) < sparse.size:
                     wire, out.encoding = frame, delta.SPARSE_ZSTD
-            if len(wire) > raw_above * t.nbytes:
+            share = costs.shares[t.name] = _share(sparse, t.nbytes)
+            if not costs.keep_encoded(transport, len(wire), t.nbytes, share):
                 out.encoding = delta.RAW
-                return _Tensor(t, out, new, new)
+                return _Tensor(t, out, new, new, sparse, unit)  # encoded, sent raw
             out.encoded_bytes = len(wire)
             return _Tensor(t, out, new, wire, sparse, unit)
 
         with ThreadPoolExecutor(threads or os.cpu_count() or 1) as pool:
             encoded = list(pool.map(encode, zip(u.tensors, u.begin.tensors)))
+        crc_s, encode_s = (sum(x) for x in zip(*timings)) if timings else (0.0, 0.0)
         sent = [e for e in encoded if e.changed] or encoded[:1]
         begin = pb.UpdateWeightsBegin()
         begin.CopyFrom(u.begin)
@@ -142,7 +256,9 @@ class PushedWeights:
             metadata=u.metadata,
             batch_chunks=u.batch_chunks,
         )
-        return DeltaUpdate(update=update, tensors=encoded)
+        return DeltaUpdate(
+            update=update, tensors=encoded, crc_seconds=crc_s, encode_thread_seconds=encode_s
+        )
 
     def record_delta(self, d: DeltaUpdate, version: str, threads: int | None = None) -> None:
         """The delta was acknowledged as `version`: its tensors are applied
@@ -175,6 +291,9 @@ class PushedWeights:
         new = np.frombuffer(data, dtype=np.uint8)
         old = self._bytes.get(name)
         if old is not None and old.shape == new.shape:
+            # What a full push (or a raw tensor) changed, sampled: when
+            # deltas would pay again (delta_costs.py).
+            self.costs.shares[name] = sampled_share(old, new)
             np.copyto(old, new)
             return
         self._bytes.pop(name, None)
@@ -182,6 +301,43 @@ class PushedWeights:
         if room is not None and new.nbytes > room:
             return  # pushed raw from now on
         self._bytes[name] = new.copy()
+
+
+def push_cheaper(
+    pushed: PushedWeights,
+    u: Update,
+    has_base: bool,
+    transport: tuple[int, bool],
+    send: Callable[[Update], pb.UpdateWeightsResponse],
+    always: bool = False,
+) -> pb.UpdateWeightsResponse:
+    """update_weights(delta=...) of one client: `u` as the cheaper of a
+    delta and a full update (`pushed.plan`), sent by `send`; a full update
+    when the server refuses the delta's base. `transport`: (streams, same_host)."""
+    d, choice = pushed.plan(u, has_base, transport, transport[1], always)
+    if d is not None:
+        t0 = time.perf_counter()
+        try:
+            ack = send(d.update)
+        except RolloutError as e:
+            if e.reason != "DELTA_BASE_MISMATCH":
+                raise
+            choice = Choice("full", "the server refused the delta's base (DELTA_BASE_MISMATCH)")
+        else:
+            pushed.acknowledged(u, d, choice, ack, time.perf_counter() - t0, transport)
+            return ack
+    t0 = time.perf_counter()
+    ack = send(u)
+    pushed.acknowledged(u, None, choice, ack, time.perf_counter() - t0, transport)
+    return ack
+
+
+def _share(sparse: np.ndarray, nbytes: int) -> float:
+    """The share of a tensor's bytes (XOR8) or 16-bit words (XOR16) that
+    changed, from its sparse encoding: a uint32 count K, then 2 bytes per
+    XOR8 entry (of nbytes) or 4 per XOR16 entry (of nbytes / 2): (size - 4)
+    / (2 nbytes) either way."""
+    return (sparse.size - 4) / (2 * nbytes) if nbytes else 0.0
 
 
 def _wire_tensor(e: _Tensor) -> SourceTensor:

@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import grpc
 
@@ -49,7 +49,12 @@ from rollout_client.fleet_sessions import AsyncFleetSession, FleetSession, Threa
 from rollout_client.fleet_staging import FleetUpdateError  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:  # numpy: imported by delta pushes only
+    from rollout_client.delta_costs import Choice
     from rollout_client.delta_push import DeltaUpdate, PushedWeights
+
+# The transport of the fleet's pushes, for their costs (delta_costs.py):
+# staged to every replica, then committed.
+_FLEET = "fleet"
 
 log = logging.getLogger("rollout_client.fleet")
 
@@ -232,16 +237,17 @@ class Fleet:
         drain_timeout_seconds: float | None = None,
         timeout: float = 600.0,
         before_commit: Callable[[], None] | None = None,
-        delta: bool = False,
+        delta: bool | Literal["always"] = False,
     ) -> FleetAck:
         """One update for every live replica, committed only once all of them
         hold it (see the module docstring). A partial update (not every
         parameter) leaves out the replicas that lag. `before_commit()` runs
         between staging and the commit (tests use it to kill a replica).
 
-        With `delta`, as RolloutClient.update_weights(delta=True): one delta
+        With `delta`, as RolloutClient.update_weights(delta=...): one delta
         goes to every replica when each offers the version this fleet pushed
-        last as its delta base, else a full update goes to all."""
+        last as its delta base and a delta is the cheaper way (measured over
+        the fleet's staged pushes), else a full update goes to all."""
         with self._updating:
             if self.version is None:
                 self.refresh()
@@ -271,7 +277,12 @@ class Fleet:
             infos = [r.client.server_info(timeout) for r in targets]
             u.batch_chunks = all(i.accepts_chunk_batches for i in infos)
             prints: list[int] | None = None if unreplayable else []
-            d = self._delta(u, [i.delta_base_version for i in infos]) if delta else None
+            d, choice = (
+                self._delta(u, [i.delta_base_version for i in infos], delta == "always")
+                if delta
+                else (None, None)
+            )
+            started = time.perf_counter()
             opened = fleet_staging.stage(
                 u if d is None else d.update,
                 targets,
@@ -283,28 +294,26 @@ class Fleet:
             acks, dropped = fleet_staging.commit_all(targets, opened, timeout)
             if d is not None and prints is not None:
                 prints.extend(t.spec.crc32c for t in d.tensors)  # each whole tensor's
-            if delta and acks:
-                self._record(u, d, next(iter(acks.values())))
+            if choice is not None and acks:
+                assert self.pushed is not None
+                ack = next(iter(acks.values()))
+                seconds = time.perf_counter() - started
+                self.pushed.acknowledged(u, d, choice, ack, seconds, _FLEET)
             return self._committed(u, targets, acks, dropped, lagging, full, prints, unreplayable)
 
-    def _delta(self, u: push.Update, bases: list[str]) -> DeltaUpdate | None:
-        """`u` as a delta, when every target's delta base (`bases`) is what
-        this fleet pushed last; None (a full update) otherwise."""
+    def _delta(
+        self, u: push.Update, bases: list[str], always: bool
+    ) -> tuple[DeltaUpdate | None, Choice]:
+        """`u` as a delta when every target's delta base (`bases`) is what
+        this fleet pushed last and a delta is the cheaper way; None (a full
+        update) otherwise (delta_push.PushedWeights.plan)."""
         from rollout_client.delta_push import PushedWeights
 
         if self.pushed is None:
             self.pushed = PushedWeights()
         base = self.pushed.version
-        if not base or any(b != base for b in bases):
-            return None
-        return self.pushed.delta(u)
-
-    def _record(self, u: push.Update, d: DeltaUpdate | None, ack: pb.UpdateWeightsResponse) -> None:
-        assert self.pushed is not None
-        if d is not None:
-            self.pushed.record_delta(d, ack.weight_version)
-        else:
-            self.pushed.record_full(u.tensors, ack)
+        has_base = bool(base) and all(b == base for b in bases)
+        return self.pushed.plan(u, has_base, _FLEET, same_host=False, always=always)
 
     def _committed(
         self,

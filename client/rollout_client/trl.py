@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_client.client import RolloutClient
@@ -97,10 +97,11 @@ class ServiceRollout:
     gradients) for `history` and the logged metrics; `generate_kwargs` adds
     or overrides SamplingParams fields (GRPOConfig.generation_kwargs are
     passed too); `update_kwargs` go to `update_weights` (`streams=4`,
-    `same_host=True`, ...); `delta` pushes each step after the first as a
-    delta against the one before (update_weights(delta=True): the client
-    then keeps a copy of the pushed weights); `max_workers` Generate calls
-    run at once."""
+    `same_host=True`, ...); `delta` (on by default) pushes each step after
+    the first as the cheaper of a delta against the one before and a full
+    update, from what the earlier pushes measured (update_weights(delta=True):
+    the client then keeps a copy of the pushed weights; `delta=False` does
+    not); `max_workers` Generate calls run at once."""
 
     def __init__(
         self,
@@ -110,7 +111,7 @@ class ServiceRollout:
         measure_mismatch: bool = True,
         generate_kwargs: Mapping[str, Any] | None = None,
         update_kwargs: Mapping[str, Any] | None = None,
-        delta: bool = False,
+        delta: bool | Literal["always"] = True,
         max_workers: int = 8,
     ) -> None:
         _require("torch")
@@ -121,7 +122,7 @@ class ServiceRollout:
         self.generate_kwargs = dict(generate_kwargs or {})
         self.update_kwargs = dict(update_kwargs or {})
         if delta:
-            self.update_kwargs["delta"] = True
+            self.update_kwargs.setdefault("delta", delta)
         self.max_workers = max_workers
         self.version = ""  # the version pushed last ("" before the first push)
         self.acks: list[pb.UpdateWeightsResponse] = []  # every push of this process, in order

@@ -1,0 +1,110 @@
+"""The client's choice between a delta and a full push (delta_costs.py),
+without a server: from measured costs, not from a fixed share. The choice
+against a real server, both ways, is tests/test_delta_auto.py's."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from rollout_client.delta_costs import Costs, sampled_share
+
+GRPC = (1, False)
+MB = 1 << 20
+NAMES, SIZES = ["a", "b"], [50 * MB, 50 * MB]
+
+
+def ack(apply=0.5, reset=0.1, decode=0.0):
+    t = SimpleNamespace(apply_seconds=apply, reset_seconds=reset, decode_seconds=decode)
+    return SimpleNamespace(timings=t)
+
+
+def costs(full_s: float, deltas: list[tuple[float, float]], key=GRPC) -> Costs:
+    """Costs after a full push of NAMES taking `full_s` (besides apply and
+    reset), then deltas [(share of every tensor, encode s per MB)] whose
+    decode and transfer take as long as their encode."""
+    c = Costs()
+    c.observe_full(key, sum(SIZES), ack(), full_s + 0.6)
+    for share, per_mb in deltas:
+        c.shares.update({n: share for n in NAMES})
+        enc = per_mb * sum(SIZES) / MB
+        c.observe_delta(key, NAMES, SIZES, (sum(SIZES), enc, 0.01), ack(decode=enc), enc + 0.6)
+    return c
+
+
+def test_the_first_pushes_are_full_then_a_delta_measures():
+    c = Costs()
+    assert c.choose(GRPC, False, False, NAMES, SIZES).way == "full"  # no base
+    c.observe_full(GRPC, sum(SIZES), ack(), 1.0)
+    first = c.choose(GRPC, False, True, NAMES, SIZES)
+    assert first.way == "delta" and "no delta measured" in first.why
+
+
+def test_same_host_goes_full_whatever_was_measured():
+    c = costs(1.0, [(0.01, 0.001)], key=(1, True))
+    same_host = c.choose((1, True), True, True, NAMES, SIZES)
+    assert same_host.way == "full" and not same_host.record  # nor kept: a copy as costly
+
+
+def test_a_jump_in_the_share_goes_full_and_a_drop_comes_back():
+    c = costs(1.0, [(0.01, 0.001), (0.02, 0.001)])
+    low = c.choose(GRPC, False, True, NAMES, SIZES)
+    assert low.way == "delta" and low.predicted_delta < low.predicted_full
+    c.shares.update(a=0.95, b=0.9)  # a learning-rate spike, seen by a delta or a sample
+    high = c.choose(GRPC, False, True, NAMES, SIZES)
+    assert high.way == "full" and high.predicted_delta > high.predicted_full
+    assert "92.50% changed" in high.why
+    c.shares.update(a=0.01, b=0.01)  # sampled when a full push replaced the record
+    assert c.choose(GRPC, False, True, NAMES, SIZES).way == "delta"
+
+
+def test_each_tensor_goes_the_cheaper_way_within_a_delta():
+    c = costs(1.0, [(0.01, 0.001), (0.02, 0.001)])
+    c.shares.update(a=0.01, b=0.95)
+    assert c.worth_encoding(GRPC, "a", 50 * MB)
+    assert not c.worth_encoding(GRPC, "b", 50 * MB)  # its encode would not pay
+    assert c.worth_encoding(GRPC, "never-seen", 50 * MB)
+    # Half the tensors raw, half a small delta: cheaper than the full push.
+    assert c.choose(GRPC, False, True, NAMES, SIZES).way == "delta"
+
+
+def test_deltas_that_took_longer_than_predicted_lose_the_next_choice():
+    c = costs(1.0, [(0.01, 0.001), (0.02, 0.001)])
+    assert c.choose(GRPC, False, True, NAMES, SIZES).way == "delta"
+    # The same deltas, each taking 2 s end to end (besides apply and reset):
+    # the model's components miss it; what the last pushes showed wins.
+    for _ in range(3):
+        c.observe_delta(GRPC, NAMES, SIZES, (sum(SIZES), 0.1, 0.01), ack(decode=0.1), 2.6)
+    late = c.choose(GRPC, False, True, NAMES, SIZES)
+    assert late.way == "full", late
+
+
+def test_each_transport_keeps_its_own_measurements():
+    c = costs(1.0, [(0.01, 0.001)])
+    four = c.choose((4, False), False, True, NAMES, SIZES)
+    assert four.way == "delta" and "no delta measured" in four.why
+
+
+def test_a_tensor_keeps_its_encoding_only_when_sending_it_costs_less():
+    c = Costs()
+    # Before any transport is measured: the old rule (at most half the raw bytes).
+    assert c.keep_encoded(GRPC, 40, 100, 0.2) and not c.keep_encoded(GRPC, 60, 100, 0.3)
+    # 100 MB per second, and a decode of 0.25 s per 100 MB.
+    c.observe_full(GRPC, 100 * MB, ack(), 1.6)
+    c.observe_delta(GRPC, ["x"], [100 * MB], (100 * MB, 0.1, 0.0), ack(decode=0.25), 1.0)
+    assert c.keep_encoded(GRPC, 60 * MB, 100 * MB, 0.3)  # 0.6 + 0.25 < 1
+    assert not c.keep_encoded(GRPC, 80 * MB, 100 * MB, 0.4)  # 0.8 + 0.25 > 1
+
+
+@pytest.mark.parametrize("n", [1000, 10 * MB])
+@pytest.mark.parametrize("share", [0.0, 0.05, 0.5, 1.0])
+def test_the_sampled_share_is_close_to_the_counted_one(n, share):
+    rng = np.random.default_rng(7)
+    old = rng.integers(0, 256, n, dtype=np.uint8)
+    new = old.copy()
+    flip = rng.random(n) < share
+    new[flip] ^= rng.integers(1, 256, int(flip.sum()), dtype=np.uint8)
+    counted = float(np.count_nonzero(old != new)) / n
+    assert abs(sampled_share(old, new) - counted) < 0.02
