@@ -34,6 +34,7 @@ import torch
 from rollout_client import RolloutClient, RolloutError, pb
 from rollout_client.sessions import Session, loss_mask
 from rollout_codecs import delta, dtypes
+from tests.support.delta_cases import XOR8_CASES, xor8_case, xor8_entries
 from tests.support.tokens import ADMIN, GENERATE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -286,24 +287,9 @@ def test_cpp_sparse_xor16_bytes_match_python(trainer, tmp_path, words, at):
         assert payload == b"\0\0\0\0"
 
 
-@pytest.mark.parametrize(
-    ("nbytes", "at"),
-    [
-        (5000, [3, 1000]),  # far apart: bridged by (0, 255) entries
-        (5000, [254, 509, 765, 766, 4999]),  # gaps of exactly 255 and 256, then 1
-        (1001, [0, 1000]),  # an odd length: the first and the last byte
-        (3000, []),  # nothing changed: K = 0
-        (0, []),  # an empty tensor
-        (300, list(range(300))),  # every byte
-    ],
-    ids=["far-apart", "gap-edges", "odd-length", "no-change", "empty", "every-byte"],
-)
+@pytest.mark.parametrize(("nbytes", "at"), XOR8_CASES)
 def test_cpp_sparse_xor8_bytes_match_python(trainer, tmp_path, nbytes, at):
-    rng = np.random.default_rng(len(at) * 1000 + nbytes)
-    base = rng.integers(0, 256, size=nbytes, dtype=np.uint8)
-    changed = base.copy()
-    for j in at:
-        changed[j] ^= 1 + j % 255  # never 0
+    base, changed = xor8_case(nbytes, at)
     (tmp_path / "base.bin").write_bytes(base.tobytes())
     (tmp_path / "new.bin").write_bytes(changed.tobytes())
     payload, out = _encode_only(
@@ -315,7 +301,7 @@ def test_cpp_sparse_xor8_bytes_match_python(trainer, tmp_path, nbytes, at):
     assert (out["elements"], out["changed_elements"]) == (nbytes, len(at))
     k = out["entries"]
     assert out["encoded_bytes"] == len(payload) == 4 + 2 * k
-    assert k == len(at) + sum((b - a - 1) // 255 for a, b in zip([-1, *at], at))
+    assert k == xor8_entries(at)
     target = base.copy()
     delta.apply_sparse(target, payload)
     assert target.tobytes() == changed.tobytes()

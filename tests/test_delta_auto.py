@@ -1,8 +1,9 @@
 """update_weights(delta=True) against the real engine: the client picks the
 cheaper way for each push from what its earlier pushes measured
 (rollout_client/delta_costs.py). A run whose share of changed values jumps
-(a learning-rate spike: every value moves) falls back to full pushes, and
-goes back to deltas once the share drops; every push, whichever way it went,
+(a learning-rate spike: every value moves) falls back to full pushes (which
+keep samples of what they pushed, not a copy), and goes back to deltas once
+the share drops; every push, whichever way it went,
 serves exactly what a full push of the same weights serves on a fresh engine
 (the reference server, tests/conftest.py).
 
@@ -65,8 +66,10 @@ def test_a_spike_goes_to_full_pushes_and_back_to_deltas_serving_what_a_fresh_eng
 ):
     weights = run_of([CALM, *RUN])
     client.update_weights(weights[0], version(), delta=True)  # the first: in full
+    held = [client.pushed.nbytes]  # the client's copy of what it pushed, after each push
     for w in weights[1:]:
         ack = client.update_weights(w, version(), delta=True)
+        held.append(client.pushed.nbytes)
         assert client.server_info().weight_version == ack.weight_version
         reference.update_weights(w, version())
         assert_same(served(client), served(reference))
@@ -82,12 +85,17 @@ def test_a_spike_goes_to_full_pushes_and_back_to_deltas_serving_what_a_fresh_eng
     calm, spike, after = ways[2:5], ways[5:8], ways[8:]
     assert calm == ["delta"] * 3, ways
     # The first spiked push goes by the calm shares; it counts the new ones,
-    # and the pushes after go in full while every value moves.
+    # and the pushes after go in full while every value moves, keeping
+    # samples of what they pushed instead of a copy.
     assert spike[1:] == ["full", "full"], ways
-    assert all("predicted" in h.why for h in history[6:8])
+    assert all("predicted" in h.why and "samples kept" in h.why for h in history[6:8])
+    assert held[6:9] == [0, 0, 0] and held[5] == held[0] > 0, held
     # The first calm push after the spike still goes by the spike's shares
-    # (sampled while the full pushes replaced the record); then deltas.
-    assert after[1:] == ["delta"] * 3, ways
+    # (sampled by the full pushes); the next sees the calm share and keeps
+    # its copy; then deltas.
+    assert after == ["full", "full", "delta", "delta"], ways
+    assert "samples kept" in history[8].why and "may pay again" in history[9].why
+    assert held[9] == held[0], held
     shares = [h.changed_share for h in history]
     assert max(shares[8:]) < 0.1 < min(shares[5:8]), shares
     # Deltas on the calm steps carried a small part of the model.

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from rollout_client.delta_costs import Costs, sampled_share
+from rollout_client.delta_costs import WINDOW, Costs, sampled_share, samples
 
 GRPC = (1, False)
 MB = 1 << 20
@@ -108,3 +108,63 @@ def test_the_sampled_share_is_close_to_the_counted_one(n, share):
     new[flip] ^= rng.integers(1, 256, int(flip.sum()), dtype=np.uint8)
     counted = float(np.count_nonzero(old != new)) / n
     assert abs(sampled_share(old, new) - counted) < 0.02
+
+
+def test_while_deltas_lose_by_more_than_a_copy_a_full_push_keeps_samples():
+    c = costs(1.0, [(0.01, 0.001), (0.02, 0.001)])
+    c.observe_copy(sum(SIZES), 0.02)  # keeping a copy: 0.02 s
+    c.shares.update(a=0.95, b=0.9)  # a spike: the delta loses by far more
+    spike = c.choose(GRPC, False, True, NAMES, SIZES)
+    assert spike.way == "full" and spike.keep == "samples" and not spike.record
+    assert "samples kept, not a copy" in spike.why
+    # With samples only, the server's base is no longer the client's: while
+    # the samples show the spike, full pushes keep samples.
+    again = c.choose(GRPC, False, False, NAMES, SIZES, sampled=True)
+    assert (again.way, again.keep) == ("full", "samples")
+    # Once they show a small share, a full push keeps its copy; then a delta.
+    c.shares.update(a=0.01, b=0.01)
+    back = c.choose(GRPC, False, False, NAMES, SIZES, sampled=True)
+    assert (back.way, back.keep) == ("full", "copy") and "may pay again" in back.why
+    assert c.choose(GRPC, False, True, NAMES, SIZES).way == "delta"
+
+
+def test_a_delta_that_loses_by_less_than_a_copy_costs_keeps_the_copy():
+    c = costs(1.0, [(0.01, 0.001), (0.02, 0.001)])
+    # A close call: tensor a's share where its encoding saves less than the
+    # CRC-32C a delta adds, so that the delta loses, but only just.
+    for share in np.linspace(0.0, 1.0, 2001):
+        c.shares.update(a=float(share), b=0.95)
+        d, f = c.predict(GRPC, NAMES, SIZES)
+        if d > f and c.encodes_any(GRPC, NAMES, SIZES):
+            break
+    else:
+        raise AssertionError("no close call")
+    c.observe_copy(sum(SIZES), 2 * (d - f))  # the copy costs more than the delta lost by
+    close = c.choose(GRPC, False, True, NAMES, SIZES)
+    assert (close.way, close.keep) == ("full", "copy")
+    c.copy.clear()
+    c.observe_copy(sum(SIZES), (d - f) / 2)  # less
+    assert c.choose(GRPC, False, True, NAMES, SIZES).keep == "samples"
+
+
+def test_the_full_push_before_a_measuring_delta_keeps_its_copy():
+    c = costs(1.0, [(0.01, 0.001), (0.02, 0.001)])
+    c.observe_copy(sum(SIZES), 0.02)
+    c.shares.update(a=0.95, b=0.9)
+    for _ in range(WINDOW - 1):
+        c.observe_full(GRPC, sum(SIZES), ack(), 1.6)
+    before = c.choose(GRPC, False, False, NAMES, SIZES, sampled=True)
+    assert (before.way, before.keep) == ("full", "copy")  # the next one needs a base
+    c.observe_full(GRPC, sum(SIZES), ack(), 1.6)
+    assert "measuring again" in c.choose(GRPC, False, True, NAMES, SIZES).why
+
+
+def test_samples_measure_the_share_of_a_large_tensor_as_the_whole_does():
+    rng = np.random.default_rng(8)
+    old = rng.integers(0, 256, 10 * MB, dtype=np.uint8)
+    new = old.copy()
+    flip = rng.random(old.size) < 0.1
+    new[flip] ^= 1
+    kept = samples(old)
+    assert kept.size == old.size // 40 and not np.shares_memory(kept, old)
+    assert sampled_share(kept, samples(new)) == sampled_share(old, new)

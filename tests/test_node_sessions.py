@@ -16,14 +16,13 @@ to carry the client's token and TLS), and checked through the Python client:
 from __future__ import annotations
 
 import json
-import subprocess
 
 import grpc
 import pytest
 
 from rollout_client import RolloutClient, RolloutError, pb
 from rollout_client.sessions import Session
-from tests.support.node import NPM_ENV, PACKAGE
+from tests.support.node import PACKAGE, SECURE_CLIENT_JS, secure_cfg, start_script
 from tests.support.tokens import GENERATE, GENERATE_B
 
 GREEDY = {"temperature": 0}
@@ -35,15 +34,8 @@ TURN = {"max_tokens": 6, "min_tokens": 6, **GREEDY}
 # every call returned; then waits for a line on stdin (the Python side's
 # checks of the open session) before closing it and printing a second line.
 SCRIPT = f"""
-const fs = require("node:fs");
-const readline = require("node:readline");
 const {{ RolloutClient, lossMask }} = require({PACKAGE!r});
-const cfg = JSON.parse(process.argv[2]);
-const client = new RolloutClient(cfg.target, {{
-  token: cfg.token, timeoutMs: 120000, retries: 0,
-  rootCertificates: fs.readFileSync(cfg.ca),
-  certificateChain: fs.readFileSync(cfg.cert), privateKey: fs.readFileSync(cfg.key),
-}});
+{SECURE_CLIENT_JS}
 const failure = async (f) => {{
   try {{ await f(); return null; }}
   catch (e) {{ return {{ name: e.name, code: e.codeName, reason: e.reason, details: e.details }}; }}
@@ -96,31 +88,13 @@ def _segments(pieces: list[tuple[str, list[int]]]) -> list[tuple[str, int, int]]
 
 def test_packed_client_session_trajectory_token_for_token(packed, shared_secure, clients):
     own, other = clients
-    certs = shared_secure.certs
     prompt = list(own.tokenize(text="The store opens at nine").token_ids)
     append_ids = list(own.tokenize(text=" and closes at").token_ids)
-    cfg = {
-        "target": shared_secure.proc.target,
-        "token": GENERATE,
-        "ca": str(certs["ca"]),
-        "cert": str(certs["client"]),
-        "key": str(certs["client_key"]),
-        "prompt": prompt,
-        "appendIds": append_ids,
-        "vocab": own.server_info().vocab_size,
-        "turn": TURN,
-    }
-    script = packed.app / "session.js"
-    script.write_text(SCRIPT)
-    node = subprocess.Popen(
-        ["node", str(script), json.dumps(cfg)],
-        cwd=packed.app,
-        env=NPM_ENV,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    vocab = own.server_info().vocab_size
+    cfg = secure_cfg(
+        shared_secure, GENERATE, prompt=prompt, appendIds=append_ids, vocab=vocab, turn=TURN
     )
+    node = start_script(packed, "session.js", SCRIPT, cfg)
     out = None
     try:
         line = node.stdout.readline()  # '' if node died: every call has a 120 s deadline

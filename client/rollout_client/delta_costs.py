@@ -11,7 +11,9 @@ What is measured, push by push (`Costs.observe_*`):
   encode and decode pay per changed value; at one share a line is flat);
 - each tensor's share of changed bytes: counted while it is encoded, or
   sampled when a full push replaces its record (`sampled_share`), so that a
-  run that went to full pushes sees when deltas would pay again.
+  run that went to full pushes sees when deltas would pay again;
+- what keeping a full push's copy (the next delta's base) costs: seconds
+  per byte of the copy.
 
 The choice (`Costs.choose`), before anything is encoded:
 - same host: full (the full push there is one copy into the staging region;
@@ -21,6 +23,12 @@ The choice (`Costs.choose`), before anything is encoded:
 - else the predicted delta against the predicted full push: the cheaper
   one, except that after WINDOW full pushes in a row one delta goes out to
   measure again.
+A full push keeps a copy of its bytes as the next delta's base, unless the
+delta lost by more than the copy costs, or every tensor of it would have gone
+raw: then it keeps only samples of each tensor (`samples`), enough to follow
+the share of changed bytes, and the copy's pass over the model is saved while
+deltas lose. When the samples show that a delta would pay again, that push
+goes full and keeps its copy, and the next one is a delta.
 And per tensor, once encoded: the encoded bytes if sending them costs less
 than sending the raw bytes at the measured transport rate, with the server's
 decode of them added; raw otherwise (`Costs.keep_encoded`).
@@ -71,18 +79,24 @@ class PushRecord:
     predicted_full_seconds: float | None = None
 
 
+def samples(a: np.ndarray) -> np.ndarray:
+    """Up to SAMPLE_BLOCKS evenly spaced blocks of `a` (a uint8 view), as one
+    new array: the whole of a small tensor."""
+    n = a.size
+    if n <= SAMPLE_BLOCK * SAMPLE_BLOCKS:
+        return a.copy()
+    starts = np.linspace(0, n - SAMPLE_BLOCK, SAMPLE_BLOCKS).astype(np.int64)
+    return np.concatenate([a[s : s + SAMPLE_BLOCK] for s in starts])
+
+
 def sampled_share(old: np.ndarray, new: np.ndarray) -> float:
     """The share of bytes that differ between `old` and `new` (uint8 views
-    of one size), over up to SAMPLE_BLOCKS evenly spaced blocks."""
-    n = old.size
-    if n <= SAMPLE_BLOCK * SAMPLE_BLOCKS:
-        return float(np.count_nonzero(old != new)) / max(n, 1)
-    starts = np.linspace(0, n - SAMPLE_BLOCK, SAMPLE_BLOCKS).astype(np.int64)
-    changed = sum(
-        int(np.count_nonzero(old[s : s + SAMPLE_BLOCK] != new[s : s + SAMPLE_BLOCK]))
-        for s in starts
-    )
-    return changed / (SAMPLE_BLOCK * SAMPLE_BLOCKS)
+    of one size, or their `samples`), over the sampled blocks."""
+    if old.size != new.size:
+        raise ValueError(f"{old.size} bytes against {new.size}")
+    if old.size > SAMPLE_BLOCK * SAMPLE_BLOCKS:
+        old, new = samples(old), samples(new)
+    return float(np.count_nonzero(old != new)) / max(old.size, 1)
 
 
 @dataclass
@@ -130,8 +144,15 @@ class Choice:
     why: str
     predicted_delta: float | None = None
     predicted_full: float | None = None
-    # Keep the pushed bytes as the next delta's base (a copy of the model).
-    record: bool = True
+    # What a full push leaves behind: "copy" (its bytes, the next delta's
+    # base: the model's size), "samples" (`samples` of each tensor, to follow
+    # the share of changed bytes) or "nothing".
+    keep: str = "copy"
+
+    @property
+    def record(self) -> bool:
+        """A full push keeps its copy."""
+        return self.keep == "copy"
 
 
 class Costs:
@@ -143,6 +164,7 @@ class Costs:
         self.encode = _Line()  # the client's encode, s per byte encoded, by share
         self.crc: deque[float] = deque(maxlen=WINDOW)  # CRC-32C, s per byte
         self.shares: dict[str, float] = {}  # last share of changed bytes, by tensor
+        self.copy: deque[float] = deque(maxlen=WINDOW)  # keeping a full push's copy, s per byte
         self.history: list[PushRecord] = []
 
     def transport(self, key: Any) -> _Transport:
@@ -189,28 +211,77 @@ class Costs:
             delta += min(encoded * factor, raw)
         return delta, per_byte * sum(sizes)
 
+    def encodes_any(self, key: Any, names: Sequence[str], sizes: Sequence[int]) -> bool:
+        """Whether a delta of these tensors now would send any of them
+        encoded (predict's per-tensor choice); if none, it is the full push
+        and a CRC-32C per tensor."""
+        t = self.transport(key)
+        mean = self.share(names, sizes)
+        if t.per_byte() is None or mean is None or not self.encode:
+            return True
+        factor = t.miss()
+        for name, n in zip(names, sizes):
+            encoded, raw = self._tensor(t, self.shares.get(name, mean), n)
+            if encoded * factor < raw:
+                return True
+        return False
+
     def choose(
-        self, key: Any, same_host: bool, has_base: bool, names: Sequence[str], sizes: Sequence[int]
+        self,
+        key: Any,
+        same_host: bool,
+        has_base: bool,
+        names: Sequence[str],
+        sizes: Sequence[int],
+        sampled: bool = False,
     ) -> Choice:
+        """`sampled`: the client keeps samples of the last push, not a copy."""
         if same_host:
             # Nor is the copy kept: it would cost as much again.
             why = "same host: a full push is one copy, a delta reads twice"
-            return Choice("full", why, record=False)
+            return Choice("full", why, keep="nothing")
         if not has_base:
-            return Choice("full", "no record of the server's delta base")
+            predicted = self.predict(key, names, sizes) if sampled else None
+            if predicted is None:
+                return Choice("full", "no record of the server's delta base")
+            d, f = predicted
+            costs = self._costs(d, f, names, sizes)
+            if d < f or self.transport(key).fulls_since_delta + 1 >= WINDOW:
+                why = f"a delta may pay again ({costs}): this push is kept as the next one's base"
+                return Choice("full", why, d, f)
+            return Choice("full", f"{costs}; samples kept, not a copy", d, f, keep="samples")
         if not self.transport(key).misses:
             return Choice("delta", "no delta measured yet on this transport")
         predicted = self.predict(key, names, sizes)
         if predicted is None:
             return Choice("delta", "no full push measured yet on this transport")
         d, f = predicted
-        share = self.share(names, sizes) or 0.0
-        costs = f"delta {d:.3f} s, full {f:.3f} s predicted at {share:.2%} changed"
+        costs = self._costs(d, f, names, sizes)
         if d >= f and self.transport(key).fulls_since_delta >= WINDOW:
             # What the last deltas missed may be stale (a slower host then):
             # one delta in WINDOW + 1 pushes measures again.
             return Choice("delta", f"measuring again after {WINDOW} full pushes; {costs}", d, f)
-        return Choice("delta" if d < f else "full", costs, d, f)
+        if d < f:
+            return Choice("delta", costs, d, f)
+        if self._keep_copy(key, d, f, names, sizes):
+            return Choice("full", costs, d, f)
+        return Choice("full", f"{costs}; samples kept, not a copy", d, f, keep="samples")
+
+    def _costs(self, d: float, f: float, names: Sequence[str], sizes: Sequence[int]) -> str:
+        share = self.share(names, sizes) or 0.0
+        return f"delta {d:.3f} s, full {f:.3f} s predicted at {share:.2%} changed"
+
+    def _keep_copy(
+        self, key: Any, d: float, f: float, names: Sequence[str], sizes: Sequence[int]
+    ) -> bool:
+        """A full push that a delta lost to keeps its copy when the next push
+        measures a delta again (it needs a base), or when the delta lost by
+        less than the copy costs with some tensor encoded (a close call the
+        next push may turn); not when every tensor would have gone raw."""
+        if self.transport(key).fulls_since_delta + 1 >= WINDOW:
+            return True
+        copy = float(np.median(self.copy)) * sum(sizes) if self.copy else 0.0
+        return d < f + copy and self.encodes_any(key, names, sizes)
 
     def worth_encoding(self, key: Any, name: str, nbytes: int) -> bool:
         """Encode a tensor at all: unless, at the share of its bytes that
@@ -234,6 +305,11 @@ class Costs:
         return encoded * per_byte + decode < nbytes * per_byte
 
     # -- what a push measured ------------------------------------------------
+
+    def observe_copy(self, nbytes: int, seconds: float) -> None:
+        """A full push's copy of `nbytes` took `seconds` to keep."""
+        if nbytes:
+            self.copy.append(seconds / nbytes)
 
     def observe_full(self, key: Any, nbytes: int, ack: Any, seconds: float) -> float:
         transfer = _transfer(ack, seconds)

@@ -15,7 +15,9 @@ that runs at 0.2-0.3 GB/s of encoded bytes per core: worth it only on a link
 much slower than that (BENCHMARKS.md, "Delta updates").
 
 What it costs the trainer host:
-- memory: a copy of each recorded tensor, the size of the served model;
+- memory: a copy of each recorded tensor, the size of the served model
+  (while deltas lose by more than keeping that copy costs, samples of each
+  tensor instead, at most 256 KiB each: delta_costs.py);
   `PushedWeights(max_bytes=N)` records tensors only up to N bytes (the others
   are pushed raw every time);
 - while a push is sent: the encoded bytes of every tensor (a few percent of
@@ -40,7 +42,7 @@ import numpy as np
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_client.connection import RolloutError
-from rollout_client.delta_costs import Choice, Costs, PushRecord, Timer, sampled_share
+from rollout_client.delta_costs import Choice, Costs, PushRecord, Timer, sampled_share, samples
 from rollout_client.push import Update
 from rollout_codecs import delta, extras
 from rollout_codecs.sources import SourceTensor
@@ -109,6 +111,9 @@ class PushedWeights:
         # The version the recorded bytes make on the server ("" : none).
         self.version = ""
         self._bytes: dict[str, np.ndarray] = {}
+        # Instead of a copy, while deltas lose: samples of each tensor's
+        # bytes as last pushed (delta_costs.samples), and its size.
+        self._samples: dict[str, tuple[int, np.ndarray]] = {}
         # What earlier pushes measured: which way the next one goes (delta_costs.py).
         self.costs = Costs()
         self._warm = False
@@ -121,6 +126,7 @@ class PushedWeights:
     def forget(self) -> None:
         self.version = ""
         self._bytes.clear()
+        self._samples.clear()
 
     def plan(
         self, u: Update, has_base: bool, transport: Any, same_host: bool, always: bool = False
@@ -132,7 +138,8 @@ class PushedWeights:
             choice = Choice("delta" if has_base else "full", why)
         else:
             names, sizes = [t.name for t in u.tensors], [t.nbytes for t in u.tensors]
-            choice = self.costs.choose(transport, same_host, has_base, names, sizes)
+            sampled = bool(self._samples) and not self.version
+            choice = self.costs.choose(transport, same_host, has_base, names, sizes, sampled)
         if choice.way == "full":
             return None, choice
         if not self._warm:
@@ -165,8 +172,12 @@ class PushedWeights:
             wire, raw, encode = d.wire_bytes, d.raw_tensors, d.encode_seconds
         else:
             transfer = costs.observe_full(transport, nbytes, ack, seconds)
-            if choice.record:
-                self.record_full(u.tensors, ack)  # samples each share
+            if choice.keep == "copy":
+                with Timer() as timer:
+                    self.record_full(u.tensors, ack)  # samples each share
+                costs.observe_copy(nbytes, timer.seconds)
+            elif choice.keep == "samples":
+                self.record_samples(u.tensors)  # samples each share
             else:
                 self.forget()
                 for t in u.tensors:
@@ -282,10 +293,28 @@ class PushedWeights:
         update replaced."""
         if ack.previous_weight_version != self.version:
             self._bytes.clear()
+        self._samples.clear()
         for t in tensors:
             self._keep(t.name, t.read(0, t.nbytes))
             t.release()
         self.version = ack.weight_version
+
+    def record_samples(self, tensors: Sequence[SourceTensor]) -> None:
+        """A full update of `tensors` was acknowledged, and no copy is kept:
+        only samples of each tensor, against which the next full push
+        measures its share of changed bytes. No delta can follow until a
+        full push keeps its copy again."""
+        for t in tensors:
+            new = np.frombuffer(t.read(0, t.nbytes), dtype=np.uint8)
+            now = samples(new)
+            old = self._bytes.pop(t.name, None)
+            before = self._samples.get(t.name) if old is None else (old.size, samples(old))
+            if before is not None and before[0] == new.size:
+                self.costs.shares[t.name] = sampled_share(before[1], now)
+            self._samples[t.name] = (new.size, now)
+            t.release()
+        self._bytes.clear()
+        self.version = ""
 
     def _keep(self, name: str, data: Any) -> None:
         new = np.frombuffer(data, dtype=np.uint8)

@@ -237,17 +237,20 @@ class Fleet:
         drain_timeout_seconds: float | None = None,
         timeout: float = 600.0,
         before_commit: Callable[[], None] | None = None,
-        delta: bool | Literal["always"] = False,
+        delta: bool | Literal["always"] = True,
     ) -> FleetAck:
         """One update for every live replica, committed only once all of them
         hold it (see the module docstring). A partial update (not every
         parameter) leaves out the replicas that lag. `before_commit()` runs
         between staging and the commit (tests use it to kill a replica).
 
-        With `delta`, as RolloutClient.update_weights(delta=...): one delta
-        goes to every replica when each offers the version this fleet pushed
-        last as its delta base and a delta is the cheaper way (measured over
-        the fleet's staged pushes), else a full update goes to all."""
+        `delta` (on by default), as RolloutClient.update_weights(delta=...):
+        one delta goes to every replica when each offers the version this
+        fleet pushed last as its delta base and a delta is the cheaper way
+        (measured over the fleet's staged pushes), else a full update goes
+        to all. The fleet then keeps a copy of what it pushed (`self.pushed`:
+        the model's size in host memory); `delta=False` pushes in full and
+        keeps none."""
         with self._updating:
             if self.version is None:
                 self.refresh()

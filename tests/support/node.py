@@ -91,3 +91,48 @@ def pack_and_install(dest: Path, app: Path) -> Packed:
     run(["npm", "init", "-y"], app, 120)
     run(["npm", "install", "--no-audit", "--no-fund", str(tarball)], app, 600)
     return Packed(tarball, [f["path"] for f in entry["files"]], app)
+
+
+# The head of a Node script that talks to a server with bearer tokens and
+# mutual TLS (conftest's `shared_secure`), after its `require` of the client:
+# `cfg` is its JSON argument (`secure_cfg`), `client` a RolloutClient with
+# 120 s deadlines and no retries.
+SECURE_CLIENT_JS = """
+const fs = require("node:fs");
+const readline = require("node:readline");
+const cfg = JSON.parse(process.argv[2]);
+const client = new RolloutClient(cfg.target, {
+  token: cfg.token, timeoutMs: 120000, retries: 0,
+  rootCertificates: fs.readFileSync(cfg.ca),
+  certificateChain: fs.readFileSync(cfg.cert), privateKey: fs.readFileSync(cfg.key),
+});
+"""
+
+
+def secure_cfg(secure, token: str, **more) -> dict:
+    """SECURE_CLIENT_JS's `cfg` for `secure` (conftest's Secure) and `token`."""
+    certs = secure.certs
+    return {
+        "target": secure.proc.target,
+        "token": token,
+        "ca": str(certs["ca"]),
+        "cert": str(certs["client"]),
+        "key": str(certs["client_key"]),
+        **more,
+    }
+
+
+def start_script(packed: Packed, name: str, source: str, cfg: dict) -> subprocess.Popen[str]:
+    """`source` written as `name` in the install folder and started with
+    `cfg` as its JSON argument, its standard streams piped (text)."""
+    script = packed.app / name
+    script.write_text(source)
+    return subprocess.Popen(
+        ["node", str(script), json.dumps(cfg)],
+        cwd=packed.app,
+        env=NPM_ENV,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )

@@ -44,7 +44,6 @@ import * as protoLoader from "@grpc/proto-loader";
 import { Caller, type CallOpts } from "./calls";
 import { RolloutError } from "./errors";
 import type { ProtoGrpcType } from "./gen/rollout";
-import type { DType, DType__Output } from "./gen/rollout/v1/DType";
 import type { GenerateRequest } from "./gen/rollout/v1/GenerateRequest";
 import type { GenerateResponse__Output } from "./gen/rollout/v1/GenerateResponse";
 import type { GenerateStreamRequest } from "./gen/rollout/v1/GenerateStreamRequest";
@@ -53,14 +52,20 @@ import type { GetServerInfoResponse__Output } from "./gen/rollout/v1/GetServerIn
 import type { PauseMode } from "./gen/rollout/v1/PauseMode";
 import type { ResetCachesResponse__Output } from "./gen/rollout/v1/ResetCachesResponse";
 import type { RolloutServiceClient } from "./gen/rollout/v1/RolloutService";
-import type { TensorSpec } from "./gen/rollout/v1/TensorSpec";
-import type { UpdateWeightsRequest } from "./gen/rollout/v1/UpdateWeightsRequest";
+import type { UpdateWeightsBegin } from "./gen/rollout/v1/UpdateWeightsBegin";
 import type { UpdateWeightsResponse__Output } from "./gen/rollout/v1/UpdateWeightsResponse";
+import { type Outgoing, sendUpdate } from "./push";
+import { type Delta, PushedWeights, type PushRecord } from "./pushed";
 import { openSession, type OpenSessionInput, type Session } from "./sessions";
+import { tensorSpec, type WeightTensor } from "./tensors";
 
 export type { CallOpts } from "./calls";
 export { errorReason, RolloutError } from "./errors";
 export * from "./sessions";
+export { applySparseXor8, encodeSparseXor8, sparseXor8Bound } from "./delta";
+export { messages as chunkMessages, MAX_BATCH_CHUNKS } from "./push";
+export { PushedWeights, type PushRecord } from "./pushed";
+export { crc32c, DTYPE_SIZE, tensorSpec, type WeightTensor } from "./tensors";
 
 export type * from "./gen/rollout/v1/CacheResetResult";
 export type * from "./gen/rollout/v1/Completion";
@@ -162,23 +167,6 @@ interface HealthClient extends grpc.Client {
   ): grpc.ClientUnaryCall;
 }
 
-/** Bytes per element, by DType name. */
-export const DTYPE_SIZE: Record<string, number> = {
-  D_TYPE_BFLOAT16: 2,
-  D_TYPE_FLOAT16: 2,
-  D_TYPE_FLOAT32: 4,
-  D_TYPE_FLOAT8_E4M3FN: 1,
-  D_TYPE_FLOAT8_E5M2: 1,
-};
-const DTYPE_BY_NUMBER = [
-  "D_TYPE_UNSPECIFIED",
-  "D_TYPE_BFLOAT16",
-  "D_TYPE_FLOAT16",
-  "D_TYPE_FLOAT32",
-  "D_TYPE_FLOAT8_E4M3FN",
-  "D_TYPE_FLOAT8_E5M2",
-];
-
 export interface ClientOptions {
   /** Default deadline of every call, in milliseconds. */
   timeoutMs?: number;
@@ -275,15 +263,6 @@ export function bearerTokenInterceptor(token: string): grpc.Interceptor {
   return metadataInterceptor("authorization", `Bearer ${token}`);
 }
 
-/** One tensor of an update: checkpoint-format name, dtype, shape and its
- * little-endian, row-major bytes. */
-export interface WeightTensor {
-  name: string;
-  dtype: DType;
-  shape: number[];
-  data: Uint8Array;
-}
-
 export interface UpdateWeightsOptions extends CallOpts {
   /** What happens to in-flight generations; default PAUSE_MODE_WAIT. */
   pauseMode?: PauseMode;
@@ -293,6 +272,9 @@ export interface UpdateWeightsOptions extends CallOpts {
   checksum?: boolean;
   /** Called after each chunk is handed to the transport. */
   onProgress?: (sentBytes: number, totalBytes: number) => void;
+  /** Send a delta against this client's last acknowledged push where the
+   * server still serves it (SPARSE_XOR8; RolloutClient.pushed), else a full push. */
+  delta?: boolean;
 }
 
 export class RolloutClient {
@@ -303,6 +285,10 @@ export class RolloutClient {
   private readonly stub: RolloutServiceClient;
   private readonly calls: Caller;
   private readonly health: HealthClient;
+  /** What this client last pushed with `delta: true`, and each such push's way and why. */
+  pushed?: PushedWeights;
+  /** The server takes TensorChunkBatch (its last GetServerInfo answer said so). */
+  private acceptsChunkBatches = false;
 
   constructor(target = "127.0.0.1:50051", opts: ClientOptions = {}) {
     this.target = target;
@@ -381,8 +367,10 @@ export class RolloutClient {
   }
 
   /** Model, weight version, the parameter manifest and the limits. */
-  serverInfo(opts?: CallOpts): Promise<GetServerInfoResponse__Output> {
-    return this.calls.unary(this.stub.GetServerInfo, {}, opts);
+  async serverInfo(opts?: CallOpts): Promise<GetServerInfoResponse__Output> {
+    const info: GetServerInfoResponse__Output = await this.calls.unary(this.stub.GetServerInfo, {}, opts);
+    this.acceptsChunkBatches = info.accepts_chunk_batches;
+    return info;
   }
 
   /** Generates every completion of one prompt. */
@@ -423,15 +411,80 @@ export class RolloutClient {
    * unary calls (each attempt with its own deadline): if an earlier attempt
    * was applied, the server answers the retry with the original
    * acknowledgement and `replayed` set.
+   *
+   * Small chunks travel several to a message (TensorChunkBatch) once the
+   * client has seen the server take them (any serverInfo() answer; a delta
+   * push asks). `delta: true` sends the update as a delta against the last
+   * push this client had acknowledged, where the server still serves it
+   * (pushed.ts; every push's way and why in `this.pushed.history`).
    */
   async updateWeights(
     version: string,
     tensors: WeightTensor[],
     opts: UpdateWeightsOptions = {},
   ): Promise<UpdateWeightsResponse__Output> {
+    const chunkBytes = opts.chunkBytes ?? DEFAULT_CHUNK_BYTES;
+    if (!Number.isInteger(chunkBytes) || chunkBytes <= 0) {
+      throw new RangeError(`chunkBytes must be a positive integer, got ${chunkBytes}`);
+    }
+    if (tensors.length === 0) throw new RangeError("updateWeights needs at least one tensor");
+    const begin: UpdateWeightsBegin = {
+      weight_version: version,
+      pause_mode: opts.pauseMode ?? "PAUSE_MODE_WAIT",
+    };
+    if (opts.delta) return this.updateWeightsDelta(tensors, begin, { ...opts, chunkBytes });
+    return this.send(fullUpdate(tensors, begin, opts.checksum), { ...opts, chunkBytes });
+  }
+
+  /** updateWeights(delta: true): a delta when the server's base is the last
+   * acknowledged push, else (or when the server refuses that base) a full push. */
+  private async updateWeightsDelta(
+    tensors: WeightTensor[],
+    begin: UpdateWeightsBegin,
+    opts: UpdateWeightsOptions & { chunkBytes: number },
+  ): Promise<UpdateWeightsResponse__Output> {
+    const pushed = (this.pushed ??= new PushedWeights());
+    const info = await this.serverInfo(opts);
+    let why: string;
+    if (pushed.version === "") why = "no push of this client acknowledged yet";
+    else if (pushed.version !== info.delta_base_version) {
+      const base = info.delta_base_version;
+      why = `the server's delta base is "${base}", not this client's last push "${pushed.version}"`;
+    } else {
+      const d = pushed.delta(tensors, begin);
+      const started = performance.now();
+      try {
+        const ack = await this.send(d.outgoing, opts);
+        pushed.recordDelta(d, ack.weight_version);
+        const why = "the server's delta base is this client's last push";
+        pushed.history.push(pushRecord(ack, "delta", why, tensors, d.outgoing, started, d));
+        return ack;
+      } catch (e) {
+        if (!(e instanceof RolloutError) || e.reason !== "DELTA_BASE_MISMATCH") throw e;
+        why = `the server refused the delta's base (DELTA_BASE_MISMATCH: ${e.details})`;
+      }
+    }
+    const full = fullUpdate(tensors, begin, opts.checksum);
+    const started = performance.now();
+    const ack = await this.send(full, opts);
+    pushed.recordFull(tensors, ack);
+    pushed.history.push(pushRecord(ack, "full", why, tensors, full, started));
+    return ack;
+  }
+
+  /** One update on one stream, resent whole on UNAVAILABLE (updateWeights). */
+  private async send(
+    out: Outgoing,
+    opts: UpdateWeightsOptions & { chunkBytes: number },
+  ): Promise<UpdateWeightsResponse__Output> {
     for (let attempt = 0; ; attempt++) {
       try {
-        return await this.updateWeightsOnce(version, tensors, opts);
+        return await sendUpdate(this.stub, out, {
+          chunkBytes: opts.chunkBytes,
+          batches: this.acceptsChunkBatches,
+          deadline: this.calls.deadline(opts),
+          onProgress: opts.onProgress,
+        });
       } catch (e) {
         if (!(e instanceof RolloutError) || e.code !== grpc.status.UNAVAILABLE || attempt >= this.retries) {
           throw e;
@@ -440,120 +493,37 @@ export class RolloutClient {
       }
     }
   }
-
-  private updateWeightsOnce(
-    version: string,
-    tensors: WeightTensor[],
-    opts: UpdateWeightsOptions,
-  ): Promise<UpdateWeightsResponse__Output> {
-    const chunkBytes = opts.chunkBytes ?? DEFAULT_CHUNK_BYTES;
-    if (!Number.isInteger(chunkBytes) || chunkBytes <= 0) {
-      return Promise.reject(new RangeError(`chunkBytes must be a positive integer, got ${chunkBytes}`));
-    }
-    if (tensors.length === 0) {
-      return Promise.reject(new RangeError("updateWeights needs at least one tensor"));
-    }
-    let specs: TensorSpec[];
-    try {
-      specs = tensors.map((t) => tensorSpec(t, opts.checksum ?? false));
-    } catch (e) {
-      return Promise.reject(e);
-    }
-    const total = tensors.reduce((n, t) => n + t.data.byteLength, 0);
-
-    return new Promise((resolve, reject) => {
-      let settled = false;
-      let onSettled: () => void = () => {};
-      const call = this.stub.UpdateWeights({ deadline: this.calls.deadline(opts) }, (err, res) => {
-        settled = true;
-        onSettled();
-        if (err) reject(RolloutError.wrap(err));
-        else resolve(res!);
-      });
-      // Waits for the transport to drain, or for the call to end (an early
-      // error from the server), whichever comes first.
-      const drained = () =>
-        new Promise<void>((res) => {
-          const done = () => {
-            call.off("drain", done);
-            onSettled = () => {};
-            res();
-          };
-          call.once("drain", done);
-          onSettled = done;
-        });
-      const write = async (msg: UpdateWeightsRequest) => {
-        if (!call.write(msg)) await drained();
-      };
-
-      (async () => {
-        await write({
-          begin: {
-            weight_version: version,
-            tensors: specs,
-            pause_mode: opts.pauseMode ?? "PAUSE_MODE_WAIT",
-          },
-        });
-        let sent = 0;
-        for (let index = 0; index < tensors.length; index++) {
-          const data = tensors[index].data;
-          for (let offset = 0; offset < data.byteLength; offset += chunkBytes) {
-            if (settled) return; // the server already answered (an error)
-            const piece = data.subarray(offset, offset + chunkBytes);
-            await write({ chunk: { tensor_index: index, offset, data: piece } });
-            sent += piece.byteLength;
-            opts.onProgress?.(sent, total);
-          }
-        }
-        if (settled) return;
-        await write({ commit: {} });
-        call.end();
-      })().catch((e) => {
-        if (!settled) {
-          settled = true;
-          call.cancel();
-          reject(e instanceof RolloutError ? e : RolloutError.wrap(e));
-        }
-      });
-    });
-  }
 }
 
-/** The TensorSpec of a tensor, after checking its byte length against dtype and shape. */
-export function tensorSpec(t: WeightTensor, checksum = false): TensorSpec {
-  const dtype = (typeof t.dtype === "number" ? DTYPE_BY_NUMBER[t.dtype] : t.dtype) as
-    | DType__Output
-    | undefined;
-  const size = dtype === undefined ? undefined : DTYPE_SIZE[dtype];
-  if (size === undefined) {
-    throw new RangeError(`${t.name}: unsupported dtype ${String(t.dtype)}`);
-  }
-  const elements = t.shape.reduce((n, d) => n * d, 1);
-  if (elements * size !== t.data.byteLength) {
-    throw new RangeError(
-      `${t.name}: ${t.data.byteLength} bytes, but shape [${t.shape}] of ${dtype} needs ${elements * size}`,
-    );
-  }
-  const spec: TensorSpec = { name: t.name, dtype, shape: t.shape };
-  if (checksum) spec.crc32c = crc32c(t.data);
-  return spec;
+/** `tensors` as they are, every byte on the wire. */
+function fullUpdate(tensors: WeightTensor[], begin: UpdateWeightsBegin, checksum = false): Outgoing {
+  return {
+    begin: { ...begin, tensors: tensors.map((t) => tensorSpec(t, checksum)) },
+    data: tensors.map((t) => t.data),
+  };
 }
 
-let CRC32C_TABLE: Uint32Array | undefined;
-
-/** CRC-32C (Castagnoli), as TensorSpec.crc32c expects. */
-export function crc32c(data: Uint8Array): number {
-  let table = CRC32C_TABLE;
-  if (table === undefined) {
-    table = new Uint32Array(256);
-    for (let i = 0; i < 256; i++) {
-      let c = i;
-      for (let k = 0; k < 8; k++) c = c & 1 ? (c >>> 1) ^ 0x82f63b78 : c >>> 1;
-      table[i] = c >>> 0;
-    }
-    CRC32C_TABLE = table;
-  }
-  let crc = 0xffffffff;
-  for (let i = 0; i < data.length; i++) crc = table[(crc ^ data[i]) & 0xff] ^ (crc >>> 8);
-  return (crc ^ 0xffffffff) >>> 0;
+/** The PushRecord of an acknowledged push. */
+function pushRecord(
+  ack: UpdateWeightsResponse__Output,
+  way: "delta" | "full",
+  why: string,
+  tensors: WeightTensor[],
+  out: Outgoing,
+  started: number,
+  d?: Delta,
+): PushRecord {
+  const count = (f: (e: Delta["tensors"][number]) => boolean) => (d ? d.tensors.filter(f).length : 0);
+  return {
+    version: ack.weight_version,
+    way,
+    why,
+    modelBytes: tensors.reduce((n, t) => n + t.data.byteLength, 0),
+    wireBytes: out.data.reduce((n, x) => n + x.byteLength, 0),
+    encodedTensors: count((e) => e.changed && e.sparse !== undefined),
+    rawTensors: count((e) => e.changed && e.sparse === undefined),
+    unchangedTensors: count((e) => !e.changed),
+    encodeMs: d?.encodeMs ?? 0,
+    sendMs: performance.now() - started,
+  };
 }
