@@ -8,7 +8,10 @@ earlier pushes measured, rollout_client/delta_costs.py; `--mode always`: a
 delta every time) and as a full update of the same bytes (another client),
 both to the real server started on the model, over the chosen transports.
 The `ways` column lists how each of the delta client's pushes went (d: a
-delta, f: full). After the full push the delta
+delta, f: full). The delta client always pushes first: `order` is what
+going second costs a full push by itself (full against full, the same
+order, measured per row), and `x order` the ratio times it (what the ratio
+would be with both pushes first). After the full push the delta
 client's record names the full push's version: the bytes are the same, so
 the next delta goes against it.
 
@@ -121,6 +124,10 @@ def memcpy_gbs(nbytes: int = 512 * MiB) -> float:
     return nbytes / statistics.median(times) / 1e9
 
 
+# Pairs of full pushes that measure the order's effect, per row.
+ORDER_PAIRS = 3
+
+
 def run(
     target: str,
     sink: str,
@@ -146,6 +153,16 @@ def run(
         dc.pushed = PushedWeights(zstd=zstd)
         tag = f"{label}-{lr:g}-{os.getpid()}"
         fc.update_weights(start, f"{tag}-f0", **how)
+        # The order's own effect: full pushes of the same bytes by the two
+        # clients, in the steps' order (the second push of a pair measured
+        # 1.02-1.24x the first here): `order` is the second over the first.
+        for j in range(ORDER_PAIRS):
+            t = time.perf_counter()
+            dc.update_weights(start, f"{tag}-o{j}-d", **how)
+            first = time.perf_counter() - t
+            t = time.perf_counter()
+            fc.update_weights(start, f"{tag}-o{j}-f", **how)
+            add("order", (time.perf_counter() - t) / first)
         dc.update_weights(start, f"{tag}-d0", delta=mode, **how)  # a full push, recorded
         ways = ""
         for i in range(1, steps + 1):
@@ -204,6 +221,7 @@ def run(
     for k in ("encode_s", "encode_gbs", "d_decode", "decode_gbs"):
         out.setdefault(k, float("nan"))  # every step went full
     out["ways"] = ways
+    out["ratio_vs_order"] = out["ratio_e2e"] * out["order"]
     out["server_rss_gb"] = peak_rss(pid) / 1e9
     out["client_peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
     return out
@@ -269,7 +287,7 @@ def main() -> None:
         header = (
             "lr      transport  ways   wire%   enc s  enc GB/s  recv s  dec s  dec GB/s  apply s  "
             "reset s | full recv s  (recv+dec)/full recv | e2e s  full e2e s  ratio  "
-            "ratio w/o apply | "
+            "order  x order  ratio w/o apply | "
             "srv CPU s/GB  srv RSS GB  cli RSS GB | sink s: delta  model  ratio"
         )
         print(header)
@@ -295,7 +313,8 @@ def main() -> None:
                     f"{r['encode_gbs']:8.2f}  {r['d_receive']:6.3f}  {r['d_decode']:5.3f}  "
                     f"{r['decode_gbs']:8.2f}  {r['d_apply']:7.3f}  {r['d_reset']:7.3f} | "
                     f"{r['f_receive']:11.3f}  {r['ratio_rdv']:20.3f} | {r['d_e2e']:5.2f}  "
-                    f"{r['f_e2e']:10.2f}  {r['ratio_e2e']:5.2f}  {r['ratio_e2e_na']:15.2f} | "
+                    f"{r['f_e2e']:10.2f}  {r['ratio_e2e']:5.2f}  {r['order']:5.2f}  "
+                    f"{r['ratio_vs_order']:7.2f}  {r['ratio_e2e_na']:15.2f} | "
                     f"{r['srv_cpu_per_gb']:12.2f}  "
                     f"{r['server_rss_gb']:10.2f}  {r['client_peak_rss_gb']:10.2f} | "
                     + (

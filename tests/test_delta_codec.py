@@ -312,6 +312,40 @@ def test_the_clients_record_is_bounded_and_what_does_not_fit_goes_raw():
     assert [s.name for s in again.update.begin.tensors] == ["c"], "a matches its record now"
 
 
+def test_the_record_takes_a_delta_while_it_is_sent_and_gives_it_back_if_the_send_fails():
+    from rollout_client import push
+    from rollout_client.delta_push import PushedWeights
+
+    rng = np.random.default_rng(4)
+    old = {n: rng.integers(0, 1 << 16, 4096, dtype=np.uint16) for n in ("a", "b")}
+    manifest = [pb.TensorSpec(name=n, dtype=pb.D_TYPE_INT16, shape=[4096]) for n in old]
+    pushed = PushedWeights()
+    u = push.prepare({n: w.view(np.int16) for n, w in old.items()}, "v1", manifest)
+    pushed.record_full(u.tensors, pb.UpdateWeightsResponse(weight_version="v1"))
+    new = {n: w.copy() for n, w in old.items()}
+    for w in new.values():
+        w[::50] ^= 3
+
+    def record() -> dict[str, bytes]:
+        return {n: bytes(b) for n, b in pushed._bytes.items()}
+
+    def delta_of_new():
+        return pushed.delta(
+            push.prepare({n: w.view(np.int16) for n, w in new.items()}, "v2", manifest)
+        )
+
+    d = delta_of_new()
+    with pytest.raises(RuntimeError), pushed.sending(d):
+        raise RuntimeError("the stream broke")
+    assert record() == {n: w.tobytes() for n, w in old.items()} and not d.applied
+    d = delta_of_new()
+    with pushed.sending(d):
+        pass
+    assert record() == {n: w.tobytes() for n, w in new.items()} and d.applied
+    pushed.record_delta(d, "v2")  # not applied twice
+    assert record() == {n: w.tobytes() for n, w in new.items()} and pushed.version == "v2"
+
+
 # ------------------------------------------------------------ the server's base
 
 

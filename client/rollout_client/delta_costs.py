@@ -39,6 +39,7 @@ and what it measured.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -105,20 +106,29 @@ class _Line:
     (the mean) while the points do not spread over shares."""
 
     points: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    # (intercept, slope) of the points, fitted once per point added: a
+    # prediction asks for every tensor of the model (0.1 s for 300 tensors
+    # when each fitted again).
+    _fit: tuple[float, float] | None = None
 
     def add(self, share: float, y: float) -> None:
         self.points.append((share, y))
+        self._fit = None
 
     def __bool__(self) -> bool:
         return bool(self.points)
 
     def at(self, share: float) -> float:
-        xs = np.array([p[0] for p in self.points])
-        ys = np.array([p[1] for p in self.points])
-        if len(xs) < 2 or float(np.ptp(xs)) < 1e-6:
-            return float(ys.mean())
-        slope, intercept = np.polyfit(xs, ys, 1)
-        return max(float(intercept + slope * share), 0.0)
+        if self._fit is None:
+            xs = np.array([p[0] for p in self.points])
+            ys = np.array([p[1] for p in self.points])
+            if len(xs) < 2 or float(np.ptp(xs)) < 1e-6:
+                self._fit = (float(ys.mean()), 0.0)
+            else:
+                slope, intercept = np.polyfit(xs, ys, 1)
+                self._fit = (float(intercept), float(slope))
+        intercept, slope = self._fit
+        return max(intercept + slope * share, 0.0) if slope else intercept
 
 
 @dataclass
@@ -132,10 +142,10 @@ class _Transport:
 
     def per_byte(self) -> float | None:
         """Seconds per model byte of a full push (median), if measured."""
-        return float(np.median(self.full)) if self.full else None
+        return float(statistics.median(self.full)) if self.full else None
 
     def miss(self) -> float:
-        return float(np.median(self.misses)) if self.misses else 1.0
+        return float(statistics.median(self.misses)) if self.misses else 1.0
 
 
 @dataclass(frozen=True)
@@ -181,16 +191,24 @@ class Costs:
 
     # -- predictions ---------------------------------------------------------
 
-    def _tensor(self, t: _Transport, share: float, nbytes: int) -> tuple[float, float]:
+    def _tensor(
+        self, t: _Transport, share: float, nbytes: int, rates: tuple[float, float] | None = None
+    ) -> tuple[float, float]:
         """Predicted seconds of one tensor in a delta: encoded (encode,
         SPARSE_XOR8's 2 bytes per changed byte on the wire, decode) and raw
         (its bytes on the wire); either way its CRC-32C, which every tensor
-        of a delta declares."""
-        per_byte = t.per_byte()
-        assert per_byte is not None
-        crc = float(np.median(self.crc)) * nbytes if self.crc else 0.0
+        of a delta declares. `rates`: `_rates(t)`, when the caller asks for
+        many tensors."""
+        per_byte, crc_per_byte = rates or self._rates(t)
+        crc = crc_per_byte * nbytes
         work = (self.encode.at(share) + (t.decode.at(share) if t.decode else 0.0)) * nbytes
         return work + crc + (4 + 2 * share * nbytes) * per_byte, nbytes * per_byte + crc
+
+    def _rates(self, t: _Transport) -> tuple[float, float]:
+        """(transport, CRC-32C) seconds per byte: medians of what was measured."""
+        per_byte = t.per_byte()
+        assert per_byte is not None
+        return per_byte, float(statistics.median(self.crc)) if self.crc else 0.0
 
     def predict(
         self, key: Any, names: Sequence[str], sizes: Sequence[int], miss: float | None = None
@@ -205,9 +223,10 @@ class Costs:
         if per_byte is None or mean is None or not self.encode:
             return None
         factor = t.miss() if miss is None else miss
+        rates = self._rates(t)
         delta = 0.0
         for name, n in zip(names, sizes):
-            encoded, raw = self._tensor(t, self.shares.get(name, mean), n)
+            encoded, raw = self._tensor(t, self.shares.get(name, mean), n, rates)
             delta += min(encoded * factor, raw)
         return delta, per_byte * sum(sizes)
 
@@ -219,9 +238,9 @@ class Costs:
         mean = self.share(names, sizes)
         if t.per_byte() is None or mean is None or not self.encode:
             return True
-        factor = t.miss()
+        factor, rates = t.miss(), self._rates(t)
         for name, n in zip(names, sizes):
-            encoded, raw = self._tensor(t, self.shares.get(name, mean), n)
+            encoded, raw = self._tensor(t, self.shares.get(name, mean), n, rates)
             if encoded * factor < raw:
                 return True
         return False
@@ -280,7 +299,7 @@ class Costs:
         next push may turn); not when every tensor would have gone raw."""
         if self.transport(key).fulls_since_delta + 1 >= WINDOW:
             return True
-        copy = float(np.median(self.copy)) * sum(sizes) if self.copy else 0.0
+        copy = float(statistics.median(self.copy)) * sum(sizes) if self.copy else 0.0
         return d < f + copy and self.encodes_any(key, names, sizes)
 
     def worth_encoding(self, key: Any, name: str, nbytes: int) -> bool:
