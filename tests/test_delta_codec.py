@@ -312,7 +312,7 @@ def test_the_clients_record_is_bounded_and_what_does_not_fit_goes_raw():
     assert [s.name for s in again.update.begin.tensors] == ["c"], "a matches its record now"
 
 
-def test_the_record_takes_a_delta_while_it_is_sent_and_gives_it_back_if_the_send_fails():
+def test_the_record_takes_a_delta_while_it_is_sent_and_gives_it_back_if_it_is_not_acknowledged():
     from rollout_client import push
     from rollout_client.delta_push import PushedWeights
 
@@ -342,6 +342,11 @@ def test_the_record_takes_a_delta_while_it_is_sent_and_gives_it_back_if_the_send
     with pushed.sending(d):
         pass
     assert record() == {n: w.tobytes() for n, w in new.items()} and d.applied
+    pushed.withdraw(d)  # sent, and nobody acknowledged it (a fleet's commits all failed)
+    assert record() == {n: w.tobytes() for n, w in old.items()} and not d.applied
+    d = delta_of_new()
+    with pushed.sending(d):
+        pass
     pushed.record_delta(d, "v2")  # not applied twice
     assert record() == {n: w.tobytes() for n, w in new.items()} and pushed.version == "v2"
 

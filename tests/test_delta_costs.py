@@ -168,3 +168,31 @@ def test_samples_measure_the_share_of_a_large_tensor_as_the_whole_does():
     kept = samples(old)
     assert kept.size == old.size // 40 and not np.shares_memory(kept, old)
     assert sampled_share(kept, samples(new)) == sampled_share(old, new)
+
+
+def test_a_full_push_that_keeps_samples_reads_only_the_sampled_blocks():
+    # A source read from a checkpoint file pays for every byte
+    # read: keeping 64 blocks of a tensor must not read it whole.
+    from rollout.v1 import rollout_pb2 as pb
+    from rollout_client.delta_push import PushedWeights
+    from rollout_codecs.sources import SourceTensor
+
+    rng = np.random.default_rng(9)
+    old = rng.integers(0, 256, 10 * MB, dtype=np.uint8)
+    new = old.copy()
+    new[rng.random(old.size) < 0.2] ^= 1
+    read = [0]
+
+    def source(a: np.ndarray) -> SourceTensor:
+        def reader(offset: int, n: int) -> memoryview:
+            read[0] += n
+            return memoryview(a)[offset : offset + n]
+
+        return SourceTensor("w", pb.D_TYPE_UINT8, [a.size], a.size, reader, lambda o, b: None)
+
+    pushed = PushedWeights()
+    pushed.record_samples([source(old)])
+    pushed.record_samples([source(new)])
+    assert read[0] == 2 * samples(old).size == 2 * old.size // 40
+    assert pushed.costs.shares["w"] == sampled_share(old, new)
+    assert abs(pushed.costs.shares["w"] - 0.2) < 0.02

@@ -186,6 +186,43 @@ def test_one_delta_reaches_both_replicas_on_the_same_base(fleet, info, server, r
         assert greedy(c)[1:] == out_a[1:] == out_b[1:]
 
 
+def test_a_delta_no_replica_commits_leaves_the_fleets_copy_on_its_base(server, info, monkeypatch):
+    # The fleet applies a delta to its copy while it stages it; when no
+    # replica commits, the copy must be the base again, or the next delta
+    # (against the base every replica still holds) would encode the wrong
+    # bytes.
+    from rollout_client import fleet_staging
+
+    def nudged(weights, rows: slice):
+        out = {n: t.clone() for n, t in weights.items()}
+        out["lm_head.weight"][rows] += 0.25
+        return out
+
+    def refused(replicas, opened, timeout):
+        for r in replicas:
+            fleet_staging.abort(r, opened[r.target])
+        return {}, {r.target: "the commit was refused (a test)" for r in replicas}
+
+    with Fleet([server.target], timeout=120) as fleet:
+        base = random_weights(info.parameters, seed=3021)
+        v1 = version()
+        fleet.update_weights(base, v1, delta="always")  # no copy yet: in full
+        with monkeypatch.context() as m:
+            m.setattr(fleet_staging, "commit_all", refused)
+            ack = fleet.update_weights(nudged(base, slice(0, 4)), version(), delta="always")
+        assert not ack.acks and fleet.pushed is not None and fleet.pushed.version == v1
+        fleet.check()  # the replica the failed commit dropped answers again
+        third = nudged(base, slice(4, 8))
+        ack = fleet.update_weights(third, version(), delta="always")
+        assert set(ack.acks) == {server.target}, ack.dropped  # a wrong base fails its CRC
+        a = ack.acks[server.target]
+        assert a.previous_weight_version == v1 and a.timings.decode_seconds > 0
+        with RolloutClient(server.target) as c:
+            out = greedy(c)
+            c.update_weights(third, version())  # the same bytes in full
+            assert greedy(c)[1:] == out[1:]
+
+
 def test_the_asyncio_fleet(server, replica2, info):
     import asyncio
 

@@ -4,7 +4,8 @@ pushed.ts, push.ts), run from the packed tarball (conftest's `packed`):
 - its SPARSE_XOR8 bytes are rollout_codecs.delta's, byte for byte, on the
   edge cases the C++ client is checked on and on a simulated RL step, from
   aligned and unaligned buffers alike; its decoder gives the new bytes back
-  and names what is wrong with a hostile payload;
+  and names what is wrong with a hostile payload; it numbers and sizes every
+  DType as the Python client does;
 - its chunk messages are the Python client's (rollout_client/push.py
   `groups`), checked on the wire of a fake server that takes batches;
 - against the session's secure server: a full push, then two deltas (each
@@ -31,7 +32,7 @@ import torch
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
 from rollout_client import RolloutClient, push
-from rollout_codecs import delta
+from rollout_codecs import delta, dtypes
 from tests.support import delta_steps
 from tests.support.delta_cases import XOR8_CASES, xor8_case, xor8_entries
 from tests.support.greedy import assert_same, served
@@ -42,7 +43,7 @@ from tests.support.tokens import ADMIN
 
 CODEC = f"""
 const fs = require("node:fs");
-const {{ encodeSparseXor8, applySparseXor8, chunkMessages }} = require({PACKAGE!r});
+const {{ encodeSparseXor8, applySparseXor8, chunkMessages, tensorSpec }} = require({PACKAGE!r});
 const cfg = JSON.parse(fs.readFileSync(process.argv[2], "utf8"));
 const unaligned = (b) => {{
   const u = new Uint8Array(b.byteLength + 1);
@@ -67,6 +68,13 @@ const tensor = new Uint8Array(10);
 for (const p of cfg.hostile) {{
   out.refusals.push(refusal(() => applySparseXor8(tensor, Uint8Array.from(p))));
 }}
+// Each DType by its number, with the bytes Python's table says it takes.
+const specDtype = (n, size) => {{
+  try {{
+    return tensorSpec({{ name: "t", dtype: n, shape: [3], data: new Uint8Array(3 * size) }}).dtype;
+  }} catch (e) {{ return e.message; }}
+}};
+out.dtypes = cfg.dtypes.map(([n, size]) => specDtype(n, size));
 console.log(JSON.stringify(out));
 """
 
@@ -100,6 +108,7 @@ def test_node_sparse_xor8_is_pythons_byte_for_byte(packed: Packed, tmp_path: Pat
     (step,) = delta_steps.simulate(start, steps=1)
     cases.append(("rl-step", *(np.frombuffer(_step_bytes(s), np.uint8) for s in (start, step))))
     cfg: dict = {"cases": [], "groups": GROUPS}
+    cfg["dtypes"] = [[int(n), info.itemsize] for n, info in dtypes.TABLE.items()]
     for name, base, new in cases:
         (tmp_path / f"{name}.base").write_bytes(base.tobytes())
         (tmp_path / f"{name}.next").write_bytes(new.tobytes())
@@ -127,6 +136,10 @@ def test_node_sparse_xor8_is_pythons_byte_for_byte(packed: Packed, tmp_path: Pat
     for g, got in zip(GROUPS, out["groups"], strict=True):
         assert got == _python_groups(g["sizes"], g["chunkBytes"])
     assert [len(m) for m in out["groups"][1]] == [1024, 1024, 452]
+
+    # Every DType the proto has, numbered and sized as the Python client's one table.
+    assert set(dtypes.TABLE) == set(pb.DType.values()) - {pb.D_TYPE_UNSPECIFIED}
+    assert out["dtypes"] == [pb.DType.Name(n) for n in dtypes.TABLE]
 
     short, lying, zero_gap, past = out["refusals"]
     assert "shorter than the 4-byte entry count" in short

@@ -42,7 +42,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,11 +83,19 @@ class PushRecord:
 def samples(a: np.ndarray) -> np.ndarray:
     """Up to SAMPLE_BLOCKS evenly spaced blocks of `a` (a uint8 view), as one
     new array: the whole of a small tensor."""
-    n = a.size
-    if n <= SAMPLE_BLOCK * SAMPLE_BLOCKS:
-        return a.copy()
-    starts = np.linspace(0, n - SAMPLE_BLOCK, SAMPLE_BLOCKS).astype(np.int64)
-    return np.concatenate([a[s : s + SAMPLE_BLOCK] for s in starts])
+    return read_samples(lambda offset, n: a[offset : offset + n], a.size)
+
+
+def read_samples(read: Callable[[int, int], Any], nbytes: int) -> np.ndarray:
+    """`samples` of a tensor of `nbytes` that `read(offset, n)` reads (a
+    SourceTensor's): only the sampled blocks are read, so that a tensor in a
+    checkpoint file is not read whole for 1 % of it."""
+    if nbytes <= SAMPLE_BLOCK * SAMPLE_BLOCKS:
+        return np.frombuffer(read(0, nbytes), dtype=np.uint8).copy()
+    starts = np.linspace(0, nbytes - SAMPLE_BLOCK, SAMPLE_BLOCKS).astype(np.int64)
+    return np.concatenate(
+        [np.frombuffer(read(int(s), SAMPLE_BLOCK), dtype=np.uint8) for s in starts]
+    )
 
 
 def sampled_share(old: np.ndarray, new: np.ndarray) -> float:

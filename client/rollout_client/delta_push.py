@@ -43,7 +43,15 @@ import numpy as np
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_client.connection import RolloutError
-from rollout_client.delta_costs import Choice, Costs, PushRecord, Timer, sampled_share, samples
+from rollout_client.delta_costs import (
+    Choice,
+    Costs,
+    PushRecord,
+    Timer,
+    read_samples,
+    sampled_share,
+    samples,
+)
 from rollout_client.push import Update
 from rollout_codecs import delta, extras
 from rollout_codecs.sources import SourceTensor
@@ -281,26 +289,36 @@ class PushedWeights:
         after the acknowledgement), and applied again (XOR undoes it) if the
         send fails. Measured at lr 1e-6 on a 0.31 GB model: 0.03 s taken off
         each delta's end to end."""
-        with ThreadPoolExecutor(1) as pool:
-            applying = pool.submit(self._apply, d)
+        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            applying = [pool.submit(self._apply_one, e) for e in d.tensors]
             try:
                 yield
             except BaseException:
-                applying.result()
-                self._apply(d)  # undone: the record is the base again
+                for f in applying:
+                    f.result()
+                d.applied = True
+                self.withdraw(d)
                 raise
-            applying.result()
+            for f in applying:
+                f.result()
             d.applied = True
+
+    def withdraw(self, d: DeltaUpdate) -> None:
+        """`d` was applied to the record while it was sent (`sending`) and
+        nobody acknowledged it (a Fleet whose every commit failed): the
+        record is its base again (XOR undoes it)."""
+        if d.applied:
+            self._apply(d)
+            d.applied = False
 
     def _apply(self, d: DeltaUpdate, threads: int | None = None) -> None:
         """XORs `d`'s encoded tensors into the record, `threads` at a time."""
-
-        def record(e: _Tensor) -> None:
-            if e.sparse is not None and e.changed and e.spec.encoding != delta.RAW:
-                delta.apply_sparse(delta.elements(self._bytes[e.source.name], e.unit), e.sparse)
-
         with ThreadPoolExecutor(threads or os.cpu_count() or 1) as pool:
-            list(pool.map(record, d.tensors))
+            list(pool.map(self._apply_one, d.tensors))
+
+    def _apply_one(self, e: _Tensor) -> None:
+        if e.sparse is not None and e.changed and e.spec.encoding != delta.RAW:
+            delta.apply_sparse(delta.elements(self._bytes[e.source.name], e.unit), e.sparse)
 
     def record_delta(self, d: DeltaUpdate, version: str, threads: int | None = None) -> None:
         """The delta was acknowledged as `version`: its tensors are applied
@@ -332,13 +350,12 @@ class PushedWeights:
         measures its share of changed bytes. No delta can follow until a
         full push keeps its copy again."""
         for t in tensors:
-            new = np.frombuffer(t.read(0, t.nbytes), dtype=np.uint8)
-            now = samples(new)
+            now = read_samples(t.read, t.nbytes)  # the sampled blocks only
             old = self._bytes.pop(t.name, None)
             before = self._samples.get(t.name) if old is None else (old.size, samples(old))
-            if before is not None and before[0] == new.size:
+            if before is not None and before[0] == t.nbytes:
                 self.costs.shares[t.name] = sampled_share(before[1], now)
-            self._samples[t.name] = (new.size, now)
+            self._samples[t.name] = (t.nbytes, now)
             t.release()
         self._bytes.clear()
         self.version = ""

@@ -30,6 +30,7 @@ several addresses (a Kubernetes headless Service).
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import socket
 import threading
@@ -286,15 +287,22 @@ class Fleet:
                 else (None, None)
             )
             started = time.perf_counter()
-            opened = fleet_staging.stage(
-                u if d is None else d.update,
-                targets,
-                timeout,
-                before_commit=before_commit,
-                on_unavailable=self.replicas.drop,
-                fingerprints=prints if d is None else None,
-            )
-            acks, dropped = fleet_staging.commit_all(targets, opened, timeout)
+            # A delta is applied to the fleet's copy while it is staged
+            # (delta_push.PushedWeights.sending), undone if no replica commits.
+            pushed = self.pushed
+            sending = contextlib.nullcontext() if pushed is None or d is None else pushed.sending(d)
+            with sending:
+                opened = fleet_staging.stage(
+                    u if d is None else d.update,
+                    targets,
+                    timeout,
+                    before_commit=before_commit,
+                    on_unavailable=self.replicas.drop,
+                    fingerprints=prints if d is None else None,
+                )
+                acks, dropped = fleet_staging.commit_all(targets, opened, timeout)
+            if pushed is not None and d is not None and not acks:
+                pushed.withdraw(d)
             if d is not None and prints is not None:
                 prints.extend(t.spec.crc32c for t in d.tensors)  # each whole tensor's
             if choice is not None and acks:

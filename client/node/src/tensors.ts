@@ -6,21 +6,38 @@
 import type { DType, DType__Output } from "./gen/rollout/v1/DType";
 import type { TensorSpec } from "./gen/rollout/v1/TensorSpec";
 
-/** Bytes per element, by DType name. */
-export const DTYPE_SIZE: Record<string, number> = {
+/** Bytes per element, by DType name: every DType of the proto but
+ * UNSPECIFIED (the compiler holds the table to the generated type). */
+export const DTYPE_SIZE: Record<Exclude<DType__Output, "D_TYPE_UNSPECIFIED">, number> = {
   D_TYPE_BFLOAT16: 2,
   D_TYPE_FLOAT16: 2,
   D_TYPE_FLOAT32: 4,
   D_TYPE_FLOAT8_E4M3FN: 1,
   D_TYPE_FLOAT8_E5M2: 1,
+  D_TYPE_INT8: 1,
+  D_TYPE_UINT8: 1,
+  D_TYPE_INT16: 2,
+  D_TYPE_INT32: 4,
+  D_TYPE_INT64: 8,
+  D_TYPE_BOOL: 1,
+  D_TYPE_FLOAT64: 8,
 };
-const DTYPE_BY_NUMBER = [
+// The proto's numbers (tests/test_node_delta.py checks both tables against
+// the Python client's, rollout_codecs/dtypes.py).
+const DTYPE_BY_NUMBER: DType__Output[] = [
   "D_TYPE_UNSPECIFIED",
   "D_TYPE_BFLOAT16",
   "D_TYPE_FLOAT16",
   "D_TYPE_FLOAT32",
   "D_TYPE_FLOAT8_E4M3FN",
   "D_TYPE_FLOAT8_E5M2",
+  "D_TYPE_INT8",
+  "D_TYPE_UINT8",
+  "D_TYPE_INT16",
+  "D_TYPE_INT32",
+  "D_TYPE_INT64",
+  "D_TYPE_BOOL",
+  "D_TYPE_FLOAT64",
 ];
 
 /** One tensor of an update: checkpoint-format name, dtype, shape and its
@@ -37,7 +54,7 @@ export function tensorSpec(t: WeightTensor, checksum = false): TensorSpec {
   const dtype = (typeof t.dtype === "number" ? DTYPE_BY_NUMBER[t.dtype] : t.dtype) as
     | DType__Output
     | undefined;
-  const size = dtype === undefined ? undefined : DTYPE_SIZE[dtype];
+  const size = dtype === undefined ? undefined : (DTYPE_SIZE as Record<string, number>)[dtype];
   if (size === undefined) {
     throw new RangeError(`${t.name}: unsupported dtype ${String(t.dtype)}`);
   }
