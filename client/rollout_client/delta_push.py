@@ -289,19 +289,18 @@ class PushedWeights:
         after the acknowledgement), and applied again (XOR undoes it) if the
         send fails. Measured at lr 1e-6 on a 0.31 GB model: 0.03 s taken off
         each delta's end to end."""
-        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-            applying = [pool.submit(self._apply_one, e) for e in d.tensors]
-            try:
-                yield
-            except BaseException:
-                for f in applying:
-                    f.result()
-                d.applied = True
-                self.withdraw(d)
-                raise
-            for f in applying:
-                f.result()
-            d.applied = True
+        try:
+            with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+                applying = [pool.submit(self._apply_one, e) for e in d.tensors]
+                try:
+                    yield
+                finally:
+                    for f in applying:
+                        f.result()
+                    d.applied = True
+        except BaseException:
+            self.withdraw(d)  # undone: the record is the base again
+            raise
 
     def withdraw(self, d: DeltaUpdate) -> None:
         """`d` was applied to the record while it was sent (`sending`) and

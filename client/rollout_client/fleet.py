@@ -306,10 +306,10 @@ class Fleet:
             if d is not None and prints is not None:
                 prints.extend(t.spec.crc32c for t in d.tensors)  # each whole tensor's
             if choice is not None and acks:
-                assert self.pushed is not None
+                assert pushed is not None
                 ack = next(iter(acks.values()))
                 seconds = time.perf_counter() - started
-                self.pushed.acknowledged(u, d, choice, ack, seconds, _FLEET)
+                pushed.acknowledged(u, d, choice, ack, seconds, _FLEET)
             return self._committed(u, targets, acks, dropped, lagging, full, prints, unreplayable)
 
     def _delta(
