@@ -88,12 +88,11 @@ class ServerConfig:
     cpu_placement: bool = True
     """on a CPU host, move this server and vLLM's engine core off the cores vLLM binds its
     worker to (a no-op on GPU hosts)"""
-    # The decode is memory-bound: two threads decoded 2.2 GB in 0.16 s here,
-    # one in 0.25 s (delta_base.py).
+    # The decode is memory-bound (delta_base.py, delta_load.py).
     delta_decode_threads: int | None = None
     """threads that decode a delta update's tensors (default: one per CPU this process may
-    use, up to 8); on a CPU host they include the cores vLLM's worker is bound to, for the
-    fraction of a second a decode takes"""
+    use, up to 8); on a CPU host the first group's include the cores vLLM's worker is bound
+    to, idle then, and the others run on the server's own cores while the engine loads"""
     watchdog_seconds: float = 1.0
     """how often the engine's liveness is checked"""
     # Long enough for ordinary rollouts, short enough that a stalled client

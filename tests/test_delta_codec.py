@@ -385,6 +385,17 @@ def plan_of(b, payloads: dict[str, bytes], crcs: dict[str, int], encoding=delta.
     return DeltaPlan(base_version="v0", tensors=tensors)
 
 
+def decode_or_undo(b, plan):
+    """What the server does with a delta it loads in one group: check its
+    entries, decode it into the base, undo it if a tensor is refused."""
+    b.check(plan)
+    try:
+        b.decode(plan, plan.tensors)
+    except InvalidArgument:
+        b.undo(plan)
+        raise
+
+
 @pytest.mark.parametrize("encoding", [delta.SPARSE, delta.SPARSE8])
 def test_a_refused_tensor_undoes_every_tensor_before_it(base, encoding):
     unit = delta.element(encoding)
@@ -400,14 +411,27 @@ def test_a_refused_tensor_undoes_every_tensor_before_it(base, encoding):
     ]:
         plan = plan_of(base, {"a": good, "b": bad}, {"a": crc_a, "b": 12345}, encoding)
         with pytest.raises(InvalidArgument) as e:
-            base.materialize(plan)
+            decode_or_undo(base, plan)
         assert e.value.field == field and why in str(e.value)
         assert bytes(base.staging.ensure(0)[: 2 * 8192]) == before, "the base is untouched"
     plan = plan_of(base, {"a": good}, {"a": crc_a}, encoding)
-    base.materialize(plan)
+    decode_or_undo(base, plan)
     assert bytes(base.staging.ensure(0)[:8192]) == new_a.tobytes()
     base.undo(plan)
     assert bytes(base.staging.ensure(0)[: 2 * 8192]) == before
+
+
+def test_entries_that_do_not_decode_are_refused_before_any_tensor_is_written(base):
+    """check() is what the server runs before the engine is touched: a bad
+    entry in the last tensor refuses the delta with the first one unwritten."""
+    before = bytes(base.staging.ensure(0)[: 2 * 8192])
+    good = payload([1, 2], [3, 4])
+    bad = payload([1, 2], [1, 0])  # gap 0
+    plan = plan_of(base, {"a": good, "b": bad}, {"a": 0, "b": 0})
+    with pytest.raises(InvalidArgument) as e:
+        base.check(plan)
+    assert e.value.field == "begin.tensors[1].encoding"
+    assert bytes(base.staging.ensure(0)[: 2 * 8192]) == before and not plan._applied
 
 
 def test_of_several_refused_tensors_the_first_is_named_and_none_is_applied(base):
@@ -416,15 +440,17 @@ def test_of_several_refused_tensors_the_first_is_named_and_none_is_applied(base)
     plan = plan_of(base, {"a": bad, "b": bad}, {"a": 0, "b": 0})
     for _ in range(5):  # whichever thread ends first
         with pytest.raises(InvalidArgument) as e:
-            base.materialize(plan)
+            decode_or_undo(base, plan)
         assert e.value.field == "begin.tensors[0].crc32c"
         assert bytes(base.staging.ensure(0)[: 2 * 8192]) == before
 
 
-def test_decode_threads_borrow_every_cpu_and_give_them_back(base, monkeypatch):
-    """With more than one decode thread, each tensor is decoded on every CPU
-    the process was given (the worker's too, on a CPU host), and the thread
-    is back on the server's own CPUs after it."""
+@pytest.mark.parametrize("borrow", [True, False], ids=["engine-idle", "engine-loading"])
+def test_decode_threads_borrow_every_cpu_and_give_them_back(base, monkeypatch, borrow):
+    """With more than one decode thread, each tensor of the first group (the
+    engine idle) is decoded on every CPU the process was given (the worker's
+    too, on a CPU host), and the thread is back on the server's own CPUs
+    after it; the groups decoded while the engine loads stay on the server's."""
     import threading
 
     cpus = os.sched_getaffinity(0)
@@ -449,14 +475,15 @@ def test_decode_threads_borrow_every_cpu_and_give_them_back(base, monkeypatch):
 
     def on_one_cpu():  # as placement.py leaves the server's threads
         os.sched_setaffinity(0, own)
-        base.materialize(plan)
+        base.check(plan)
+        base.decode(plan, plan.tensors, borrow)
 
     t = threading.Thread(target=on_one_cpu)
     t.start()
     t.join()
     assert len(seen) == 2
-    if base.decode_threads == 1:
-        assert all(got == own for _, got in seen), "one thread stays on the server's CPUs"
+    if base.decode_threads == 1 or not borrow:
+        assert all(got == own for _, got in seen), "the decode stays on the server's CPUs"
         return
     assert all(got == cpus for _, got in seen), seen
     for native_id, _ in seen:
@@ -467,6 +494,7 @@ def test_a_zstd_frame_claiming_more_than_its_tensor_allows_is_refused_untouched(
     before = bytes(base.staging.ensure(0)[: 2 * 8192])
     bomb = zstandard.ZstdCompressor().compress(bytes(1 << 20))
     plan = plan_of(base, {"a": bomb}, {"a": 0}, encoding=delta.SPARSE_ZSTD)
+    base.check(plan)  # a frame is only decompressed in decode
     with pytest.raises(InvalidArgument, match="over the 16392 this tensor allows"):
-        base.materialize(plan)
+        base.decode(plan, plan.tensors)
     assert bytes(base.staging.ensure(0)[: 2 * 8192]) == before

@@ -8,8 +8,9 @@ engine is touched it runs to the end even if the call is cancelled, so the
 engine is never left paused or half-updated by a client that went away.
 
 Deltas (UpdateWeightsBegin.base_version) are decoded into the staging
-region's slots just before the quiesce, and undone if anything after fails
-(delta_base.py): a failed delta leaves the base as it was.
+region's slots inside the quiesce, a group of tensors at a time while the
+engine loads the group before (delta_load.py), and undone if anything
+fails (delta_base.py): a failed delta leaves the base as it was.
 
 Retries: an update that was applied after its client went away is
 recognised when the client retries the same version with the same tensors
@@ -29,9 +30,10 @@ from dataclasses import dataclass
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.handoff.region import StagingRegion
-from rollout_service.handoff.staged_tensor import BACKEND_NAME
+from rollout_service.handoff.staged_tensor import BACKEND_NAME, StagedTensor
 from rollout_service.status.errors import FailedPrecondition
 from rollout_service.update.delta_base import DeltaBase
+from rollout_service.update.delta_load import decode_while_loading
 from rollout_service.update.plan import Placement, Target, UpdatePlan, plan_update
 from rollout_service.update.quiesce import Quiescer
 from rollout_service.update.received import ReceivedUpdate
@@ -160,44 +162,52 @@ class BaseWeights:
         # The region is this update's until it ends (one at a time,
         # update/sessions.py).
         self._last = None
-        decode_s = 0.0
         if update.delta is not None:
-            # Refused (INVALID_ARGUMENT) with the base put back if a tensor
-            # does not decode to its declared CRC-32C.
-            t = time.perf_counter()
-            await asyncio.to_thread(self.base.materialize, update.delta)
-            decode_s = time.perf_counter() - t
+            # Entries that do not decode: refused before the engine is touched.
+            await asyncio.to_thread(self.base.check, update.delta)
         try:
-            ack = await self._load(update, receive_s)
+            return await self._load(update, receive_s)
         except BaseException:
             if update.delta is not None:
                 await asyncio.to_thread(self.base.undo, update.delta)
             raise
-        ack.timings.decode_seconds = decode_s
-        return ack
 
-    async def _load(self, update: ReceivedUpdate, receive_s: float) -> pb.UpdateWeightsResponse:
+    async def _send(self, tensors: list[StagedTensor]) -> None:
+        """Has the engine load `tensors` from the staging region (inside a
+        weight update: start_weight_update, then one call or several)."""
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
+        await self.engine.update_weights(
+            WeightTransferUpdateRequest(
+                update_info={
+                    "shm_name": self.staging.name,
+                    "tensors": [t.as_wire() for t in tensors],
+                    "broadcast": self.broadcast,
+                }
+            )
+        )
+
+    async def _load(self, update: ReceivedUpdate, receive_s: float) -> pb.UpdateWeightsResponse:
         version = update.weight_version
         # Read beside the apply (crc32c releases the GIL); awaited before the
         # region is written again (region_free).
         content = asyncio.ensure_future(asyncio.to_thread(update.content))
+        decode_s = 0.0
         async with self.quiet.quiesced(
             update.pause_mode, update.drain_timeout_seconds, installs=version
         ) as quiet:
             previous = self.served.version
             t_load = time.perf_counter()
-            await self.engine.start_weight_update()
-            await self.engine.update_weights(
-                WeightTransferUpdateRequest(
-                    update_info={
-                        "shm_name": self.staging.name,
-                        "tensors": [t.as_wire() for t in update.tensors],
-                        "broadcast": self.broadcast,
-                    }
+            if update.delta is None:
+                await self.engine.start_weight_update()
+                await self._send(update.tensors)
+            else:
+                # Refused (INVALID_ARGUMENT) with the base put back and the
+                # engine on the served weights if a tensor does not decode to
+                # its declared CRC-32C.
+                decode_s = await decode_while_loading(
+                    self.base, update.delta, update.tensors, self.engine, self._send
                 )
-            )
             if update.pause_mode == pb.PAUSE_MODE_KEEP:
                 # Kept calls' tokens now span two versions.
                 self.served.gate.keep_epoch += 1
@@ -227,6 +237,7 @@ class BaseWeights:
                 reset_seconds=t_end - t_reset,
                 admission_closed_seconds=t_end - t0,
                 load_seconds=t_reset - t_load,
+                decode_seconds=decode_s,
             ),
             requests_aborted=quiet.aborted,
         )

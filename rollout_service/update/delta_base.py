@@ -8,23 +8,23 @@ tensors where the last one left the others and the region always holds the
 served bytes. At start the slots are filled from the checkpoint. No memory is
 added for deltas beyond the encoded bytes themselves (the incoming region).
 
-A delta is decoded in place (`materialize`): each tensor's sparse XOR (of
-words or bytes) is applied to its slot and the slot's CRC-32C checked
+A delta is decoded in place (`decode`, a group of tensors at a time, while
+the engine loads the group before: delta_load.py): each tensor's sparse XOR
+(of words or bytes) is applied to its slot and the slot's CRC-32C checked
 against the declared one; raw tensors of a delta are copied in from the
 incoming region after their old bytes are saved. `undo` reverses it (a
 sparse XOR is its own inverse), so a delta that is refused or fails in the
-engine leaves the base as it was.
+engine leaves the base as it was. `check` refuses entries that do not
+decode before anything is written.
 
 The decode is memory-bound (it touches every cache line of the model, then
 takes the CRC-32C of each reconstructed tensor), so tensors are decoded
-`decode_threads` at a time, on `decode_cpus`: every CPU the process was
-given, including on a CPU host the cores vLLM binds its worker to
-(placement.py keeps the server's threads off them; a decode thread goes
-back to the server's own cores after each tensor). Measured on two
-cores: 2.2 GB of model decoded in 0.16 s on two threads, 0.25 s on one
-(BENCHMARKS.md, "Delta updates"). The worker gives those cores up for that
-long, once per delta; `--delta-decode-threads 1` keeps the decode on the
-server's own core.
+`decode_threads` at a time. While the engine is idle (the first group) they
+run on `decode_cpus`: every CPU the process was given, including on a CPU
+host the cores vLLM binds its worker to (placement.py keeps the server's
+threads off them; a decode thread goes back to the server's own cores after
+each tensor); while it loads, on the server's own cores only.
+`--delta-decode-threads 1` keeps the whole decode on the server's own core.
 
 The base is offered (GetServerInfo.delta_base_version) only while every slot
 holds the served version's bytes. A full update that writes slots and then
@@ -66,7 +66,7 @@ class DeltaTensor:
 
 @dataclass
 class DeltaPlan:
-    """A validated delta update's tensors, and what `materialize` did to the
+    """A validated delta update's tensors, and what `decode` did to the
     base (for `undo`)."""
 
     base_version: str
@@ -75,6 +75,8 @@ class DeltaPlan:
     # each raw tensor that was copied in.
     _applied: set[int] = field(default_factory=set)
     _saved: dict[int, bytes] = field(default_factory=dict)
+    # `check` found every entry of its sparse tensors in bounds.
+    _checked: bool = False
 
 
 def slot_layout(manifest: dict[str, pb.TensorSpec]) -> tuple[dict[str, int], int]:
@@ -154,16 +156,27 @@ class DeltaBase:
         self.stale -= names
         self.version = version
 
-    def materialize(self, plan: DeltaPlan) -> None:
-        """Applies a validated delta to the slots (called in a thread): raw
-        tensors are copied in, then the encoded ones are decoded, applied and
-        their CRC-32C compared with the declared one, `decode_threads` at a
-        time. If any tensor does not decode, or its reconstruction has
-        another CRC-32C, every tensor is undone once all have ended, and the
-        lowest such tensor is refused (INVALID_ARGUMENT). At most one
-        decoded tensor per thread is held at a time: a zstd frame is
-        decompressed again to undo it, so that small frames of large contents
-        cannot make the server hold more."""
+    def check(self, plan: DeltaPlan) -> None:
+        """Refuses (INVALID_ARGUMENT, the lowest such tensor) a delta with a
+        tensor whose entries do not decode, before anything is written or
+        the engine touched (called in a thread). A zstd frame is only
+        decompressed later, in `decode`."""
+        for t in plan.tensors:
+            if not delta.is_raw(t.encoding) and t.encoding != delta.SPARSE_ZSTD:
+                self._decoded(t)
+        plan._checked = True
+
+    def decode(self, plan: DeltaPlan, tensors: list[DeltaTensor], borrow: bool = True) -> None:
+        """Applies `tensors` of a checked delta to their slots (called in a
+        thread): raw tensors are copied in, then the encoded ones are
+        decoded, applied and their CRC-32C compared with the declared one,
+        `decode_threads` at a time (on every CPU of `decode_cpus` if
+        `borrow`: the engine is idle). If any tensor does not decode, or its
+        reconstruction has another CRC-32C, the lowest such tensor is refused
+        (INVALID_ARGUMENT) once all have ended; `undo(plan)` then puts back
+        everything decoded so far. At most one decoded tensor per thread is
+        held at a time: a zstd frame is decompressed again to undo it, so that
+        small frames of large contents cannot make the server hold more."""
         view = self.staging.ensure(0)
         wire = self.incoming.ensure(0)
         lock = threading.Lock()
@@ -171,7 +184,8 @@ class DeltaBase:
         def refusal(t: DeltaTensor) -> InvalidArgument | None:
             """Decodes and applies `t`; why it is refused, if it is."""
             try:
-                payload = self._decoded(t)  # nothing written if it does not decode
+                # Nothing is written if it does not decode.
+                payload = self._decoded(t, checked=plan._checked)
             except InvalidArgument as e:
                 return e
             slot = view[t.slot_offset : t.slot_offset + t.nbytes]
@@ -198,30 +212,27 @@ class DeltaBase:
             finally:
                 os.sched_setaffinity(0, own)
 
-        try:
-            encoded = []
-            for t in plan.tensors:
-                if not delta.is_raw(t.encoding):
-                    encoded.append(t)
-                    continue
-                slot = view[t.slot_offset : t.slot_offset + t.nbytes]
-                plan._saved[t.index] = bytes(slot)
-                slot[:] = wire[t.wire_offset : t.wire_offset + t.wire_nbytes]
-            if self.decode_threads == 1 or len(encoded) < 2:
-                refusals = [refusal(t) for t in encoded]
-            else:
-                # Largest first, so that the threads end together; every
-                # decode ends before anything is undone or raised.
-                encoded.sort(key=lambda t: t.nbytes, reverse=True)
-                futures = [self._decoders().submit(borrowing, t) for t in encoded]
-                wait(futures)
-                refusals = [f.result() for f in futures]
-            refused = [(t.index, r) for t, r in zip(encoded, refusals) if r is not None]
-            if refused:
-                raise min(refused, key=lambda x: x[0])[1]
-        except BaseException:
-            self.undo(plan)
-            raise
+        encoded = []
+        for t in tensors:
+            if not delta.is_raw(t.encoding):
+                encoded.append(t)
+                continue
+            slot = view[t.slot_offset : t.slot_offset + t.nbytes]
+            plan._saved[t.index] = bytes(slot)
+            slot[:] = wire[t.wire_offset : t.wire_offset + t.wire_nbytes]
+        if self.decode_threads == 1 or len(encoded) < 2:
+            refusals = [refusal(t) for t in encoded]
+        else:
+            # Largest first, so that the threads end together; every
+            # decode ends before anything is raised.
+            encoded.sort(key=lambda t: t.nbytes, reverse=True)
+            one = borrowing if borrow else refusal
+            futures = [self._decoders().submit(one, t) for t in encoded]
+            wait(futures)
+            refusals = [f.result() for f in futures]
+        refused = [(t.index, r) for t, r in zip(encoded, refusals) if r is not None]
+        if refused:
+            raise min(refused, key=lambda x: x[0])[1]
 
     def _decoders(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -233,13 +244,16 @@ class DeltaBase:
             self._pool.shutdown(wait=True)
             self._pool = None
 
-    def _decoded(self, t: DeltaTensor) -> memoryview | bytes:
-        """The checked SPARSE_XOR16 bytes of an encoded tensor."""
+    def _decoded(self, t: DeltaTensor, checked: bool = False) -> memoryview | bytes:
+        """The checked sparse bytes of an encoded tensor (`checked`: its
+        entries were checked already, unless it is a zstd frame)."""
         wire = self.incoming.ensure(0)
         payload: memoryview | bytes = wire[t.wire_offset : t.wire_offset + t.wire_nbytes]
         try:
             if t.encoding == delta.SPARSE_ZSTD:
                 payload = delta.zstd_decompress(payload, t.nbytes)
+            elif checked:
+                return payload
             delta.check_sparse(payload, t.nbytes // delta.element(t.encoding).itemsize, t.encoding)
         except delta.DeltaError as e:
             raise InvalidArgument(
@@ -248,12 +262,13 @@ class DeltaBase:
         return payload
 
     def undo(self, plan: DeltaPlan) -> None:
-        """Puts back the base bytes that `materialize` changed (in a thread)."""
+        """Puts back the base bytes that `decode` changed (in a thread)."""
         view = self.staging.ensure(0)
         for t in plan.tensors:
             slot = view[t.slot_offset : t.slot_offset + t.nbytes]
             if t.index in plan._applied:
-                delta.apply_sparse(delta.elements(slot, t.encoding), self._decoded(t))
+                payload = self._decoded(t, checked=plan._checked)
+                delta.apply_sparse(delta.elements(slot, t.encoding), payload)
             elif (old := plan._saved.pop(t.index, None)) is not None:
                 slot[:] = old
         plan._applied.clear()

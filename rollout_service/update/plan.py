@@ -13,7 +13,7 @@ staging region (delta_base.py: the region laid out as the whole model), or,
 when the region is smaller than the model, packed in begin's order. A delta
 update, and an update naming the served version (a possible retry, which
 must not touch the served bytes), are packed into the incoming region
-instead; a delta is decoded into the slots later (delta_base.materialize).
+instead; a delta is decoded into the slots later (delta_load.py).
 """
 
 from __future__ import annotations

@@ -16,7 +16,10 @@ enter `Quiescer.quiesced`; what differs between them is a parameter:
   it resumes, the workers' reload state is cleared and the server marked
   degraded (served.py), and EngineFailure (INTERNAL) is raised; if both
   succeed, the version is installed once the engine has resumed, before the
-  gate reopens, so that the next calls are tagged with it.
+  gate reopens, so that the next calls are tagged with it. Work that fails
+  with EngineRestored has put the engine back on the very weights it served
+  (a refused delta, delta_load.py): nothing is reset or installed, the
+  engine resumes and its error is raised.
 - `sleep`: the work puts the engine to sleep. vLLM's sleep pauses the
   scheduler and clears the caches itself and its wake_up resumes it, so
   neither is done here; the gate stays closed, and the Quiescer asleep,
@@ -49,6 +52,16 @@ class EngineFailure(RpcError):
     """The engine failed while loading: INTERNAL, and the server is degraded."""
 
     reason = pb.ERROR_REASON_ENGINE_FAILURE
+
+
+class EngineRestored(Exception):
+    """The work was refused after touching the engine, and put back the
+    weights it served, bit for bit: no cache is stale and no version
+    changes. The quiesce raises `error`."""
+
+    def __init__(self, error: RpcError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 @dataclass
@@ -124,6 +137,8 @@ class Quiescer:
                     yield quiet
                     quiet.t_reset = time.perf_counter()
                     quiet.results = await self.reset_all(preempt_running=keep)
+                except EngineRestored as e:
+                    raise e.error from None
                 except Exception as e:
                     if installs is not None:
                         await self._failed(installs, e)
