@@ -38,8 +38,11 @@ from rollout_service.update.delta_base import DeltaBase, DeltaPlan, DeltaTensor
 from rollout_service.update.quiesce import EngineRestored
 
 # Groups of about equal bytes; the first is a quarter of the others (it is
-# the part of the decode nothing hides).
-GROUPS = 16
+# the part of the decode nothing hides). Each group is one update_weights
+# call, about 9 ms of fixed cost on the 0.31 GB model here: 16 groups made
+# its delta slower than decoding first (apply 0.475 s against 0.39), 2 to 8
+# faster (0.33-0.34 s; BENCHMARKS.md, stop 47).
+GROUPS = 8
 
 Send = Callable[[list[StagedTensor]], Awaitable[None]]
 
