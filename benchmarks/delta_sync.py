@@ -8,12 +8,13 @@ earlier pushes measured, rollout_client/delta_costs.py; `--mode always`: a
 delta every time) and as a full update of the same bytes (another client),
 both to the real server started on the model, over the chosen transports.
 The `ways` column lists how each of the delta client's pushes went (d: a
-delta, f: full). The delta client always pushes first: `order` is what
-going second costs a full push by itself (full against full, the same
-order, measured per row), and `x order` the ratio times it (what the ratio
-would be with both pushes first). After the full push the delta
-client's record names the full push's version: the bytes are the same, so
-the next delta goes against it.
+delta, f: full). Over gRPC the delta client always pushes first: `order`
+is what going second costs a full push by itself (full against full, the
+same order, measured per row), and `x order` the ratio times it (what the
+ratio would be with both pushes first). On the same host, where both push
+in full with no copy kept, the order alternates each step instead (x order:
+nan). After the full push the delta client's record names the full push's
+version: the bytes are the same, so the next delta goes against it.
 
 Per learning rate and transport it prints medians over the steps after the
 first: the wire bytes as a share of the model, the client's encode time and
@@ -164,17 +165,28 @@ def run(
             fc.update_weights(start, f"{tag}-o{j}-f", **how)
             add("order", (time.perf_counter() - t) / first)
         dc.update_weights(start, f"{tag}-d0", delta=mode, **how)  # a full push, recorded
+        # On the same host both clients push in full with no copy kept: their
+        # pushes are interchangeable, so the order alternates step by step
+        # and its bias cancels in the median (`x order` does not apply).
+        alternate = "same_host" in how
         ways = ""
         for i in range(1, steps + 1):
             weights = trainer.step()
+
+            def full_push(weights=weights, version=f"{tag}-f{i}"):
+                t = time.perf_counter()
+                f = fc.update_weights(weights, version, **how)
+                return f, time.perf_counter() - t
+
+            if alternate and i % 2 == 0:
+                f, f_e2e = full_push()
             c0 = cpu.cpu_times()
             t = time.perf_counter()
             d = dc.update_weights(weights, f"{tag}-d{i}", delta=mode, **how)
             d_e2e = time.perf_counter() - t
             c1 = cpu.cpu_times()
-            t = time.perf_counter()
-            f = fc.update_weights(weights, f"{tag}-f{i}", **how)
-            f_e2e = time.perf_counter() - t
+            if not (alternate and i % 2 == 0):
+                f, f_e2e = full_push()
             # The same bytes are served: the delta client's record stands for
             # them (when it keeps one: not on the same host).
             if dc.pushed.version:
@@ -221,7 +233,9 @@ def run(
     for k in ("encode_s", "encode_gbs", "d_decode", "decode_gbs"):
         out.setdefault(k, float("nan"))  # every step went full
     out["ways"] = ways
-    out["ratio_vs_order"] = out["ratio_e2e"] * out["order"]
+    out["ratio_vs_order"] = (
+        out["ratio_e2e"] * out["order"] if "same_host" not in how else float("nan")
+    )
     out["server_rss_gb"] = peak_rss(pid) / 1e9
     out["client_peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
     return out
