@@ -178,14 +178,15 @@ def run(
                 f = fc.update_weights(weights, version, **how)
                 return f, time.perf_counter() - t
 
-            if alternate and i % 2 == 0:
+            full_first = alternate and i % 2 == 0
+            if full_first:
                 f, f_e2e = full_push()
             c0 = cpu.cpu_times()
             t = time.perf_counter()
             d = dc.update_weights(weights, f"{tag}-d{i}", delta=mode, **how)
             d_e2e = time.perf_counter() - t
             c1 = cpu.cpu_times()
-            if not (alternate and i % 2 == 0):
+            if not full_first:
                 f, f_e2e = full_push()
             # The same bytes are served: the delta client's record stands for
             # them (when it keeps one: not on the same host).

@@ -55,8 +55,8 @@ class EngineFailure(RpcError):
 
 
 class EngineRestored(Exception):
-    """The work was refused after touching the engine, and put back the
-    weights it served, bit for bit: no cache is stale and no version
+    """The work was refused and the engine holds the weights it served, bit
+    for bit (never loaded, or put back): no cache is stale and no version
     changes. The quiesce raises `error`."""
 
     def __init__(self, error: RpcError) -> None:
