@@ -222,10 +222,14 @@ class Costs:
         self, key: Any, names: Sequence[str], sizes: Sequence[int], miss: float | None = None
     ) -> tuple[float, float] | None:
         """(delta, full) seconds for these tensors at the shares last seen,
-        each tensor the cheaper way, an encoded tensor's cost times what the
-        last deltas missed (`miss`, the measured one by default); None while
-        either cannot be predicted. A delta of raw tensors only is a full
-        push and a CRC-32C per tensor: never the cheaper."""
+        each tensor the way the encoder will send it (`worth_encoding`: the
+        components' costs, encoded against raw), an encoded tensor's cost
+        times what the last deltas missed (`miss`, the measured one by
+        default); None while either cannot be predicted. The miss scales a
+        cost but does not pick the way: deltas faster than predicted must not
+        make 2 bytes per changed byte cheaper than the raw bytes past half
+        changed. A delta of raw tensors only is a full push and a CRC-32C per
+        tensor: never the cheaper."""
         t = self.transport(key)
         per_byte, mean = t.per_byte(), self.share(names, sizes)
         if per_byte is None or mean is None or not self.encode:
@@ -235,7 +239,7 @@ class Costs:
         delta = 0.0
         for name, n in zip(names, sizes):
             encoded, raw = self._tensor(t, self.shares.get(name, mean), n, rates)
-            delta += min(encoded * factor, raw)
+            delta += encoded * factor if encoded < raw else raw
         return delta, per_byte * sum(sizes)
 
     def encodes_any(self, key: Any, names: Sequence[str], sizes: Sequence[int]) -> bool:
@@ -246,10 +250,10 @@ class Costs:
         mean = self.share(names, sizes)
         if t.per_byte() is None or mean is None or not self.encode:
             return True
-        factor, rates = t.miss(), self._rates(t)
+        rates = self._rates(t)
         for name, n in zip(names, sizes):
             encoded, raw = self._tensor(t, self.shares.get(name, mean), n, rates)
-            if encoded * factor < raw:
+            if encoded < raw:
                 return True
         return False
 
