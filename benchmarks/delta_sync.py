@@ -143,6 +143,7 @@ def run(
     mode: bool | str,
 ) -> dict:
     model_bytes = sum(t.numel() * t.element_size() for t in start.values())
+    same_host = "same_host" in how
     trainer = (Trainer if adam else SignTrainer)(start, lr, seed=int(lr * 1e9))
     rows: dict[str, list[float]] = {}
 
@@ -168,7 +169,6 @@ def run(
         # On the same host both clients push in full with no copy kept: their
         # pushes are interchangeable, so the order alternates step by step
         # and its bias cancels in the median (`x order` does not apply).
-        alternate = "same_host" in how
         ways = ""
         for i in range(1, steps + 1):
             weights = trainer.step()
@@ -178,7 +178,7 @@ def run(
                 f = fc.update_weights(weights, version, **how)
                 return f, time.perf_counter() - t
 
-            full_first = alternate and i % 2 == 0
+            full_first = same_host and i % 2 == 0
             if full_first:
                 f, f_e2e = full_push()
             c0 = cpu.cpu_times()
@@ -222,7 +222,7 @@ def run(
             )
             srv = (c1.user + c1.system) - (c0.user + c0.system)
             add("srv_cpu_per_gb", srv / (model_bytes / 1e9))
-            if "same_host" not in how:
+            if not same_host:
                 sink_d, sink_f = (
                     sink_seconds(sink, d.bytes_received),
                     sink_seconds(sink, model_bytes),
@@ -234,9 +234,7 @@ def run(
     for k in ("encode_s", "encode_gbs", "d_decode", "decode_gbs"):
         out.setdefault(k, float("nan"))  # every step went full
     out["ways"] = ways
-    out["ratio_vs_order"] = (
-        out["ratio_e2e"] * out["order"] if "same_host" not in how else float("nan")
-    )
+    out["ratio_vs_order"] = float("nan") if same_host else out["ratio_e2e"] * out["order"]
     out["server_rss_gb"] = peak_rss(pid) / 1e9
     out["client_peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
     return out

@@ -231,31 +231,31 @@ class Costs:
         changed. A delta of raw tensors only is a full push and a CRC-32C per
         tensor: never the cheaper."""
         t = self.transport(key)
-        per_byte, mean = t.per_byte(), self.share(names, sizes)
-        if per_byte is None or mean is None or not self.encode:
+        tensors = self._tensors(t, names, sizes)
+        if tensors is None:
             return None
         factor = t.miss() if miss is None else miss
-        rates = self._rates(t)
-        delta = 0.0
-        for name, n in zip(names, sizes):
-            encoded, raw = self._tensor(t, self.shares.get(name, mean), n, rates)
-            delta += encoded * factor if encoded < raw else raw
-        return delta, per_byte * sum(sizes)
+        delta = sum(encoded * factor if encoded < raw else raw for encoded, raw in tensors)
+        return delta, self._rates(t)[0] * sum(sizes)
 
     def encodes_any(self, key: Any, names: Sequence[str], sizes: Sequence[int]) -> bool:
         """Whether a delta of these tensors now would send any of them
         encoded (predict's per-tensor choice); if none, it is the full push
         and a CRC-32C per tensor."""
-        t = self.transport(key)
+        tensors = self._tensors(self.transport(key), names, sizes)
+        return tensors is None or any(encoded < raw for encoded, raw in tensors)
+
+    def _tensors(
+        self, t: _Transport, names: Sequence[str], sizes: Sequence[int]
+    ) -> list[tuple[float, float]] | None:
+        """`_tensor` of each of these tensors at the share last seen (a
+        tensor never seen: the mean of the others); None while no full push
+        or no encode was measured, or none of them was seen."""
         mean = self.share(names, sizes)
         if t.per_byte() is None or mean is None or not self.encode:
-            return True
+            return None
         rates = self._rates(t)
-        for name, n in zip(names, sizes):
-            encoded, raw = self._tensor(t, self.shares.get(name, mean), n, rates)
-            if encoded < raw:
-                return True
-        return False
+        return [self._tensor(t, self.shares.get(n, mean), b, rates) for n, b in zip(names, sizes)]
 
     def choose(
         self,
