@@ -15,10 +15,14 @@ last turn. A step, as `Loop.run` runs it:
   update, pushed with PAUSE_MODE_KEEP while they run: turns in flight go on
   with the new weights, later turns run on them, and version_spans say which
   version sampled which token of a trajectory that crossed the update.
-- Printed per step: the prefix-cache hit rate of turns after the first; the
-  training-inference mismatch over sampled tokens, each recomputed on the
-  weights of its own version (and, for tokens sampled after an update, on the
-  trajectory's first version: what ignoring the spans gives); how many
+- The environment takes time: each tool call answers after `--tool-seconds`
+  (a sandbox, a search), and the session waits on it holding its history.
+- Printed per step: the prefix-cache hit rate of turns after the first that
+  no update preceded (a turn after an update reuses none of its history: it
+  was computed on the old weights); the training-inference mismatch over
+  sampled tokens, each recomputed on the weights of its own version (and, for
+  tokens sampled after an update, on the trajectory's first version: what
+  ignoring the spans gives); how long the update took to compute; how many
   trajectories crossed an update.
 
 The embedded model is random: the tool reads a call leniently (the first
@@ -85,9 +89,12 @@ class Trajectory:
     logprobs: list[float]  # the service's (behaviour policy), 0 where mask is 0
     versions: list[str]  # per token: the version that sampled it ("" if not sampled)
     turn_tokens: int  # tokens the SessionGenerate calls returned, summed
-    history: int  # prompt tokens of the turns after the first
+    one_version_turns: int  # turns after the first with no update since the turn before
+    history: int  # their prompt tokens
     cached: int  # how many of them came from the prefix cache
-    own_history_cached: int  # turns that took more than the prompt from the cache
+    own_history_cached: int  # such turns that took more than the prompt from the cache
+    turns_after_update: int  # turns after the first that started past an update
+    stale_history_reused: int  # such turns that took more than the prompt: none may
     reward: float = 0.0
     advantage: float = 0.0
 
@@ -99,8 +106,11 @@ class StepReport:
     rollout_versions: list[str]  # versions that sampled this step's tokens
     reward: float
     loss: float
-    cache_hit_rate: float  # cached / history over turns after the first
-    own_history_cached: int  # such turns that reused more than the prompt
+    cache_hit_rate: float  # cached / history over later turns with no update since the last
+    one_version_turns: int  # those turns
+    own_history_cached: int  # those of them that reused more than the prompt
+    turns_after_update: int  # later turns that started past an update
+    stale_history_reused: int  # those of them that reused their history: 0
     mismatch_mean: float  # |trainer - service| on each sampled token's own version
     mismatch_max: float
     kl: float
@@ -112,6 +122,7 @@ class StepReport:
     crossed_versions: list[list[str]]  # each crossed trajectory's versions, in order
     stale_mismatch_mean: float | None  # see Checked
     tagged_mismatch_after_update: float | None
+    train_seconds: float  # the update's computation, while the next sessions ran
     seconds: float
 
 
@@ -124,7 +135,14 @@ def read(t: pb.GetSessionResponse, turn_tokens: int) -> Trajectory:
     if [int(bool(v)) for v in versions] != mask:
         raise ValueError("version spans do not cover exactly the sampled tokens")
     prompt = next(g.count for g in t.segments if g.source == pb.TOKEN_SOURCE_PROMPT)
-    later = [g for g in t.segments if g.source == pb.TOKEN_SOURCE_SAMPLED][1:]
+    turns = [g for g in t.segments if g.source == pb.TOKEN_SOURCE_SAMPLED and g.count]
+    # A later turn that starts on the version the turn before it ended on can
+    # reuse its history; one after an update landed between them cannot (the
+    # update reset the cache: that history was computed on the old weights).
+    same, after = [], []
+    for before, g in zip(turns, turns[1:]):
+        ended = versions[before.start + before.count - 1]
+        (same if versions[g.start] == ended else after).append(g)
     return Trajectory(
         ids=list(t.token_ids),
         mask=mask,
@@ -132,9 +150,12 @@ def read(t: pb.GetSessionResponse, turn_tokens: int) -> Trajectory:
         logprobs=list(t.logprobs),
         versions=versions,
         turn_tokens=turn_tokens,
-        history=sum(g.start for g in later),  # a turn's prompt: every token before it
-        cached=sum(g.cached_prompt_tokens for g in later),
-        own_history_cached=sum(g.cached_prompt_tokens > prompt for g in later),
+        one_version_turns=len(same),
+        history=sum(g.start for g in same),  # a turn's prompt: every token before it
+        cached=sum(g.cached_prompt_tokens for g in same),
+        own_history_cached=sum(g.cached_prompt_tokens > prompt for g in same),
+        turns_after_update=len(after),
+        stale_history_reused=sum(g.cached_prompt_tokens > prompt for g in after),
     )
 
 
@@ -185,6 +206,7 @@ class Loop:
                 turn_tokens += len(turn.completion.token_ids)
                 if k < a.turns - 1:  # the environment: the tool's answer, as a chat message
                     answer = calculator(turn.completion.text, task)
+                    await asyncio.sleep(a.tool_seconds)  # the environment's own time
                     await s.append(messages=[{"role": "tool", "content": answer}])
             x = read(await s.trajectory(), turn_tokens)
         last = turn.completion.token_ids
@@ -273,7 +295,9 @@ class Loop:
             # The next sessions start now, on the weights served now.
             pending = self.start(step + 1) if step + 1 < self.args.steps else None
             # Off the event loop, so the sessions' turns go on meanwhile.
-            trained = await asyncio.to_thread(self.train, batch)
+            t_train = time.perf_counter()
+            loss, counted = await asyncio.to_thread(self.train, batch)
+            trained = (loss, counted, time.perf_counter() - t_train)
             # Push while the next sessions' turns run: they go on with the new
             # weights (KEEP). The server has no event for it: poll its info.
             while pending is not None and not pending.done():
@@ -296,7 +320,7 @@ class Loop:
         version: str,
         batch: list[Trajectory],
         checked: Checked,
-        trained: tuple[float, int],
+        trained: tuple[float, int, float],
         t0: float,
     ) -> StepReport:
         m, stale, after = checked
@@ -311,7 +335,10 @@ class Loop:
             loss=trained[0],
             loss_tokens=trained[1],
             cache_hit_rate=sum(x.cached for x in batch) / max(1, history),
+            one_version_turns=sum(x.one_version_turns for x in batch),
             own_history_cached=sum(x.own_history_cached for x in batch),
+            turns_after_update=sum(x.turns_after_update for x in batch),
+            stale_history_reused=sum(x.stale_history_reused for x in batch),
             mismatch_mean=m.mean_abs,
             mismatch_max=m.max_abs,
             kl=m.kl,
@@ -322,16 +349,18 @@ class Loop:
             crossed_versions=crossed,
             stale_mismatch_mean=stale.mean_abs if stale else None,
             tagged_mismatch_after_update=after.mean_abs if after else None,
+            train_seconds=trained[2],
             seconds=time.perf_counter() - t0,
         )
         print(
             f"step {step}: reward {r.reward:.3f} loss {r.loss:+.4f} | cache hit "
             f"{r.cache_hit_rate:.2f} of later turns' history ({r.own_history_cached} of "
-            f"{len(batch) * (self.args.turns - 1)} reused their own turns) | loss mask "
+            f"{r.one_version_turns} reused their own turns; {r.stale_history_reused} of "
+            f"{r.turns_after_update} after an update did) | loss mask "
             f"{r.sampled_tokens} sampled of {r.total_tokens} tokens | {m} | {r.crossed} of "
             f"{len(batch)} trajectories crossed an update"
             + (f" (old weights would give {stale.mean_abs:.2e})" if stale else "")
-            + f" | pushed {version} | {r.seconds:.1f}s",
+            + f" | trained in {r.train_seconds:.1f}s, pushed {version} | {r.seconds:.1f}s",
             flush=True,
         )
         return r
@@ -345,6 +374,12 @@ def main() -> None:
     p.add_argument("--group-size", type=int, default=4, help="sessions per task")
     p.add_argument("--turns", type=int, default=3, help="model turns per session")
     p.add_argument("--tokens", type=int, default=48, help="tokens per turn")
+    p.add_argument(
+        "--tool-seconds",
+        type=float,
+        default=0.5,
+        help="how long the environment takes to answer a tool call (a sandbox, a search)",
+    )
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--clip", type=float, default=0.2)
