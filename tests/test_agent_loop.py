@@ -43,10 +43,10 @@ def run_loop(target: str, tmp_path: Path) -> tuple[list[dict], str, int]:
     report, out, err = (tmp_path / name for name in ("report.json", "out", "err"))
     args = ["--target", target, "--steps", str(STEPS), "--group-size", str(GROUP)]
     args += ["--turns", str(TURNS), "--tokens", str(TOKENS), "--report", str(report)]
-    # The tool's answers take a second each, so a step's sessions outlast the
-    # trainer's update (0.4 to 0.6 s measured) on any machine: the push lands
+    # The tool's answers take a second each, so a step's sessions (over 2 s)
+    # outlast the trainer's update (0.4 to 0.7 s measured): the push lands
     # while they run. Without it, a machine that samples faster than it
-    # trains finished them first and none crossed.
+    # trains finished them first and none crossed (CI, stop 48).
     args += ["--tool-seconds", str(TOOL_SECONDS)]
     most_open = 0
     with out.open("w") as o, err.open("w") as e, RolloutClient(target, timeout=30) as c:
