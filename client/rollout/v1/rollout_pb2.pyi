@@ -35,6 +35,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_REASON_SESSION_BUDGET: _ClassVar[ErrorReason]
     ERROR_REASON_TEMPLATE_NOT_APPEND_ONLY: _ClassVar[ErrorReason]
     ERROR_REASON_CALLER_QUEUE_FULL: _ClassVar[ErrorReason]
+    ERROR_REASON_VERSION_REUSED: _ClassVar[ErrorReason]
 
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -136,6 +137,7 @@ ERROR_REASON_SESSION_BUSY: ErrorReason
 ERROR_REASON_SESSION_BUDGET: ErrorReason
 ERROR_REASON_TEMPLATE_NOT_APPEND_ONLY: ErrorReason
 ERROR_REASON_CALLER_QUEUE_FULL: ErrorReason
+ERROR_REASON_VERSION_REUSED: ErrorReason
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -630,23 +632,45 @@ class CacheResetResult(_message.Message):
     def __init__(self, cache: _Optional[_Union[CacheKind, str]] = ..., reset: bool = ..., detail: _Optional[str] = ...) -> None: ...
 
 class UpdateTimings(_message.Message):
-    __slots__ = ("receive_seconds", "apply_seconds", "reset_seconds", "admission_closed_seconds", "load_seconds", "decode_seconds")
+    __slots__ = ("receive_seconds", "apply_seconds", "reset_seconds", "admission_closed_seconds", "load_seconds", "decode_seconds", "check_seconds", "wait_seconds", "drain_seconds", "pause_seconds", "resume_seconds")
     RECEIVE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     APPLY_SECONDS_FIELD_NUMBER: _ClassVar[int]
     RESET_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ADMISSION_CLOSED_SECONDS_FIELD_NUMBER: _ClassVar[int]
     LOAD_SECONDS_FIELD_NUMBER: _ClassVar[int]
     DECODE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CHECK_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RESUME_SECONDS_FIELD_NUMBER: _ClassVar[int]
     receive_seconds: float
     apply_seconds: float
     reset_seconds: float
     admission_closed_seconds: float
     load_seconds: float
     decode_seconds: float
-    def __init__(self, receive_seconds: _Optional[float] = ..., apply_seconds: _Optional[float] = ..., reset_seconds: _Optional[float] = ..., admission_closed_seconds: _Optional[float] = ..., load_seconds: _Optional[float] = ..., decode_seconds: _Optional[float] = ...) -> None: ...
+    check_seconds: float
+    wait_seconds: float
+    drain_seconds: float
+    pause_seconds: float
+    resume_seconds: float
+    def __init__(self, receive_seconds: _Optional[float] = ..., apply_seconds: _Optional[float] = ..., reset_seconds: _Optional[float] = ..., admission_closed_seconds: _Optional[float] = ..., load_seconds: _Optional[float] = ..., decode_seconds: _Optional[float] = ..., check_seconds: _Optional[float] = ..., wait_seconds: _Optional[float] = ..., drain_seconds: _Optional[float] = ..., pause_seconds: _Optional[float] = ..., resume_seconds: _Optional[float] = ...) -> None: ...
+
+class KeepHeld(_message.Message):
+    __slots__ = ("seconds", "phase", "reason", "requests_finished")
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FINISHED_FIELD_NUMBER: _ClassVar[int]
+    seconds: float
+    phase: str
+    reason: str
+    requests_finished: int
+    def __init__(self, seconds: _Optional[float] = ..., phase: _Optional[str] = ..., reason: _Optional[str] = ..., requests_finished: _Optional[int] = ...) -> None: ...
 
 class UpdateWeightsResponse(_message.Message):
-    __slots__ = ("weight_version", "bytes_received", "tensors_loaded", "caches_reset", "timings", "previous_weight_version", "replayed", "requests_aborted")
+    __slots__ = ("weight_version", "bytes_received", "tensors_loaded", "caches_reset", "timings", "previous_weight_version", "replayed", "requests_aborted", "requests_kept", "keep_held")
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     TENSORS_LOADED_FIELD_NUMBER: _ClassVar[int]
@@ -655,6 +679,8 @@ class UpdateWeightsResponse(_message.Message):
     PREVIOUS_WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     REPLAYED_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_ABORTED_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_KEPT_FIELD_NUMBER: _ClassVar[int]
+    KEEP_HELD_FIELD_NUMBER: _ClassVar[int]
     weight_version: str
     bytes_received: int
     tensors_loaded: int
@@ -663,7 +689,9 @@ class UpdateWeightsResponse(_message.Message):
     previous_weight_version: str
     replayed: bool
     requests_aborted: int
-    def __init__(self, weight_version: _Optional[str] = ..., bytes_received: _Optional[int] = ..., tensors_loaded: _Optional[int] = ..., caches_reset: _Optional[_Iterable[_Union[CacheResetResult, _Mapping]]] = ..., timings: _Optional[_Union[UpdateTimings, _Mapping]] = ..., previous_weight_version: _Optional[str] = ..., replayed: bool = ..., requests_aborted: _Optional[int] = ...) -> None: ...
+    requests_kept: int
+    keep_held: KeepHeld
+    def __init__(self, weight_version: _Optional[str] = ..., bytes_received: _Optional[int] = ..., tensors_loaded: _Optional[int] = ..., caches_reset: _Optional[_Iterable[_Union[CacheResetResult, _Mapping]]] = ..., timings: _Optional[_Union[UpdateTimings, _Mapping]] = ..., previous_weight_version: _Optional[str] = ..., replayed: bool = ..., requests_aborted: _Optional[int] = ..., requests_kept: _Optional[int] = ..., keep_held: _Optional[_Union[KeepHeld, _Mapping]] = ...) -> None: ...
 
 class ResetCachesRequest(_message.Message):
     __slots__ = ()
