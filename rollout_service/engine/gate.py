@@ -101,6 +101,14 @@ class AdmissionGate:
             if not self._tickets:
                 self._idle.set()
 
+    def engine_requests(self, engine_running: Callable[[str], bool]) -> frozenset[str]:
+        """The engine requests of admitted calls that are still running."""
+        return frozenset(
+            t.engine_id
+            for t in self._tickets
+            if t.engine_id is not None and engine_running(t.engine_id)
+        )
+
     def close(self) -> None:
         """New calls wait (until `open`)."""
         self._open.clear()

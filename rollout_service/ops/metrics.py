@@ -81,6 +81,13 @@ UPDATE_SECONDS = Histogram(
     ("phase",),
     registry=REGISTRY,
 )
+KEEP_HELD = Counter(
+    "rollout_keep_held",
+    "PAUSE_MODE_KEEP updates whose engine pause came over 0.5 s after their commit "
+    "(update/timings.py), by the phase that took the time: check, wait or pause.",
+    ("phase",),
+    registry=REGISTRY,
+)
 UPDATES = Counter(
     "rollout_updates",
     "UpdateWeights calls by outcome (status code).",

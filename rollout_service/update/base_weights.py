@@ -37,6 +37,13 @@ from rollout_service.update.delta_load import decode_while_loading
 from rollout_service.update.plan import Placement, Target, UpdatePlan, plan_update
 from rollout_service.update.quiesce import Quiescer
 from rollout_service.update.received import ReceivedUpdate
+from rollout_service.update.timings import (
+    Arrival,
+    ack_timings,
+    keep_held,
+    phases,
+    report_held,
+)
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +134,7 @@ class BaseWeights:
             self.base.writing(plan.names)
         return plan
 
-    async def apply(self, update: ReceivedUpdate, receive_s: float) -> pb.UpdateWeightsResponse:
+    async def apply(self, update: ReceivedUpdate, arrival: Arrival) -> pb.UpdateWeightsResponse:
         """Applies `update`, or recognises a retry of the one that installed
         the served version."""
         if update.weight_version == self.served.version:
@@ -137,7 +144,7 @@ class BaseWeights:
                 "the server is degraded: only a full update (every parameter) can recover "
                 f"it, this one has {len(update.names)} of {len(self.manifest)}"
             )
-        return await asyncio.shield(self._decode_and_load(update, receive_s))
+        return await asyncio.shield(self._decode_and_load(update, arrival))
 
     async def _replay(self, update: ReceivedUpdate) -> pb.UpdateWeightsResponse:
         """A stream naming the served version: the original acknowledgement
@@ -157,7 +164,7 @@ class BaseWeights:
         return ack
 
     async def _decode_and_load(
-        self, update: ReceivedUpdate, receive_s: float
+        self, update: ReceivedUpdate, arrival: Arrival
     ) -> pb.UpdateWeightsResponse:
         # The region is this update's until it ends (one at a time,
         # update/sessions.py).
@@ -166,7 +173,7 @@ class BaseWeights:
             # Entries that do not decode: refused before the engine is touched.
             await asyncio.to_thread(self.base.check, update.delta)
         try:
-            return await self._load(update, receive_s)
+            return await self._load(update, arrival)
         except BaseException:
             if update.delta is not None:
                 await asyncio.to_thread(self.base.undo, update.delta)
@@ -187,7 +194,7 @@ class BaseWeights:
             )
         )
 
-    async def _load(self, update: ReceivedUpdate, receive_s: float) -> pb.UpdateWeightsResponse:
+    async def _load(self, update: ReceivedUpdate, arrival: Arrival) -> pb.UpdateWeightsResponse:
         version = update.weight_version
         # Read beside the apply (crc32c releases the GIL); awaited before the
         # region is written again (region_free).
@@ -214,16 +221,14 @@ class BaseWeights:
             await self.engine.finish_weight_update(weight_version=version)
         t_end = time.perf_counter()
         self.base.installed(version, update.names if not update.base_version else set())
-        t0, t_reset = quiet.t0, quiet.t_reset
+        timings = ack_timings(arrival, quiet, t_end, quiet.t_reset - t_load, decode_s)
         log.info(
-            "weights %r -> %r: %d tensors, %d bytes, receive %.3fs apply %.3fs reset %.3fs",
+            "weights %r -> %r: %d tensors, %d bytes, %s",
             previous,
             version,
             len(update.tensors),
             update.bytes_received,
-            receive_s,
-            t_reset - t0,
-            t_end - t_reset,
+            phases(timings),
         )
         ack = pb.UpdateWeightsResponse(
             weight_version=version,
@@ -231,15 +236,13 @@ class BaseWeights:
             bytes_received=update.bytes_received,
             tensors_loaded=len(update.tensors),
             caches_reset=quiet.results,
-            timings=pb.UpdateTimings(
-                receive_seconds=receive_s,
-                apply_seconds=t_reset - t0,
-                reset_seconds=t_end - t_reset,
-                admission_closed_seconds=t_end - t0,
-                load_seconds=t_reset - t_load,
-                decode_seconds=decode_s,
-            ),
+            timings=timings,
             requests_aborted=quiet.aborted,
         )
+        if update.pause_mode == pb.PAUSE_MODE_KEEP:
+            ack.requests_kept = len(quiet.running)
+            if (held := keep_held(arrival, quiet)) is not None:
+                ack.keep_held.CopyFrom(held)
+                report_held(version, held)
         self._last = _Applied(ack=ack, content=content)
         return ack

@@ -41,6 +41,7 @@ from rollout_service.update.lora_config import check_name, peft_config
 from rollout_service.update.plan import AdapterConfig, Placement, Target, UpdatePlan, plan_update
 from rollout_service.update.quiesce import Quiescer
 from rollout_service.update.received import ReceivedUpdate
+from rollout_service.update.timings import Arrival, ack_timings
 
 log = logging.getLogger(__name__)
 
@@ -237,13 +238,15 @@ class Adapters:
             json.dump(config, f)
         return path
 
-    async def apply(self, staged: ReceivedUpdate, receive_s: float) -> pb.UpdateWeightsResponse:
+    async def apply(self, staged: ReceivedUpdate, arrival: Arrival) -> pb.UpdateWeightsResponse:
         """Loads (beside the old one), then switches inside the quiesce
         (quiesce.py): drained, the engine paused, every cache reset after.
         Shielded: a cancelled call does not cut the switch in half."""
-        return await asyncio.shield(self._load_and_switch(staged))
+        return await asyncio.shield(self._load_and_switch(staged, arrival))
 
-    async def _load_and_switch(self, staged: ReceivedUpdate) -> pb.UpdateWeightsResponse:
+    async def _load_and_switch(
+        self, staged: ReceivedUpdate, arrival: Arrival
+    ) -> pb.UpdateWeightsResponse:
         from vllm.lora.request import LoRARequest
 
         t = staged.begin.adapter
@@ -284,11 +287,8 @@ class Adapters:
             bytes_received=staged.bytes_received,
             tensors_loaded=len(staged.tensors),
             caches_reset=q.results,
-            timings=pb.UpdateTimings(
-                apply_seconds=q.t_reset - t0,
-                load_seconds=t_switch - t0,
-                reset_seconds=t_end - q.t_reset,
-                admission_closed_seconds=t_end - t_switch,
-            ),
+            # The adapter loads beside the served one, before the quiesce:
+            # load_seconds is outside apply_seconds here.
+            timings=ack_timings(arrival, q, t_end, load_s=t_switch - t0),
             requests_aborted=q.aborted,
         )

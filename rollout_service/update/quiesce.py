@@ -66,14 +66,24 @@ class EngineRestored(Exception):
 
 @dataclass
 class Quiet:
-    """What one quiesce did, for the caller's acknowledgement."""
+    """What one quiesce did and when, for the caller's acknowledgement
+    (timings.py)."""
 
     # perf_counter() once the lock is held: admission closes from here.
     t0: float
-    # Engine requests the drain aborted.
+    # Engine requests the drain aborted, and the drain's seconds.
     aborted: int = 0
+    drain_s: float = 0.0
+    # perf_counter() once the engine is paused, and the pause's seconds.
+    t_paused: float = 0.0
+    pause_s: float = 0.0
+    # Engine requests running when the engine paused: PAUSE_MODE_KEEP
+    # carries them across (the other modes drained them: none).
+    running: frozenset[str] = frozenset()
     # perf_counter() when the work ended and the reset began.
     t_reset: float = 0.0
+    # The engine's resume, after the reset.
+    resume_s: float = 0.0
     results: list[pb.CacheResetResult] = field(default_factory=list)
 
 
@@ -128,11 +138,16 @@ class Quiescer:
             try:
                 if not keep:
                     quiet.aborted = await self.drain(pause_mode, drain_timeout)
+                    quiet.drain_s = time.perf_counter() - quiet.t0
                 if sleep:
                     yield quiet
                     self._asleep = held = True
                     return
+                t_pause = time.perf_counter()
                 await vllm_compat.pause_scheduler(self.engine, "keep" if keep else "abort")
+                quiet.t_paused = time.perf_counter()
+                quiet.pause_s = quiet.t_paused - t_pause
+                quiet.running = self.running_requests()
                 try:
                     yield quiet
                     quiet.t_reset = time.perf_counter()
@@ -146,7 +161,9 @@ class Quiescer:
                 finally:
                     # Resumed even after a failure: the engine must not
                     # stay paused.
+                    t_resume = time.perf_counter()
                     await self.engine.resume_generation()
+                    quiet.resume_s = time.perf_counter() - t_resume
                 if installs is not None:
                     await self.served.install(installs)
             finally:
@@ -180,6 +197,10 @@ class Quiescer:
             yield
             self._asleep = False
             self.gate.open()
+
+    def running_requests(self) -> frozenset[str]:
+        """The engine requests of admitted calls that the engine still runs."""
+        return self.gate.engine_requests(lambda eid: vllm_compat.request_running(self.engine, eid))
 
     async def drain(self, pause_mode: int, drain_timeout: float = 0.0) -> int:
         """Drains admitted calls (gate closed); returns how many engine

@@ -42,6 +42,7 @@ from rollout_service.status.errors import (
 )
 from rollout_service.update.received import ReceivedUpdate
 from rollout_service.update.receiver import Receiver
+from rollout_service.update.timings import Arrival
 from rollout_service.update.updates import WeightUpdater
 
 log = logging.getLogger(__name__)
@@ -210,6 +211,9 @@ class UpdateSessions:
         end even if the call that committed goes away (shielded by callers).
         The checksums take time that grows with the update: in a thread,
         while uploads to it are refused (State.CHECKING)."""
+        committed_at = time.perf_counter()
+        # What a KEEP should keep: the generations running at the commit.
+        running = self.updater.quiet.running_requests()
         try:
             update = await asyncio.to_thread(session.receiver.finish, require_commit=stream)
         except BaseException:
@@ -222,7 +226,13 @@ class UpdateSessions:
                 # ones count as missing), until another update begins.
                 session.refused = True
             raise
-        return await self._apply(session, update)
+        arrival = Arrival(
+            receive_s=committed_at - session.started,
+            committed_at=committed_at,
+            checked_at=time.perf_counter(),
+            running=running,
+        )
+        return await self._apply(session, update, arrival)
 
     def abort(self, session: UpdateSession, why: str = "aborted") -> None:
         if session.state == State.OPEN and self._current is session:
@@ -232,11 +242,10 @@ class UpdateSessions:
             log.info("update %s %s after %d bytes", session.id, why, received)
 
     async def _apply(
-        self, session: UpdateSession, update: ReceivedUpdate
+        self, session: UpdateSession, update: ReceivedUpdate, arrival: Arrival
     ) -> pb.UpdateWeightsResponse:
         session.state = State.COMMITTING
-        receive_s = time.perf_counter() - session.started
-        apply = session.applying = asyncio.ensure_future(self.updater.apply(update, receive_s))
+        apply = session.applying = asyncio.ensure_future(self.updater.apply(update, arrival))
 
         def done(f: asyncio.Future) -> None:
             session.state = State.DONE

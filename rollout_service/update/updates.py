@@ -27,6 +27,10 @@ from rollout_service.update.plan import UpdatePlan
 from rollout_service.update.quiesce import Quiescer
 from rollout_service.update.received import ReceivedUpdate
 from rollout_service.update.served import Served
+from rollout_service.update.timings import Arrival
+
+# The UpdateTimings fields observed in rollout_update_duration_seconds{phase}.
+_PHASES = ("receive", "check", "wait", "drain", "pause", "load", "apply", "reset", "resume")
 
 
 class Applier(Protocol):
@@ -39,7 +43,7 @@ class Applier(Protocol):
         """Validates begin (pure but for the delta base's bookkeeping)."""
         ...
 
-    async def apply(self, update: ReceivedUpdate, receive_s: float) -> pb.UpdateWeightsResponse:
+    async def apply(self, update: ReceivedUpdate, arrival: Arrival) -> pb.UpdateWeightsResponse:
         """Applies it inside the quiesce; shielded from cancellation."""
         ...
 
@@ -100,11 +104,11 @@ class WeightUpdater:
         await applier.region_free()
         return applier.plan(begin)
 
-    async def apply(self, update: ReceivedUpdate, receive_s: float) -> pb.UpdateWeightsResponse:
+    async def apply(self, update: ReceivedUpdate, arrival: Arrival) -> pb.UpdateWeightsResponse:
         """The last: applies a received update; counted in the metrics."""
         try:
             self.quiet.check_awake()
-            ack = await self.applier(update.begin).apply(update, receive_s)
+            ack = await self.applier(update.begin).apply(update, arrival)
         except RpcError as e:
             metrics.UPDATES.labels(e.code.name).inc()
             raise
@@ -113,7 +117,7 @@ class WeightUpdater:
             raise
         metrics.UPDATES.labels("OK").inc()
         metrics.UPDATE_BYTES.inc(ack.bytes_received)
-        for phase in ("receive", "apply", "reset"):
+        for phase in _PHASES:
             metrics.UPDATE_SECONDS.labels(phase).observe(getattr(ack.timings, f"{phase}_seconds"))
         metrics.WEIGHT_VERSION.info({"version": ack.weight_version})
         return ack
