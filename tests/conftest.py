@@ -26,7 +26,7 @@ from harness.certs import make_certs, python_tls, server_tls_args
 from harness.serverproc import ServerProcess
 from rollout_client import RolloutClient
 from rollout_service.worker.weights_backend import FAULT_FILE_ENV
-from tests.support import lora, server_starts, sessions, shared_servers
+from tests.support import keep_mode, lora, server_starts, sessions, shared_servers
 from tests.support.fp32_model import build_fp32_tiny_qwen2
 from tests.support.node import Packed, pack_and_install
 from tests.support.tokens import ADMIN, GENERATE, GENERATE_B
@@ -98,6 +98,8 @@ _SHARED_SERVERS = {
 # its module.
 _OWN_SERVERS = {
     "own_server": lambda: ServerProcess(),
+    # Fresh for its first update; its metrics read by tests/test_keep_switch.py.
+    "keep_server": lambda: ServerProcess("--metrics-port", str(keep_mode.METRICS_PORT)),
     "draining_server": lambda: ServerProcess("--grace-seconds", "30"),
     "llava_server": lambda: ServerProcess("--model", "tiny-llava"),
     "tp2_servers": start_tp2_servers,
@@ -121,6 +123,14 @@ def own_server():
     """A server on the default flags that this module has to itself (to kill,
     restart or stop)."""
     with server_starts.own("own_server") as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def keep_server():
+    """A server of this module's own, fresh (its first update is the
+    module's), with its metrics on keep_mode.METRICS_PORT."""
+    with server_starts.own("keep_server") as proc:
         yield proc
 
 

@@ -84,7 +84,7 @@ UPDATE_SECONDS = Histogram(
 KEEP_HELD = Counter(
     "rollout_keep_held",
     "PAUSE_MODE_KEEP updates whose engine pause came over 0.5 s after their commit "
-    "(update/timings.py), by the phase that took the time: check, wait or pause.",
+    "(update/timings.py), by the phase that took the time: check, wait, drain or pause.",
     ("phase",),
     registry=REGISTRY,
 )

@@ -89,6 +89,7 @@ def keep_held(arrival: Arrival, quiet: Quiet) -> pb.KeepHeld | None:
     phases = {
         "check": arrival.check_s,
         "wait": max(quiet.t0 - arrival.checked_at, 0.0),
+        "drain": quiet.drain_s,
         "pause": quiet.pause_s,
     }
     phase = max(phases, key=lambda p: phases[p])
