@@ -1,7 +1,10 @@
 """Sessions' pure pieces, without an engine: the template rule, the
-trajectory's bookkeeping, and the store's bounds, owners and expiry."""
+trajectory's bookkeeping, the store's bounds, owners and expiry, and what
+an id says of the server that issued it."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import jinja2
 import pytest
@@ -9,12 +12,12 @@ import pytest
 from rollout_client import pb
 from rollout_service.ops.auth import Caller
 from rollout_service.sessions import rendering
+from rollout_service.sessions.session_ids import SessionIds
 from rollout_service.sessions.store import SessionLimits, SessionStore
 from rollout_service.sessions.trajectory import Trajectory, snapshot, tokens_to_proto
 from rollout_service.status.errors import (
     Aborted,
     FailedPrecondition,
-    InvalidArgument,
     NotFound,
     PermissionDenied,
     ResourceExhausted,
@@ -108,8 +111,11 @@ def _store(clock, **kw):
     return SessionStore(SessionLimits(**{**limits, **kw}), clock=lambda: clock[0])
 
 
+IDS = SessionIds("0a0a0a0a", "1b1b1b1b", "a test server")
+
+
 def _open(store, owner, budget=100):
-    s = store.new(owner, budget)
+    s = store.new(IDS.issue(), owner, budget)
     store.add(s)
     return s
 
@@ -119,13 +125,13 @@ def test_the_store_bounds_sessions_per_caller_in_all_and_in_tokens():
     store = _store(clock)
     a1, _ = _open(store, "a"), _open(store, "a")
     with pytest.raises(ResourceExhausted, match="--max-sessions-per-caller"):
-        store.new("a", 100)
+        store.new(IDS.issue(), "a", 100)
     _open(store, "b")
     with pytest.raises(ResourceExhausted, match=r"\(--max-sessions\)"):
-        store.new("c", 100)
+        store.new(IDS.issue(), "c", 100)
     store.close(a1)
     with pytest.raises(ResourceExhausted, match="--max-session-tokens"):
-        store.new("c", 801)
+        store.new(IDS.issue(), "c", 801)
     assert store.reserved == 200
 
 
@@ -138,7 +144,7 @@ def test_a_session_is_its_owners_and_admins():
         store.get(s.id, Caller("b", admin=False))
 
 
-def test_closed_expired_lost_and_malformed_ids_say_which():
+def test_closed_and_expired_ids_say_which():
     clock = [0.0]
     store = _store(clock)
     me = Caller("a", admin=False)
@@ -152,12 +158,47 @@ def test_closed_expired_lost_and_malformed_ids_say_which():
         store.get(idle.id, me)
     assert e.value.reason == pb.ERROR_REASON_SESSION_NOT_FOUND
     assert store.get(busy.id, Caller("b", admin=False)) is busy
-    other_run = "s" + ("0" if store.instance[0] != "0" else "1") + closed.id[2:]
-    with pytest.raises(NotFound) as e:
-        store.get(other_run, me)
+
+
+@dataclass(frozen=True)
+class At:
+    """Where a server listens (session_ids.Listening)."""
+
+    host: str
+    port: int
+
+
+def test_an_id_says_which_server_and_run_issued_it():
+    """Every id not of this run is NOT_FOUND: SESSION_LOST only for this
+    server's own before a restart (its host name and address, a new run)."""
+    ids = SessionIds.listening(At("0.0.0.0", 50051), "rollout-0")
+    own = ids.issue()
+    ids.check(own)
+    restarted = SessionIds.listening(At("0.0.0.0", 50051), "rollout-0")
+    assert restarted.server == ids.server and restarted.run != ids.run
+    with pytest.raises(NotFound, match="before it restarted") as e:
+        restarted.check(own)
     assert e.value.reason == pb.ERROR_REASON_SESSION_LOST
-    with pytest.raises(InvalidArgument, match="session_id"):
-        store.get("../../etc/passwd", me)
+    # another host on the same port, another port on this host
+    for other in (
+        SessionIds.listening(At("0.0.0.0", 50051), "rollout-1"),
+        SessionIds.listening(At("0.0.0.0", 50052), "rollout-0"),
+    ):
+        with pytest.raises(NotFound, match="opened on another server") as e:
+            other.check(own)
+        assert f"(server {ids.server};" in e.value.message
+        assert e.value.reason == pb.ERROR_REASON_SESSION_NOT_FOUND
+        assert other.name in e.value.message
+    # --port 0 listens elsewhere at every start: each run is another server
+    first = SessionIds.listening(At("127.0.0.1", 0), "h")
+    again = SessionIds.listening(At("127.0.0.1", 0), "h")
+    with pytest.raises(NotFound, match="another server"):
+        again.check(first.issue())
+    for bad in ("no-such-session", "", "../../etc/passwd", "s" + "0" * 40, own + "0"):
+        with pytest.raises(NotFound, match="not a session id this server issues") as e:
+            ids.check(bad)
+        assert e.value.reason == pb.ERROR_REASON_SESSION_NOT_FOUND
+        assert "s<8 hex digits>-<8 hex digits>-<24 hex digits>" in e.value.message
 
 
 def test_one_call_at_a_time_on_a_session():

@@ -408,13 +408,14 @@ def test_hostile_session_input_is_refused_naming_the_field(gen):
         req = pb.GetSessionRequest(session_id=bad)
         refused(
             lambda req=req: gen._unary(gen.stub.GetSession, req, None),
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "INVALID_FIELD",
+            grpc.StatusCode.NOT_FOUND,
+            "SESSION_NOT_FOUND",
         )
-    # an id of another run of the server: what a restart leaves the client holding
+    # an id of another run of this server (s<server>-<run>-<key>): what a
+    # restart leaves the client holding
     with gen.open_session(prompt_token_ids=[5]) as s:
-        instance = s.id[1:9]
-        other = "s" + ("0" if instance[0] != "0" else "1") + s.id[2:]
+        run = s.id[10:18]
+        other = s.id[:10] + ("0" if run[0] != "0" else "1") + s.id[11:]
     why = refused(
         lambda: gen._unary(gen.stub.GetSession, pb.GetSessionRequest(session_id=other), None),
         grpc.StatusCode.NOT_FOUND,

@@ -1,10 +1,12 @@
 """The session RPCs: OpenSession, SessionGenerate(Stream), AppendToSession,
-GetSession, CloseSession. Adapters over sessions/: the store finds the
-caller's session, the tokenizing thread plans and renders, a turn runs
-through the same gate, engine request and Abort registry as Generate."""
+GetSession, CloseSession. Adapters over sessions/: the ids say whose an id
+is (session_ids.py), the store finds the caller's session, the tokenizing
+thread plans and renders, a turn runs through the same gate, engine request
+and Abort registry as Generate."""
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -18,6 +20,7 @@ from rollout_service.ops.auth import CALLER
 from rollout_service.rpc.handlers import streaming, unary
 from rollout_service.sessions import appends, resuming, trajectory, turns
 from rollout_service.sessions.opening import budget_of, open_prompt
+from rollout_service.sessions.session_ids import SessionIds
 from rollout_service.sessions.store import Session, SessionStore
 from rollout_service.status.errors import FailedPrecondition, InvalidArgument
 
@@ -51,9 +54,11 @@ def _open(session: Session, request: pb.OpenSessionRequest, limits, tok) -> list
 
 
 class SessionRpcs:
-    """Mixed into RolloutServicer, which sets these on attach and defines
-    the generation steps a turn shares with Generate."""
+    """Mixed into RolloutServicer, which sets these (config when built, the
+    rest on attach) and defines the generation steps a turn shares with
+    Generate."""
 
+    config: Any  # the ServerConfig (config.py is a layer above rpc/)
     session_store: SessionStore
     tok: Tokenizing
     info: EngineInfo
@@ -79,6 +84,19 @@ class SessionRpcs:
     def _delta_spans(self, ticket: Ticket, c, start: int, count: int) -> list[tuple[str, int, int]]:
         raise NotImplementedError
 
+    @functools.cached_property
+    def session_ids(self) -> SessionIds:
+        """This run's session ids, named for the address it listens on
+        (session_ids.py says why that, and not a random name)."""
+        return SessionIds.listening(self.config)
+
+    def _session(self, session_id: str) -> Session:
+        """The caller's open session `session_id`; NOT_FOUND saying why not
+        (not an id of this server's, another server's, lost in a restart,
+        closed, expired), PERMISSION_DENIED for another caller's."""
+        self.session_ids.check(session_id)
+        return self.session_store.get(session_id, CALLER.get())
+
     @unary
     async def OpenSession(self, request, context):
         self._check_ready()
@@ -89,6 +107,7 @@ class SessionRpcs:
         budget = budget_of(request, limits)
         # Counted before any tokenizing: a caller at its limit costs nothing.
         session = self.session_store.new(
+            self.session_ids.issue(),
             CALLER.get().owner,
             budget,
             lora_adapter=request.lora_adapter,
@@ -124,7 +143,7 @@ class SessionRpcs:
     ) -> AsyncIterator[tuple[pb.GenerateStreamResponse, pb.SessionState | None]]:
         engine = self._check_ready()
         self.updater.check_serving()
-        session = self.session_store.get(request.session_id, CALLER.get())
+        session = self._session(request.session_id)
         request_id = result["request_id"] = request.request_id or uuid.uuid4().hex
         logs.request_id.set(request_id)
         with self.session_store.using(session):
@@ -233,7 +252,7 @@ class SessionRpcs:
     @unary
     async def AppendToSession(self, request, context):
         self._check_ready()
-        session = self.session_store.get(request.session_id, CALLER.get())
+        session = self._session(request.session_id)
         with self.session_store.using(session):
             ids = await self.tok.off_loop(
                 appends.append, session, request, self.info.limits, self.tok
@@ -245,7 +264,7 @@ class SessionRpcs:
     @unary
     async def GetSession(self, request, context):
         self._check_ready()
-        session = self.session_store.get(request.session_id, CALLER.get())
+        session = self._session(request.session_id)
         t = session.trajectory
         if request.from_segment > len(t.segments):
             n = len(t.segments)
@@ -262,7 +281,7 @@ class SessionRpcs:
     @unary
     async def CloseSession(self, request, context):
         self._check_ready()
-        session = self.session_store.get(request.session_id, CALLER.get())
+        session = self._session(request.session_id)
         self.session_store.close(session)
         if abort := session.abort_turn:
             await abort()

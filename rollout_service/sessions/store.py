@@ -6,18 +6,16 @@ off), and tokens. A session reserves its whole budget when it opens, so the
 sum of budgets never passes --max-session-tokens and a trajectory never runs
 out of room half-way for another caller's sake.
 
-Session ids name this server's run (`instance`, random at start): an id of
-an earlier run is SESSION_LOST (the server restarted; the history is gone),
-one of this run that is not open is SESSION_NOT_FOUND, with why (closed,
-expired) while the id is remembered. One call works on a session at a time
-(`using`): a second gets ABORTED (SESSION_BUSY) instead of waiting, so two
-turns can never interleave their tokens.
+The store holds sessions by the ids session_ids.py issues, and is asked
+only for ids that `SessionIds.check` found to be of this server's run (the
+RPCs check first): one that is not open is SESSION_NOT_FOUND, with why
+(closed, expired) while the id is remembered. One call works on a session
+at a time (`using`): a second gets ABORTED (SESSION_BUSY) instead of
+waiting, so two turns can never interleave their tokens.
 """
 
 from __future__ import annotations
 
-import re
-import secrets
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
@@ -31,11 +29,9 @@ from rollout_service.sessions.trajectory import SEGMENT_BYTES, TOKEN_BYTES, Segm
 from rollout_service.status.errors import (
     Aborted,
     FailedPrecondition,
-    InvalidArgument,
     NotFound,
     PermissionDenied,
     ResourceExhausted,
-    short_repr,
 )
 
 # Appended messages' text a session may hold, per token of its budget.
@@ -43,7 +39,6 @@ TEXT_BYTES_PER_TOKEN = 16
 MAX_SEGMENTS = 512
 # Closed and expired ids remembered, to say why one is not open.
 _REMEMBERED = 4096
-_ID = re.compile(r"s([0-9a-f]{8})-[0-9a-f]{24}")
 
 
 @dataclass(frozen=True)
@@ -139,11 +134,10 @@ class Session:
 
 
 class SessionStore:
-    """The open sessions of this server run."""
+    """The open sessions of this server's run."""
 
     def __init__(self, limits: SessionLimits, clock: Callable[[], float] = time.monotonic):
         self.limits = limits
-        self.instance = secrets.token_hex(4)
         self._clock = clock
         self._open: dict[str, Session] = {}
         self._per_owner: Counter[str] = Counter()
@@ -155,10 +149,10 @@ class SessionStore:
         self.sweep()
         return len(self._open)
 
-    def new(self, owner: str, budget: int, **options: Any) -> Session:
-        """A new session, counted against every limit (RESOURCE_EXHAUSTED,
-        naming the flag, past one); `add` makes it open, `release` gives its
-        room back if it never opens."""
+    def new(self, session_id: str, owner: str, budget: int, **options: Any) -> Session:
+        """A new session (`session_id` from SessionIds.issue), counted against
+        every limit (RESOURCE_EXHAUSTED, naming the flag, past one); `add`
+        makes it open, `release` gives its room back if it never opens."""
         self.sweep()
         lim = self.limits
         if len(self._open) >= lim.max_sessions:
@@ -177,7 +171,7 @@ class SessionStore:
                 f"would pass the limit (--max-session-tokens) of {lim.max_session_tokens}"
             )
         session = Session(
-            id=f"s{self.instance}-{secrets.token_hex(12)}",
+            id=session_id,
             owner=owner,
             budget=budget,
             last_used=self._clock(),
@@ -203,19 +197,9 @@ class SessionStore:
                 self._ended.popitem(last=False)
 
     def get(self, session_id: str, caller: Caller, field_name: str = "session_id") -> Session:
-        """The open session `session_id`, if `caller` may use it."""
+        """The open session `session_id` (an id of this run: SessionIds.check),
+        if `caller` may use it."""
         self.sweep()
-        match = _ID.fullmatch(session_id)
-        if match is None:
-            raise InvalidArgument(
-                field_name, f"{short_repr(session_id)} is not a session id (OpenSession makes them)"
-            )
-        if match.group(1) != self.instance:
-            raise NotFound(
-                f"{field_name}: session {session_id} was opened on an earlier run of this "
-                "server, which has restarted since; its history is gone: open it again",
-                reason=pb.ERROR_REASON_SESSION_LOST,
-            )
         session = self._open.get(session_id)
         if session is None:
             why = self._ended.get(session_id, "was never opened here, or has ended")

@@ -33,9 +33,10 @@ class TurnPlan:
     generation_prompt: list[int]
     params: SamplingParams
     resumed: bool
-    # max_tokens is what was left of the budget: a turn that ends on its
-    # length ends on the budget (FINISH_REASON_BUDGET).
-    budget_limited: bool
+    # Tokens the budget leaves this call (its max_tokens is at most this):
+    # a turn that ends on its length with all of them sampled ended on the
+    # budget (FINISH_REASON_BUDGET), whatever max_tokens it asked for.
+    room: int
 
 
 def plan_turn(
@@ -80,10 +81,9 @@ def plan_turn(
                 f"{sp.max_tokens} allows no more tokens: the interrupted turn already holds "
                 f"{already} (max_tokens limits the whole turn)",
             )
-    budget_limited = want is None or want > room
     turn = pb.SamplingParams()
     turn.CopyFrom(sp)
-    turn.max_tokens = room if budget_limited else want  # type: ignore[assignment]
+    turn.max_tokens = room if want is None else min(want, room)
     if sp.HasField("min_tokens"):
         turn.min_tokens = max(0, sp.min_tokens - already)
     prompt = t.ids.tolist() + gen
@@ -97,7 +97,7 @@ def plan_turn(
     params = convert.sampling_params_from_proto(
         turn, limits, len(prompt), RequestOutputKind.DELTA, stream
     )
-    return TurnPlan(prompt, gen, params, resumed, budget_limited)
+    return TurnPlan(prompt, gen, params, resumed, room)
 
 
 @dataclass
@@ -131,9 +131,11 @@ class TurnOutput:
             self.stopped_on_token = c.finish_reason == "stop" and not isinstance(c.stop_reason, str)
 
     def final_reason(self, plan: TurnPlan) -> int:
-        """How the turn ended (ABORT when it did not finish: cancelled)."""
+        """How the turn ended (ABORT when it did not finish: cancelled).
+        Its length with the budget full is the budget, even when max_tokens
+        asked for exactly what was left: the trajectory can take no more."""
         reason = self.finish_reason if self.finish_reason is not None else pb.FINISH_REASON_ABORT
-        if reason == pb.FINISH_REASON_LENGTH and plan.budget_limited:
+        if reason == pb.FINISH_REASON_LENGTH and len(self.ids) >= plan.room:
             return pb.FINISH_REASON_BUDGET
         return reason
 
