@@ -77,6 +77,8 @@ async def build_app(
         await asyncio.to_thread(
             updater.base.load_checkpoint, checkpoint, config.initial_weight_version
         )
+    # What the starting version names (version_names.py).
+    await asyncio.to_thread(updater.weights.name_start, config.initial_weight_version)
     await asyncio.to_thread(delta.warm_up)
     await updater.start()
     # vLLM labels every output with its engine core's weight version

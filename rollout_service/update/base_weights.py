@@ -44,6 +44,7 @@ from rollout_service.update.timings import (
     phases,
     report_held,
 )
+from rollout_service.update.version_names import VersionNames, slots_digest
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,8 @@ class BaseWeights:
         # Why PAUSE_MODE_KEEP is refused on this server (None: accepted).
         self.keep_refusal = keep_refusal
         self._last: _Applied | None = None
+        # What each version served so far named (version_names.py).
+        self.names = VersionNames()
 
     @property
     def staging(self) -> StagingRegion:
@@ -107,9 +110,21 @@ class BaseWeights:
         if last is not None and not last.content.done():
             await asyncio.shield(last.content)
 
+    def name_start(self, version: str) -> None:
+        """The starting version names the checkpoint's weights: their digest
+        from the delta base's slots when it holds them (in a thread, at
+        start), else nothing (the name is then never pushed again)."""
+        held = self.base.enabled and self.base.version == version
+        named = (
+            slots_digest(self.staging.ensure(0), self.base.offsets, self.manifest) if held else None
+        )
+        self.names.served(version, named)
+
     def plan(self, begin: pb.UpdateWeightsBegin) -> UpdatePlan:
         """Validates `begin` against the served model; a full update's
         slots count as no longer holding the served bytes from here."""
+        if begin.weight_version != self.served.version:
+            self.names.check_begin(begin, full=self._full(begin))
         offered, why = self.base.offered(self.served.version, self.served.degraded)
         last = self._last
         plan = plan_update(
@@ -144,7 +159,14 @@ class BaseWeights:
                 "the server is degraded: only a full update (every parameter) can recover "
                 f"it, this one has {len(update.names)} of {len(self.manifest)}"
             )
+        if update.weight_version in self.names:
+            content = await asyncio.to_thread(update.content)
+            self.names.check_bytes(update.weight_version, content)
         return await asyncio.shield(self._decode_and_load(update, arrival))
+
+    def _full(self, begin: pb.UpdateWeightsBegin) -> bool:
+        """Every parameter, whole (not a delta)."""
+        return not begin.base_version and len(begin.tensors) == len(self.manifest)
 
     async def _replay(self, update: ReceivedUpdate) -> pb.UpdateWeightsResponse:
         """A stream naming the served version: the original acknowledgement
@@ -221,6 +243,7 @@ class BaseWeights:
             await self.engine.finish_weight_update(weight_version=version)
         t_end = time.perf_counter()
         self.base.installed(version, update.names if not update.base_version else set())
+        self.names.served_as(version, content if self._full(update.begin) else None)
         timings = ack_timings(arrival, quiet, t_end, quiet.t_reset - t_load, decode_s)
         log.info(
             "weights %r -> %r: %d tensors, %d bytes, %s",
