@@ -123,8 +123,6 @@ class BaseWeights:
     def plan(self, begin: pb.UpdateWeightsBegin) -> UpdatePlan:
         """Validates `begin` against the served model; a full update's
         slots count as no longer holding the served bytes from here."""
-        if begin.weight_version != self.served.version:
-            self.names.check_begin(begin, full=self._full(begin))
         offered, why = self.base.offered(self.served.version, self.served.degraded)
         last = self._last
         plan = plan_update(
@@ -145,6 +143,8 @@ class BaseWeights:
             ),
             self.max_update_bytes,
         )
+        if begin.weight_version != self.served.version:
+            self.names.check_begin(begin, full=self._full(begin))
         if plan.writes_slots:
             self.base.writing(plan.names)
         return plan

@@ -26,6 +26,9 @@ from rollout_codecs import delta, dtypes
 from rollout_service.handoff.region import ALIGN, StagingRegion, StagingSpaceError
 from rollout_service.status.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 
+# The longest weight_version accepted.
+MAX_VERSION_CHARS = 256
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -182,6 +185,13 @@ def plan_update(
 def _check_begin(begin: pb.UpdateWeightsBegin, target: Target) -> None:
     if not begin.weight_version:
         raise InvalidArgument("begin.weight_version", "must not be empty")
+    if len(begin.weight_version) > MAX_VERSION_CHARS:
+        # Every version is remembered for the server's lifetime
+        # (version_names.py) and tags every token's spans.
+        raise InvalidArgument(
+            "begin.weight_version",
+            f"{len(begin.weight_version)} characters, at most {MAX_VERSION_CHARS}",
+        )
     if begin.weight_version == target.current_version != target.replayable_version:
         raise FailedPrecondition(
             f"begin.weight_version: {begin.weight_version!r} is already the served version",
