@@ -3,11 +3,13 @@
 What it shows, in the order a step runs (`Loop.run`):
 - Rollouts: one Generate per prompt with `n` samples (a group), token ids in,
   token ids and the sampled tokens' logprobs out.
-- Overlap: the rollouts of step k+1 start while the trainer computes step k's
-  update (one step off-policy).
+- One step off-policy: the rollouts of step k+1 start on the weights served
+  now, and step k's update is pushed while they run.
 - Updates with PAUSE_MODE_KEEP: the push does not wait for those rollouts nor
   abort them; they go on with the new weights (their KV cache recomputed on
   them), and their tokens say which version produced them (`version_spans`).
+  Each step prints how many completions crossed the push and what the push
+  kept (`requests_kept`), and why when it kept none.
 - The behaviour policy of a token is the version that produced it: the
   service's logprob of the token is the behaviour logprob, so importance
   ratios exp(logp_trainer - logp_service) need no second forward pass. The
@@ -18,14 +20,15 @@ What it shows, in the order a step runs (`Loop.run`):
 - Stragglers: once all groups but one are back, the last is aborted (Abort)
   and dropped; its partial tokens come back with FINISH_REASON_ABORT.
 
-Run it against a server on the embedded model (about a minute on 2 cores):
+Run it against a server on the embedded model (docs/rl-loop.md has the
+measured times):
 
-    rollout-service serve &
-    python examples/grpo_loop.py --target 127.0.0.1:50051
+    .venv/bin/rollout-service serve &
+    .venv/bin/python examples/grpo_loop.py --target 127.0.0.1:50051
 
-Needs torch and transformers (the server's install has both; a trainer host:
-pip install 'rollout-client[torch]' transformers). `--report FILE` writes
-every step's figures as JSON.
+Needs torch and transformers (the server's install has both; a trainer host,
+from a clone: pip install './client[torch]' transformers). `--report FILE`
+writes every step's figures as JSON.
 """
 
 from __future__ import annotations
@@ -79,6 +82,10 @@ class StepReport:
     mismatch_max: float
     kl: float
     two_version_completions: int
+    # The push that landed while this step's rollouts ran (none at step 0):
+    # the running requests it kept, and in words, with why none if none.
+    requests_kept: int
+    crossing: str
     # Tokens produced after an update, scored on the version before it:
     # what a trainer that ignored version_spans would compute (None: no such token).
     stale_mismatch_mean: float | None
@@ -121,19 +128,24 @@ class Loop:
             {self.tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
         )
         # Start from the trainer's own weights: version 0 is exactly what it holds.
-        await self.push(f"{self.run_id}-0")
+        await self.push(f"{self.run_id}-0", self.served_copy())
 
-    async def push(self, version: str) -> None:
-        """Pushes the policy as the served dtype; rollouts in flight go on."""
-        # A copy (clone: `.to` of a float32 tensor to float32 would alias the
-        # parameters the optimizer goes on changing), kept to score tokens.
-        weights = {n: p.detach().to(self.dtype).clone() for n, p in self.policy.named_parameters()}
+    def served_copy(self) -> dict[str, torch.Tensor]:
+        """The policy in the served dtype, to push and to keep for scoring: a
+        clone (`.to` float32 of float32 aliases what the optimizer changes)."""
+        return {n: p.detach().to(self.dtype).clone() for n, p in self.policy.named_parameters()}
+
+    async def push(
+        self, version: str, weights: dict[str, torch.Tensor]
+    ) -> pb.UpdateWeightsResponse:
+        """Pushes `weights` as `version`; rollouts in flight go on."""
         ack = await self.client.update_weights(weights, version, pause_mode=pb.PAUSE_MODE_KEEP)
         self.served[version] = weights
         # The caches the update reset before the kept rollouts went on.
         self.caches_reset = [pb.CacheKind.Name(c.cache) for c in ack.caches_reset if c.reset]
+        return ack
 
-    def start_rollouts(self, step: int) -> tuple[asyncio.Task, list[str]]:
+    def start_rollouts(self, step: int) -> asyncio.Task:
         """One Generate per prompt (a group of n); the last prompt's group is
         long, a straggler for `collect` to abort."""
         a = self.args
@@ -152,7 +164,7 @@ class Loop:
             )
 
         tasks = [asyncio.ensure_future(group(i)) for i in range(len(PROMPTS))]
-        return asyncio.ensure_future(self.collect(tasks, ids)), ids
+        return asyncio.ensure_future(self.collect(tasks, ids))
 
     async def collect(self, tasks: list[asyncio.Task], ids: list[str]) -> tuple[list, int]:
         """Every group but the slowest; the slowest is aborted and dropped."""
@@ -244,23 +256,28 @@ class Loop:
     async def run(self) -> list[StepReport]:
         await self.setup()
         reports = []
-        pending, _ = self.start_rollouts(0)
+        pending = self.start_rollouts(0)
+        # The push that lands while `pending` runs: none for the first rollouts.
+        landed: pb.UpdateWeightsResponse | None = None
         for step in range(self.args.steps):
             t0 = time.perf_counter()
             responses, aborted = await pending
             batch = self.rollouts(responses)
-            # The next rollouts start now, on the weights served now.
-            pending, next_ids = self.start_rollouts(step + 1)
             checked = self.check(batch)
             loss = self.train(batch)
-            # Push once the next rollouts are running: they continue on the
-            # new weights (KEEP), their tokens tagged with both versions.
-            # (The server offers no event for it: polling its info is the way.)
-            while not (await self.client.server_info()).engine_requests:  # noqa: ASYNC110
+            version, weights = f"{self.run_id}-{step + 1}", self.served_copy()
+            # The next rollouts start now, on the weights served now, and the
+            # push lands while they run: they go on with the new weights
+            # (KEEP), their tokens tagged with both versions. Started before
+            # the update's computation they would overlap it, but they take
+            # about 0.1 s, less than it: they would be done before the push.
+            pending = self.start_rollouts(step + 1)
+            # Push once they run (no event for it: polling the info is the way).
+            while not pending.done():
+                if (await self.client.server_info()).engine_requests:
+                    break
                 await asyncio.sleep(0.01)
-            version = f"{self.run_id}-{step + 1}"
-            await self.push(version)
-            used = {v for x in batch for v in x.versions}
+            ack = await self.push(version, weights)
             # Keep the weights of versions still producing tokens.
             for v in list(self.served)[:-3]:
                 del self.served[v]
@@ -269,13 +286,15 @@ class Loop:
                 StepReport(
                     step=step,
                     pushed_version=version,
-                    rollout_versions=sorted(used),
+                    rollout_versions=sorted({v for x in batch for v in x.versions}),
                     reward=sum(x.reward for x in batch) / len(batch),
                     loss=loss,
                     mismatch_mean=m.mean_abs,
                     mismatch_max=m.max_abs,
                     kl=m.kl,
                     two_version_completions=sum(len(set(x.versions)) > 1 for x in batch),
+                    requests_kept=landed.requests_kept if landed else 0,
+                    crossing=crossing(landed),
                     stale_mismatch_mean=stale.mean_abs if stale else None,
                     tagged_mismatch_after_update=after.mean_abs if after else None,
                     aborted_groups=aborted,
@@ -286,14 +305,29 @@ class Loop:
             r = reports[-1]
             print(
                 f"step {step}: reward {r.reward:.3f} loss {r.loss:+.4f} | {m} | "
-                f"{r.two_version_completions} completions on two versions"
+                f"{r.two_version_completions} of {len(batch)} completions on two versions, "
+                + r.crossing
                 + (f" (old weights would give {stale.mean_abs:.2e})" if stale else "")
                 + f" | {aborted} straggler aborted | pushed {version} | {r.seconds:.1f}s",
                 flush=True,
             )
+            landed = ack
         responses, _ = await pending
         await self.client.close()
         return reports
+
+
+def crossing(ack: pb.UpdateWeightsResponse | None) -> str:
+    """What the push that landed while a step's rollouts ran did to them."""
+    if ack is None:
+        return "no push landed while they ran"
+    said = f"the push of {ack.weight_version} kept {ack.requests_kept} running requests"
+    if ack.HasField("keep_held"):  # the server paused later than KEEP promises
+        h = ack.keep_held
+        return f"{said}: held {h.seconds:.2f}s by its {h.phase} phase ({h.reason})"
+    if not ack.requests_kept:
+        return f"{said}: they were done before it paused the engine (longer --tokens cross it)"
+    return said
 
 
 def main() -> None:

@@ -73,6 +73,13 @@ def check(steps: list[dict], kind: str) -> None:
             # the tags, and so the ratios built on them, are right.
             assert s["tagged_mismatch_after_update"] < mean_bound
             assert s["stale_mismatch_mean"] > 5 * s["tagged_mismatch_after_update"]
+    # The first rollouts ran before any trained push; each later step's ran
+    # across the push of the step before, and completions that crossed it
+    # were running requests it kept (its ack's requests_kept).
+    assert steps[0]["requests_kept"] == steps[0]["two_version_completions"] == 0
+    for before, s in zip(steps, steps[1:]):
+        assert s["crossing"].startswith(f"the push of {before['pushed_version']} kept"), s
+        assert s["requests_kept"] > 0 or not s["two_version_completions"], s
     # A KEEP update during rollouts: completions whose tokens carry two versions.
     assert sum(s["two_version_completions"] for s in steps) > 0
     assert sum(s["stale_mismatch_mean"] is not None for s in steps) >= STEPS // 2
