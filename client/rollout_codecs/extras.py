@@ -15,5 +15,5 @@ def require(module: str, feature: str, extra: str = "weights") -> ModuleType:
     except ImportError as e:
         raise ImportError(
             f"{feature} needs the {module.split('.')[0]} package: "
-            f"pip install 'rollout-client[{extra}]'"
+            f"pip install './client[{extra}]' from a checkout of the repository"
         ) from e
