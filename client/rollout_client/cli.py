@@ -12,7 +12,8 @@
 
 Human-readable output by default; `--json` prints the response messages as
 JSON (proto field names) for scripts. Exit status 1 on an RPC error, with the
-status code and the server's message on stderr.
+status code and the server's message on stderr; 130 on Ctrl-C (a push says
+whether its update may have been applied).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from typing import Any
 from google.protobuf import json_format
 
 from rollout.v1 import rollout_pb2 as pb
+from rollout_client import interrupts
 from rollout_client.client import ConnectionOptions, RolloutClient, RolloutError
-from rollout_client.push import ManifestMismatch
+from rollout_client.manifest import ManifestMismatch
 from rollout_codecs import dtypes
 
 
@@ -186,6 +188,8 @@ def _print_ack(ack: pb.UpdateWeightsResponse, args: argparse.Namespace) -> None:
         print(_json(ack))
         return
     t = ack.timings
+    if ack.replayed:
+        print(f"{ack.weight_version} had been applied already (replayed acknowledgement)")
     print(
         f"now serving {ack.weight_version} (was {ack.previous_weight_version}): "
         f"{ack.tensors_loaded} tensors, {ack.bytes_received / 1e6:.1f} MB; "
@@ -328,13 +332,18 @@ def main(argv: list[str] | None = None) -> int:
         options = connection_options(args)
         with RolloutClient(args.target, timeout=args.timeout, options=options) as client:
             args.fn(client, args)
+    except ManifestMismatch as e:  # a RolloutError found before sending: first
+        print(f"error: the server would refuse this file: {e.details}", file=sys.stderr)
+        return 1
     except RolloutError as e:
         reason = f" [{e.reason}]" if e.reason else ""
         print(f"error: {e.code.name}{reason}: {e.details}", file=sys.stderr)
         return 1
-    except ManifestMismatch as e:
-        print(f"error: the server would refuse this file: {e}", file=sys.stderr)
-        return 1
+    except interrupts.UpdateInterrupted as e:
+        print(interrupts.message(e.version, e.commit_sent, cli=True), file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        return 130  # Ctrl-C: 128 + SIGINT, as a shell reports it
     return 0
 
 

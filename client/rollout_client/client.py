@@ -18,6 +18,7 @@ policy (gRPC's own, from the service config) from connection.py.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
@@ -27,7 +28,7 @@ from grpc_health.v1 import health_pb2_grpc
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
-from rollout_client import core, push, sessions, stubs
+from rollout_client import core, interrupts, push, sessions, stubs
 
 # Re-exported (`X as X`: the explicit form, for type checkers too).
 from rollout_client.connection import (
@@ -99,16 +100,24 @@ class RolloutClient(_Surface[stubs.RolloutStub]):
         with core.rpc_errors():
             return method(request, **self._call_args(timeout))
 
-    def _health_status(self) -> int | None:
+    def _health_status(self) -> int | RolloutError:
         try:
-            status: int = self._health.Check(core.HEALTH_CHECK, timeout=core.HEALTH_TIMEOUT).status
-        except grpc.RpcError:
-            return None
+            response = self._health.Check(core.HEALTH_CHECK, **self._call_args(core.HEALTH_TIMEOUT))
+        except grpc.RpcError as e:
+            return RolloutError.wrap(e)
+        status: int = response.status
         return status
 
-    def wait_until_ready(self, timeout: float = 300.0) -> None:
-        """Polls health until SERVING; raises TimeoutError."""
-        ready = core.Readiness(timeout)
+    def wait_until_ready(
+        self, timeout: float = 300.0, *, connect_grace: float | None = core.CONNECT_GRACE
+    ) -> None:
+        """Polls health until SERVING. Raises rollout_client.ServerNotReady
+        (a TimeoutError, with the last check's failure) after `timeout`
+        seconds, or sooner when no check has reached a server for
+        `connect_grace` seconds (a wrong address: connection refused; None:
+        wait the whole timeout). A server that answers NOT_SERVING (its
+        engine warming up) is waited for until the timeout."""
+        ready = core.Readiness(self.target, timeout, connect_grace)
         while not ready.done(self._health_status()):
             time.sleep(core.POLL_SECONDS)
 
@@ -158,6 +167,7 @@ class RolloutClient(_Surface[stubs.RolloutStub]):
         adapter: str | None = None,
         adapter_config: dict[str, Any] | None = None,
         delta: bool | Literal["always"] = False,
+        _state: interrupts.PushState | None = None,  # AsyncRolloutClient's handle on the push
     ) -> pb.UpdateWeightsResponse:
         """Sends `source` (a safetensors file or folder, a state_dict, a
         module or an iterable of (name, tensor)), read tensor by tensor,
@@ -181,38 +191,46 @@ class RolloutClient(_Surface[stubs.RolloutStub]):
         measured (delta_costs.py; `self.pushed.costs.history` says which way
         each push went and why; docs/weight-sync.md#delta-updates); a full
         update when the server refuses the base. `delta="always"`: a delta
-        whenever the server's base allows it (for measuring)."""
-        target = core.adapter_target(adapter, adapter_config)
-        if delta:
-            if target is not None:
-                raise ValueError("delta=True applies to the base weights, not to an adapter")
-            return self._update_delta(
+        whenever the server's base allows it (for measuring).
+
+        Ctrl-C raises rollout_client.UpdateInterrupted (a KeyboardInterrupt): it
+        says whether the commit had been sent, so whether the update may
+        have been applied, and how to check."""
+        state = _state or interrupts.PushState()
+        with interrupts.reported(state, version):
+            target = core.adapter_target(adapter, adapter_config)
+            if delta:
+                if target is not None:
+                    raise ValueError("delta=True applies to the base weights, not to an adapter")
+                return self._update_delta(
+                    source,
+                    version,
+                    always=delta == "always",
+                    pause_mode=pause_mode,
+                    chunk_bytes=chunk_bytes,
+                    timeout=timeout,
+                    drain_timeout_seconds=drain_timeout_seconds,
+                    streams=streams,
+                    same_host=same_host,
+                    state=state,
+                )
+            info = None if target else self.server_info(timeout)
+            u = core.prepare_update(
                 source,
                 version,
-                always=delta == "always",
+                None if info is None else info.parameters,
+                progress=progress,
+                timeout=timeout or self.timeout,
+                metadata=self.options.metadata(),
+                state=state,
                 pause_mode=pause_mode,
                 chunk_bytes=chunk_bytes,
-                timeout=timeout,
+                checksum=checksum,
                 drain_timeout_seconds=drain_timeout_seconds,
-                streams=streams,
-                same_host=same_host,
+                adapter=target,
             )
-        info = None if target else self.server_info(timeout)
-        u = core.prepare_update(
-            source,
-            version,
-            None if info is None else info.parameters,
-            progress=progress,
-            timeout=timeout or self.timeout,
-            metadata=self.options.metadata(),
-            pause_mode=pause_mode,
-            chunk_bytes=chunk_bytes,
-            checksum=checksum,
-            drain_timeout_seconds=drain_timeout_seconds,
-            adapter=target,
-        )
-        u.batch_chunks = info is not None and info.accepts_chunk_batches
-        return self._send(u, streams, same_host)
+            u.batch_chunks = info is not None and info.accepts_chunk_batches
+            return self._send(u, streams, same_host)
 
     def _update_delta(
         self,
@@ -223,6 +241,7 @@ class RolloutClient(_Surface[stubs.RolloutStub]):
         streams: int,
         same_host: bool,
         always: bool,
+        state: interrupts.PushState,
         **begin: Any,
     ) -> pb.UpdateWeightsResponse:
         """update_weights(delta=...): the cheaper of a delta against
@@ -241,6 +260,7 @@ class RolloutClient(_Surface[stubs.RolloutStub]):
             progress=False,
             timeout=timeout or self.timeout,
             metadata=self.options.metadata(),
+            state=state,
             **begin,
         )
         u.batch_chunks = info.accepts_chunk_batches
@@ -339,16 +359,20 @@ class AsyncRolloutClient(_Surface[stubs.AsyncRolloutStub]):
         with core.rpc_errors():
             return await method(request, **self._call_args(timeout))
 
-    async def _health_status(self) -> int | None:
+    async def _health_status(self) -> int | RolloutError:
         try:
-            response = await self._health.Check(core.HEALTH_CHECK, timeout=core.HEALTH_TIMEOUT)
-        except grpc.RpcError:
-            return None
+            call_args = self._call_args(core.HEALTH_TIMEOUT)
+            response = await self._health.Check(core.HEALTH_CHECK, **call_args)
+        except grpc.RpcError as e:
+            return RolloutError.wrap(e)
         status: int = response.status
         return status
 
-    async def wait_until_ready(self, timeout: float = 300.0) -> None:
-        ready = core.Readiness(timeout)
+    async def wait_until_ready(
+        self, timeout: float = 300.0, *, connect_grace: float | None = core.CONNECT_GRACE
+    ) -> None:
+        """See RolloutClient.wait_until_ready."""
+        ready = core.Readiness(self.target, timeout, connect_grace)
         # Polls a remote server's health: no local event to wait on.
         while not ready.done(await self._health_status()):  # noqa: ASYNC110
             await asyncio.sleep(core.POLL_SECONDS)
@@ -410,10 +434,14 @@ class AsyncRolloutClient(_Surface[stubs.AsyncRolloutStub]):
     ) -> pb.UpdateWeightsResponse:
         """RolloutClient.update_weights, run in a thread on a blocking client
         to the same target (the sending code is the same; its `pushed` is
-        this client's record of delta pushes)."""
+        this client's record of delta pushes). Cancelled (Ctrl-C under
+        asyncio.run, a timeout), the push stops and the CancelledError
+        carries a note: whether the update may have been applied, and how
+        to check (interrupts.py)."""
         if self._blocking is None:
             self._blocking = RolloutClient(self.target, timeout=self.timeout, options=self.options)
-        return await asyncio.to_thread(
+        state = interrupts.PushState()
+        push = functools.partial(
             self._blocking.update_weights,
             source,
             version,
@@ -428,7 +456,9 @@ class AsyncRolloutClient(_Surface[stubs.AsyncRolloutStub]):
             adapter=adapter,
             adapter_config=adapter_config,
             delta=delta,
+            _state=state,
         )
+        return await interrupts.in_thread(state, version, push)
 
     async def remove_adapter(
         self, name: str, version: str, *, timeout: float | None = None

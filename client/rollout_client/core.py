@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2
 from rollout.v1 import rollout_pb2 as pb
 from rollout_client import push, stubs
 from rollout_client.connection import ConnectionOptions, RolloutError
+from rollout_client.interrupts import PushState
 from rollout_codecs import extras
 
 _SAMPLING_FIELDS = {f.name for f in pb.SamplingParams.DESCRIPTOR.fields}
@@ -166,24 +167,84 @@ HEALTH_CHECK = health_pb2.HealthCheckRequest()
 SERVING: int = health_pb2.HealthCheckResponse.SERVING
 HEALTH_TIMEOUT = 5.0  # seconds, one health check
 POLL_SECONDS = 0.5  # between health checks
+# How long the readiness wait goes on while no health check reaches a server
+# (each fails UNAVAILABLE: connection refused, no such host, a TLS mismatch).
+# Not at once: a server just started needs a few seconds to listen (imports;
+# `rollout-service serve` listened after 5.3 s on a loaded 2-core machine).
+# Past that it is a wrong address or a server that died, and waiting out the
+# whole timeout in silence would hide it. An engine warming up for minutes
+# answers NOT_SERVING meanwhile, and is waited for until the timeout.
+CONNECT_GRACE = 15.0
+
+
+class ServerNotReady(TimeoutError):
+    """wait_until_ready gave up (a TimeoutError, as it always was).
+    `last_error`: the last health check's failure (a RolloutError: code and
+    details), None if the server answered it; `status`: the health status
+    the server answered last (None if no check ever reached it)."""
+
+    def __init__(self, text: str, last_error: RolloutError | None, status: int | None) -> None:
+        super().__init__(text)
+        self.last_error = last_error
+        self.status = status
 
 
 class Readiness:
-    """The readiness wait: health checks until SERVING, TimeoutError after
-    `timeout` seconds. The surfaces make the checks and the pauses."""
+    """The readiness wait: health checks until SERVING; ServerNotReady after
+    `timeout` seconds, or after `connect_grace` seconds in which no check
+    reached a server (None: the whole timeout). The surfaces make the checks
+    and the pauses."""
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, target: str, timeout: float, connect_grace: float | None) -> None:
+        if connect_grace is not None and connect_grace < 0:
+            raise ValueError(f"connect_grace: seconds >= 0 or None, got {connect_grace}")
+        self.target = target
         self.timeout = timeout
-        self.deadline = time.monotonic() + timeout
+        self.connect_grace = connect_grace
+        self.reached = time.monotonic()  # the last check that reached a server (or the start)
+        self.deadline = self.reached + timeout
+        self.status: int | None = None
+        self.error: RolloutError | None = None
 
-    def done(self, status: int | None) -> bool:
-        """True once `status` (None: the check failed) is SERVING; raises
-        TimeoutError once the time is up."""
-        if status == SERVING:
+    def done(self, answer: int | RolloutError) -> bool:
+        """True once `answer` (a health status, or the check's failure) is
+        SERVING; raises ServerNotReady once the wait is over."""
+        now = time.monotonic()
+        if isinstance(answer, RolloutError):
+            self.error = answer
+            if answer.code != grpc.StatusCode.UNAVAILABLE:
+                self.reached = now
+        elif answer == SERVING:
             return True
-        if time.monotonic() > self.deadline:
-            raise TimeoutError(f"server not SERVING after {self.timeout}s")
+        else:
+            self.status, self.error, self.reached = answer, None, now
+        grace = self.connect_grace
+        if self.error is not None and grace is not None and now - self.reached >= grace:
+            raise ServerNotReady(
+                f"no server reachable at {self.target} for {grace:g}s: {self.error}. Is the "
+                "server running, on this host and port (`rollout-service serve` listens on "
+                "127.0.0.1:50051 unless --host or --port say otherwise), and TLS on both sides "
+                "or neither? One that takes longer to start listening needs a larger "
+                "connect_grace (None: wait the whole timeout)",
+                self.error,
+                self.status,
+            )
+        if now > self.deadline:
+            raise ServerNotReady(self._timed_out(), self.error, self.status)
         return False
+
+    def _timed_out(self) -> str:
+        text = f"server at {self.target} not SERVING after {self.timeout:g}s"
+        if self.error is not None:
+            return f"{text}: the last health check failed: {self.error}"
+        if self.status is None:
+            return f"{text}: no health check was answered"
+        name = health_pb2.HealthCheckResponse.ServingStatus.Name(self.status)
+        return (
+            f"{text}: it answers {name} (its engine is still starting or warming up, "
+            "which takes minutes on a CPU; or it is degraded after a failed update: "
+            "server_info().degraded); a larger timeout waits longer"
+        )
 
 
 def prepare_update(
@@ -194,14 +255,17 @@ def prepare_update(
     progress: bool,
     timeout: float | None,
     metadata: stubs.Metadata,
+    state: PushState,
     **begin: Any,
 ) -> push.Update:
     """The update of `source`, checked against the manifest (push.prepare
-    takes `begin`'s keywords), with its progress bar, deadline and metadata."""
+    takes `begin`'s keywords), with its progress bar, deadline, metadata and
+    the state it shares with whoever may interrupt it (interrupts.py)."""
     u = push.prepare(source, version, manifest, **begin)
     u.progress = _progress_bar(sum(t.nbytes for t in u.tensors), progress)
     u.timeout = timeout
     u.metadata = metadata
+    u.state = state
     return u
 
 
@@ -228,6 +292,7 @@ def send_update(
     delays = iter(options.delays())
     try:
         while True:
+            u.state.check()  # stopped while waiting to retry: no new attempt
             try:
                 return send()
             except grpc.RpcError as e:

@@ -277,6 +277,7 @@ class PushedWeights:
             timeout=u.timeout,
             metadata=u.metadata,
             batch_chunks=u.batch_chunks,
+            state=u.state,  # one push: the delta and a full fallback share its state
         )
         return DeltaUpdate(
             update=update, tensors=encoded, crc_seconds=crc_s, encode_thread_seconds=encode_s

@@ -9,7 +9,8 @@
 Chunk messages are serialized by hand (wire.py): the data is copied once,
 into the message, instead of into a protobuf message and out again. Sources
 are read lazily (sources.py). These are plain functions over sync channels;
-the asyncio client runs them in a thread.
+the asyncio client runs them in a thread. Each marks its commit just before
+sending it, and a push stopped before that sends no more (interrupts.py).
 """
 
 from __future__ import annotations
@@ -25,52 +26,16 @@ import grpc
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_client import stubs
-from rollout_codecs import dtypes, extras, wire
+from rollout_client.interrupts import PushState, Stopped
+
+# Re-exported (`X as X`): the manifest check lived here until it got its own module.
+from rollout_client.manifest import ManifestMismatch as ManifestMismatch
+from rollout_client.manifest import describe as describe
+from rollout_codecs import wire
 from rollout_codecs.sources import SourceTensor
 
 _SERVICE = "/rollout.v1.RolloutService/"
 _COMMIT = pb.UpdateWeightsRequest(commit=pb.UpdateWeightsCommit()).SerializeToString()
-
-
-class ManifestMismatch(ValueError):
-    """A tensor the server would refuse (unknown name, wrong dtype or shape)."""
-
-
-def describe(
-    tensors: Sequence[SourceTensor],
-    manifest: Sequence[pb.TensorSpec] | None,
-    checksum: bool = False,
-) -> list[pb.TensorSpec]:
-    """The begin message's tensor specs, checked against the manifest (when
-    given) before a byte is read or sent. `checksum` reads every tensor once
-    more, to declare its CRC-32C."""
-    expected = {s.name: s for s in manifest} if manifest is not None else None
-    specs = []
-    for t in tensors:
-        if expected is not None:
-            want = expected.get(t.name)
-            if want is None:
-                raise ManifestMismatch(f"{t.name}: not a parameter of the served model")
-            if want.dtype != t.dtype:
-                raise ManifestMismatch(
-                    f"{t.name}: dtype {dtypes.name(t.dtype)}, the server takes "
-                    f"{dtypes.name(want.dtype)}"
-                )
-            if list(want.shape) != t.shape:
-                raise ManifestMismatch(
-                    f"{t.name}: shape {t.shape}, the server takes {list(want.shape)}"
-                )
-        spec = pb.TensorSpec(name=t.name, dtype=t.dtype, shape=t.shape)
-        if checksum:
-            crc32c = extras.require("crc32c", "checksum=True").crc32c
-            crc = 0
-            for _, data in t.chunks(1 << 24):
-                crc = crc32c(data, crc)
-            spec.crc32c = crc
-        specs.append(spec)
-    if not specs:
-        raise ValueError("the weight source holds no tensors")
-    return specs
 
 
 class Progress(Protocol):
@@ -93,6 +58,8 @@ class Update:
     metadata: stubs.Metadata = None
     # The server takes TensorChunkBatch (GetServerInfo.accepts_chunk_batches).
     batch_chunks: bool = False
+    # Whether the commit went out, and the way to stop the push (interrupts.py).
+    state: PushState = field(default_factory=PushState)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def advance(self, n: int) -> None:
@@ -147,13 +114,17 @@ UPDATE_WEIGHTS = _SERVICE + "UpdateWeights"
 
 def update_weights_requests(u: Update) -> Iterator[bytes]:
     """The serialized messages of an UpdateWeights stream: begin, every
-    chunk in order, commit. Call the method with request_serializer=None."""
+    chunk in order, commit. Call the method with request_serializer=None.
+    A stopped push ends here, without its commit (interrupts.py)."""
     yield pb.UpdateWeightsRequest(begin=u.begin).SerializeToString()
     for group in groups(u, pieces(u)):
+        if u.state.stopped:
+            return
         yield update_weights_message(read(u, group))
         u.advance(sum(n for _, _, n in group))
         let_go(u, group)
-    yield _COMMIT
+    if u.state.committing():
+        yield _COMMIT
 
 
 def read(u: Update, group: list[Piece]) -> list[Chunk]:
@@ -193,13 +164,21 @@ def upload_message(update_id: str, chunks: list[Chunk]) -> bytes:
 
 
 def one_stream(channel: grpc.Channel, u: Update) -> pb.UpdateWeightsResponse:
-    """UpdateWeights: begin, every chunk in order, commit."""
+    """UpdateWeights: begin, every chunk in order, commit. Stopping the push
+    cancels the call."""
     call: stubs.StreamUnary[bytes, pb.UpdateWeightsResponse] = channel.stream_unary(
         UPDATE_WEIGHTS,
         request_serializer=None,  # the requests are serialized already
         response_deserializer=pb.UpdateWeightsResponse.FromString,
     )
-    return call(update_weights_requests(u), timeout=u.timeout, metadata=u.metadata)
+    # A future, not the blocking call: the call must be cancelled when the
+    # push is stopped, or gRPC's thread would go on sending what is left.
+    future = call.future(update_weights_requests(u), timeout=u.timeout, metadata=u.metadata)
+    u.state.on_stop(future.cancel)
+    try:
+        return future.result()
+    except grpc.FutureCancelledError:
+        raise Stopped from None
 
 
 def parallel(
@@ -217,6 +196,7 @@ def parallel(
         todo: Iterator[list[Piece]] = groups(u, pieces(u))
         for attempt in range(resume_attempts + 1):
             errors = _upload(channels, u, uid, todo)
+            u.state.check()
             status = stub.GetUpdateStatus(
                 pb.GetUpdateStatusRequest(update_id=uid), timeout=u.timeout, metadata=u.metadata
             )
@@ -232,10 +212,14 @@ def parallel(
                     for off in range(r.offset, r.offset + r.length, u.chunk_bytes)
                 ),
             )
+        if not u.state.committing():
+            raise Stopped
         return stub.CommitUpdate(
             pb.CommitUpdateRequest(update_id=uid), timeout=u.timeout, metadata=u.metadata
         ).result
-    except BaseException:
+    except BaseException as e:
+        if isinstance(e, KeyboardInterrupt):
+            u.state.stop()  # the upload threads end before the abort
         _abort(stub, uid, u)
         raise
 
@@ -250,7 +234,7 @@ def _upload(
     def requests() -> Iterator[bytes]:
         while True:
             with lock:
-                group = next(todo, None)
+                group = None if u.state.stopped else next(todo, None)
             if group is None:
                 return
             yield upload_message(uid, read(u, group))
@@ -329,6 +313,7 @@ def same_host(
             step = u.chunk_bytes << 4
             for t, at in zip(u.tensors, opened.shared_staging.tensor_offsets):
                 for off in range(0, t.nbytes, step):
+                    u.state.check()
                     n = min(step, t.nbytes - off)
                     t.read_into(off, view[at + off : at + off + n])
                     u.advance(n)
@@ -337,6 +322,8 @@ def same_host(
             view.release()
             if own:
                 regions.close()
+        if not u.state.committing():
+            raise Stopped
         return stub.CommitUpdate(
             pb.CommitUpdateRequest(update_id=opened.update_id),
             timeout=u.timeout,

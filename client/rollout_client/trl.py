@@ -20,7 +20,7 @@ With `measure_mismatch` the policy scores the rollout tokens at once, on the
 weights just pushed, and the training-inference mismatch (rollout_client.
 mismatch) is kept in `history` and logged with the run's metrics.
 
-Needs the `trl` extra (`pip install 'rollout-client[trl]'`); nothing here is
+Needs the `trl` extra (`pip install './client[trl]'` from a clone); nothing here is
 imported by `import rollout_client`. docs/trl.md has the details and limits.
 """
 

@@ -17,7 +17,7 @@ The configuration is verl's own:
     actor_rollout_ref.rollout.name=rollout_service
     'actor_rollout_ref.rollout.custom={target:"10.0.0.5:50051"}'
 
-Needs the `verl` extra (`pip install 'rollout-client[verl]'`).
+Needs the `verl` extra (`pip install './client[verl]'` from a clone of the repository).
 docs/verl.md has the details and limits.
 """
 
