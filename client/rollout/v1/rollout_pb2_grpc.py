@@ -289,7 +289,10 @@ class RolloutServiceServicer(object):
 
     def ResetCaches(self, request, context):
         """Atomically resets the prefix/KV cache, the multimodal input cache and the
-        encoder cache.
+        encoder cache. Running generations finish first, as in PAUSE_MODE_WAIT
+        (bounded by --drain-timeout-seconds), and new ones wait at the gate; an
+        update that arrives meanwhile waits for the reset (a PAUSE_MODE_KEEP one
+        then reports keep_held).
         Role: admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
