@@ -5,7 +5,10 @@ global_steps=...)` on every rank).
 
 The leader rank (global rank 0) casts each tensor to the dtype the service
 serves and pushes them in one update (client `update_weights`, or a Fleet
-update for several targets) under the version f"{prefix}{global_steps}";
+update for several targets) under the version f"{prefix}{global_steps}", in
+the pause mode of `rollout.custom.pause_mode` (default abort: calls running
+at the service end with their tokens and verl resumes them, instead of the
+push waiting for the longest one);
 every other rank iterates the generator too (FSDP's full_tensor() in it is a
 collective) and drops the tensors. After the acknowledgement (which lists
 the prefix, multimodal and encoder caches reset) the leader tells every
@@ -28,6 +31,13 @@ from rollout_client.verl.settings import SERVER_PREFIX, Settings
 from rollout_codecs import dtypes, extras
 
 log = logging.getLogger(__name__)
+
+# rollout.custom.pause_mode: what a push does to the calls running at the service.
+_PAUSE_MODES = {
+    "wait": pb.PAUSE_MODE_WAIT,
+    "abort": pb.PAUSE_MODE_ABORT,
+    "keep": pb.PAUSE_MODE_KEEP,
+}
 
 _base = extras.require("verl.workers.rollout.base", "rollout_client.verl", extra="verl")
 _BaseRollout: Any = _base.BaseRollout
@@ -76,9 +86,14 @@ class ServiceRollout(_BaseRollout):  # type: ignore[misc]
     def _push(self, tensors: list[tuple[str, Any]], version: str) -> Any:
         client = self._connect()
         s = self.settings
+        mode = _PAUSE_MODES[s.pause_mode]
         if self._fleet is not None:
-            return self._fleet.update_weights(tensors, version, timeout=s.timeout, delta=s.delta)
-        return client.update_weights(tensors, version, streams=s.streams, delta=s.delta)
+            return self._fleet.update_weights(
+                tensors, version, timeout=s.timeout, delta=s.delta, pause_mode=mode
+            )
+        return client.update_weights(
+            tensors, version, streams=s.streams, delta=s.delta, pause_mode=mode
+        )
 
     def _cast(self, name: str, tensor: Any) -> tuple[str, Any]:
         torch = extras.require("torch", "rollout_client.verl", extra="verl")
@@ -117,11 +132,16 @@ class ServiceRollout(_BaseRollout):  # type: ignore[misc]
         if self.leader:
             step = global_steps
             version = f"{self.version_prefix}{step if step is not None else uuid.uuid4().hex}"
-            ack = await asyncio.to_thread(self._push, tensors, version)
+            await _tell_servers("begin_push", version)
+            try:
+                ack = await asyncio.to_thread(self._push, tensors, version)
+            except BaseException:
+                await _tell_servers("end_push")
+                raise
             del tensors
             self.acks.append(ack)
             self.version = version
-            await _announce(version, step)
+            await _tell_servers("set_version", version, step)
             log.info("rollout_service: pushed %s", version)
         await _barrier()
 
@@ -141,13 +161,16 @@ async def _items(weights: Any) -> Any:
             yield item
 
 
-async def _announce(version: str, step: int | None) -> None:
-    """Every ServiceServer of this Ray job pins its calls to `version`."""
+async def _tell_servers(method: str, *args: Any) -> None:
+    """Calls `method` on every ServiceServer of this Ray job: begin_push
+    before a push (calls the service refuses meanwhile wait for the new pin
+    instead of failing), set_version after its acknowledgement (the pin),
+    end_push if it failed."""
     ray = extras.require("ray", "rollout_client.verl", extra="verl")
     if not ray.is_initialized():
         return
     names = [n for n in ray.util.list_named_actors() if str(n).startswith(SERVER_PREFIX)]
-    await asyncio.gather(*(ray.get_actor(n).set_version.remote(version, step) for n in names))
+    await asyncio.gather(*(getattr(ray.get_actor(n), method).remote(*args) for n in names))
 
 
 async def _barrier() -> None:

@@ -11,6 +11,7 @@ NAME = "rollout_service"  # actor_rollout_ref.rollout.name
 # The Ray actor name of replica r's server: f"{SERVER_PREFIX}{r}{suffix}".
 SERVER_PREFIX = f"{NAME}_server_"
 ADAPTER = "rollout_client.verl.adapter.ServiceRollout"
+PAUSE_MODES = {"wait", "abort", "keep"}
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,13 @@ class Settings:
     f"{version_prefix}{global_steps}" (default: "verl-" and a run id made by
     the leader rank, then "-step-": a version must be unique for the
     server's lifetime). `delta`: push every step after the first as a delta
-    against the one before. `streams`: connections one push uploads over."""
+    against the one before. `streams`: connections one push uploads over.
+    `pause_mode`: what a push does to calls running at the service (the
+    service's pause modes): "abort" ends them with their tokens and verl's
+    fully-async client resumes them on the new weights; "keep" carries them
+    over to the new weights (refused by a server on a model that takes
+    images); "wait" lets them finish first (a push then waits for the
+    longest call, up to the server's drain timeout)."""
 
     targets: tuple[str, ...] = (DEFAULT_TARGET,)
     token: str | None = None
@@ -30,6 +37,7 @@ class Settings:
     version_prefix: str | None = None
     delta: bool = False
     streams: int = 1
+    pause_mode: str = "abort"
 
     @classmethod
     def from_custom(cls, custom: Mapping[str, Any] | None) -> Settings:
@@ -48,7 +56,13 @@ class Settings:
             version_prefix=c.pop("version_prefix", None),
             delta=bool(c.pop("delta", False)),
             streams=int(c.pop("streams", 1)),
+            pause_mode=str(c.pop("pause_mode", "abort")),
         )
+        if s.pause_mode not in PAUSE_MODES:
+            raise ValueError(
+                f"rollout.custom.pause_mode must be one of {sorted(PAUSE_MODES)}, "
+                f"not {s.pause_mode!r}"
+            )
         if c:
             raise ValueError(f"unknown rollout.custom key(s) for rollout_service: {sorted(c)}")
         return s

@@ -1,0 +1,137 @@
+"""verl 0.9.1's fully-async client and load balancer on the service through
+rollout_client.verl (docs/verl.md), driven from the verl venv by
+tests/verl_env/drive_async.py against real servers:
+
+- a weight sync never fails a rollout: calls running while verl's naive
+  hand-off pushes, and calls leaving the plugin while the push runs (the
+  service refuses them: the version moved), all come back to verl's resume
+  and end with their whole budget, tagged with the steps that produced them;
+- a call held on its way to the service when verl aborts is cancelled (the
+  abort counts only what the service found) and runs only after verl
+  resumes generation;
+- with two services, every turn of a trajectory reaches the one that holds
+  its prefix (each service's own prefix cache says which trajectories it
+  holds), and the trajectories split between them.
+
+The verl venv missing is a failure, not a skip (`scripts/setup --dev`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from rollout_client import RolloutClient
+from rollout_service.engine.tiny_models import ensure_model
+from tests.support.delta_steps import last_step_checkpoint
+from tests.verl_env import build
+
+RESPONSE = 200  # every call's budget (ignore_eos: each uses all of it), seconds long
+TRAJECTORIES, TURNS, PROMPT = 6, 3, 160
+pytestmark = pytest.mark.timeout(900)
+
+
+@pytest.fixture(scope="module")
+def verl_python():
+    if not build.ready():
+        pytest.fail(
+            f"the verl venv {build.venv_path()} is missing or incomplete: "
+            "run scripts/setup --dev (or python3 tests/verl_env/build.py)",
+            pytrace=False,
+        )
+    return build.python()
+
+
+def _drive(verl_python, tmp, **args) -> dict:
+    args["out"] = str(tmp / f"{args['phase']}.json")
+    started = time.monotonic()
+    done = subprocess.run(
+        [str(verl_python), str(build.HERE / "drive_async.py")],
+        input=json.dumps(args),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-6000:]
+    print(f"drive_async.py {args['phase']}: {time.monotonic() - started:.0f} s")
+    return json.loads((tmp / f"{args['phase']}.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def synced(verl_python, server, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("verl-async")
+    with RolloutClient(server.target, timeout=120) as c:
+        prompt = list(c.tokenize(text="Once upon a time, in a land far away,").token_ids)
+    return _drive(
+        verl_python,
+        tmp,
+        phase="sync",
+        target=server.target,
+        model=str(ensure_model("tiny-qwen2")),
+        push=str(last_step_checkpoint(tmp / "pushed")),
+        prompt=prompt,
+        response_length=RESPONSE,
+    )
+
+
+@pytest.fixture(scope="module")
+def routed(verl_python, server, own_server, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("verl-routing")
+    seen = _drive(
+        verl_python,
+        tmp,
+        phase="routing",
+        target=server.target,
+        second=own_server.target,
+        model=str(ensure_model("tiny-qwen2")),
+        response_length=16,
+        prompt_length=PROMPT,
+        turns=TURNS,
+        trajectories=TRAJECTORIES,
+    )
+    seen["targets"] = [server.target, own_server.target]
+    return seen
+
+
+def test_a_push_during_a_fully_async_batch_fails_no_call(synced):
+    first, second = synced["first_push"], synced["second_push"]
+    assert len(first["versions"]) == len(second["versions"]) == 1
+    calls = synced["running"] + synced["late"]
+    assert len(synced["late"]) > 0
+    for c in calls:
+        assert "error" not in c, c  # the batch did not die of the sync
+        # the budget held through the resume: all of it, no more
+        assert c["n"] == c["logprobs"] == RESPONSE, c
+        assert c["min_global_steps"] in (1, 2) and c["max_global_steps"] == 2, c
+    # calls running at the push were aborted (not waited for) and resumed on
+    # the new weights: their tokens come from both steps
+    assert any(c["min_global_steps"] == 1 for c in synced["running"]), synced["running"]
+    # and the service did refuse calls the push overtook: the path was taken
+    assert synced["stats"]["refused_then_aborted"] > 0, synced["stats"]
+
+
+def test_a_call_the_abort_missed_is_cancelled_and_waits_for_resume(synced):
+    abort, held = synced["abort"], synced["held"]
+    # the service found nothing running: the call was at its gate
+    assert abort["aborted_count"] == 0 and abort["request_ids"] == [], abort
+    assert len(abort["cancelled_in_transit"]) == 1, abort
+    # it did not run while generation was paused, and then got its budget
+    assert held["done_at"] > synced["resumed_at"], (held, synced["resumed_at"])
+    assert held["n"] == RESPONSE and held["max_global_steps"] == 2, held
+
+
+def test_every_turn_of_a_trajectory_reaches_one_service(routed):
+    a, b = routed["targets"]
+    held_a, held_b = routed["held"][a], routed["held"][b]
+    owners = []
+    for j, (x, y) in enumerate(zip(held_a, held_b)):
+        # exactly one service ever saw this trajectory: the other holds none
+        # of its tokens (its first turn's prompt included)
+        assert (x > 0) != (y > 0), (j, x, y)
+        owners.append(0 if x > 0 else 1)
+    # new trajectories balance: both services hold some
+    assert 0 < sum(owners) < TRAJECTORIES, owners
+    # the plugin's own count agrees: every call went somewhere
+    assert sum(routed["stats"]["calls"]) == TRAJECTORIES * TURNS
