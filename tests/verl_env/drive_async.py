@@ -92,10 +92,10 @@ async def sync_phase(config: Any, manager: Any, args: dict) -> dict:
         again = asyncio.ensure_future(
             direct.update_weights(args["push"], version, drain_timeout_seconds=60)
         )
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(1.5)  # uploaded: the gate closes for the drain
         t0 = time.monotonic()
         held = asyncio.ensure_future(_call(client, "held", prompt, t0))
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(0.5)
         out["abort"] = await server.abort_all_requests.remote()
         out["long_running"] = not long.done()
         await direct.abort(["long"])
@@ -111,7 +111,7 @@ async def sync_phase(config: Any, manager: Any, args: dict) -> dict:
 
 def _trajectory_prompt(j: int, length: int) -> list[int]:
     rng = random.Random(1000 + j)  # distinct from the first token on
-    return [rng.randrange(1000, 20000) for _ in range(length)]
+    return [rng.randrange(10, 500) for _ in range(length)]  # 512 ids in all
 
 
 async def routing_phase(config: Any, manager: Any, args: dict) -> dict:
