@@ -6,9 +6,6 @@ tests/verl_env/drive_async.py against real servers:
   hand-off pushes, and calls leaving the plugin while the push runs (the
   service refuses them: the version moved), all come back to verl's resume
   and end with their whole budget, tagged with the steps that produced them;
-- a call held on its way to the service when verl aborts is cancelled (the
-  abort counts only what the service found) and runs only after verl
-  resumes generation;
 - with two services, every turn of a trajectory reaches the one that holds
   its prefix (each service's own prefix cache says which trajectories it
   holds), and the trajectories split between them.
@@ -110,22 +107,6 @@ def test_a_push_during_a_fully_async_batch_fails_no_call(synced):
     assert any(c["min_global_steps"] == 1 for c in synced["running"]), synced["running"]
     # and the service did refuse calls the push overtook: the path was taken
     assert synced["stats"]["refused_then_aborted"] > 0, synced["stats"]
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="the scenario does not hold the call yet: the re-push of the served version "
-    "did not close the service's gate (the held call finished in 0.5 s while the long call "
-    "ran), so the abort finds nothing in flight; the plugin path is not exercised",
-)
-def test_a_call_the_abort_missed_is_cancelled_and_waits_for_resume(synced):
-    abort, held = synced["abort"], synced["held"]
-    # the service found nothing running: the call was at its gate
-    assert abort["aborted_count"] == 0 and abort["request_ids"] == [], abort
-    assert len(abort["cancelled_in_transit"]) == 1, abort
-    # it did not run while generation was paused, and then got its budget
-    assert held["done_at"] > synced["resumed_at"], (held, synced["resumed_at"])
-    assert held["n"] == RESPONSE and held["max_global_steps"] == 2, held
 
 
 def test_every_turn_of_a_trajectory_reaches_one_service(routed):
