@@ -1,8 +1,8 @@
 """GenerateMany: many generations on one stream, the deltas ready at each
 send batched into one message.
 
-Each request runs as GenerateStream would run it (the servicer's
-`_generation`), in a task of its own; whatever deltas and failures are ready
+Each request runs as GenerateStream would run it (`Generations.stream`,
+generations.py), in a task of its own; whatever deltas and failures are ready
 when the previous message has gone out leave in the next one. gRPC's cost is
 per message, whatever it carries: a message per send instead of one per
 completion per engine step is where the saving comes from (BENCHMARKS.md).

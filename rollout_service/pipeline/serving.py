@@ -1,7 +1,7 @@
-"""What the servicer serves with: every object built for one running
-engine, handed over at once (rpc/servicer.py `attach`). The wiring that
-builds it is `app.py`'s; this is its shape, which the RPCs depend on (so
-the gRPC layer imports nothing above it)."""
+"""What one running engine is served with: every object built for it,
+handed over at once. The wiring that builds it is `app.py`'s; this is its
+shape, which the pipeline and every front depend on (so they import nothing
+above them)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from rollout_service.update.updates import WeightUpdater
 
 @dataclass
 class App:
-    """What the servicer serves with (rpc/servicer.py `attach`)."""
+    """What the pipeline (generations.py) and the fronts serve with."""
 
     engine: Engine
     info: EngineInfo
