@@ -19,7 +19,7 @@ from rollout_service.engine.startup import engine_info, warm_up
 from rollout_service.fairness.share import FairShare, parse_shares
 from rollout_service.generation.tokenizing import Tokenizing, eos_token_ids, image_placeholder
 from rollout_service.handoff.region import StagingRegion
-from rollout_service.rpc.serving import App
+from rollout_service.pipeline.serving import App
 from rollout_service.sessions.store import SessionLimits, SessionStore
 from rollout_service.update.delta_base import DeltaBase
 from rollout_service.update.reservation import region_bytes

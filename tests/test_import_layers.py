@@ -6,7 +6,9 @@ still ties the modules into one):
 - the service's packages import only down its layers (LAYERS, as
   docs/architecture.md draws them), never up nor across;
 - the worker's code (it runs inside vLLM's processes) imports only the ground
-  and the engine's process hooks.
+  and the engine's process hooks;
+- the generation pipeline imports nothing of gRPC: a second front (HTTP)
+  calls it without the gRPC transport.
 """
 
 from __future__ import annotations
@@ -101,6 +103,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 LAYERS = [
     {"cli", "server", "app", "config"},
     {"rpc"},
+    {"pipeline"},
     {"sessions", "update", "fairness"},
     {"generation"},
     {"engine"},
@@ -149,6 +152,52 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
     return found
 
 
+# Packages a front other than gRPC calls: they import no gRPC module
+# themselves (their errors are RpcErrors, which each front maps to statuses).
+NO_GRPC = {"pipeline"}
+
+
+def grpc_imports(path: Path) -> set[str]:
+    """The gRPC modules the source at `path` imports: grpc, grpc_* and the
+    generated *_pb2_grpc stubs."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or "", *(f"{node.module}.{a.name}" for a in node.names)]
+        for n in names:
+            top = n.split(".")[0]
+            if top == "grpc" or top.startswith("grpc_") or n.endswith("_pb2_grpc"):
+                found.add(n)
+    return found
+
+
+def test_the_pipeline_imports_nothing_of_grpc():
+    mods = modules()
+    used = {
+        m: sorted(grpc_imports(p))
+        for m, p in mods.items()
+        if m.startswith("rollout_service.") and part(m) in NO_GRPC
+    }
+    assert used and all(not found for found in used.values()), used
+
+
+def test_a_grpc_import_is_caught(tmp_path):
+    source = tmp_path / "front.txt"
+    source.write_text(
+        "import grpc.aio\nfrom grpc_status import rpc_status\nfrom rollout.v1 import rollout_pb2\n"
+        "from rollout.v1 import rollout_pb2_grpc\n"
+    )
+    assert grpc_imports(source) == {
+        "grpc.aio",
+        "grpc_status",
+        "grpc_status.rpc_status",
+        "rollout.v1.rollout_pb2_grpc",
+    }
+
+
 def test_the_service_imports_only_down_its_layers():
     mods = modules()
     graph = {m: imports(p, m, set(mods)) for m, p in mods.items()}
@@ -160,6 +209,7 @@ def test_an_upward_import_is_caught():
         "rollout_service.ops.auth -> rollout_service.rpc.calls"
     ]
     assert violations({"rollout_service.sessions.turns": {"rollout_service.update.lora"}})
+    assert violations({"rollout_service.pipeline.generations": {"rollout_service.rpc.handlers"}})
     assert violations({"rollout_service.worker.plugins": {"rollout_service.engine.startup"}})
     assert not violations({"rollout_service.worker.plugins": WORKER_HOOKS})
     # the service depends on the shared codecs, never on the client

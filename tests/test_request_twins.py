@@ -1,6 +1,6 @@
 """GenerateStreamRequest carries GenerateRequest's fields under the same
 numbers: the servicer turns one into the other by re-parsing its bytes
-(rpc/servicer.py), so a field added to one and not the other, or numbered
+(pipeline/generations.py), so a field added to one and not the other, or numbered
 apart, would be dropped or misread without a word. Engine-free."""
 
 from __future__ import annotations

@@ -1,44 +1,31 @@
 """RolloutService: an adapter between rollout.v1 and the vLLM engine.
 
-Each RPC validates, converts, calls the engine and converts back; the
-conversions live in `convert.py` (in) and `outputs.py` (out), a stream's
-messages are built from the engine's outputs in `deltas.py` (all three in
-generation/, tested without an engine), the update machinery in update/.
+Each RPC hands its request to what serves it and returns the answer: the
+generation RPCs to the pipeline (pipeline/generations.py), which validates,
+converts, runs the engine and converts back; the update machinery is
+update/'s.
 """
 
 from __future__ import annotations
 
-import functools
-import time
-import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
-from vllm.sampling_params import RequestOutputKind
-
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
 from rollout_service import __version__
-from rollout_service.engine import vllm_compat
 from rollout_service.engine.gate import Ticket
 from rollout_service.engine.protocol import Engine
-from rollout_service.fairness.identity import CallerId, caller_id
+from rollout_service.fairness.identity import caller_id
 from rollout_service.fairness.share import Slot
-from rollout_service.generation import convert, deltas, outputs
-from rollout_service.ops import logs, metrics, tracing
+from rollout_service.generation import convert
 from rollout_service.ops.auth import CALLER
-from rollout_service.rpc import many
-from rollout_service.rpc.calls import Call, RunningCalls
+from rollout_service.pipeline.calls import Call, RunningCalls
+from rollout_service.pipeline.context import Admitted, Prepared
+from rollout_service.pipeline.generations import Generations
+from rollout_service.pipeline.many import StreamLimits
+from rollout_service.pipeline.serving import App
 from rollout_service.rpc.handlers import Ending, streaming, unary
-from rollout_service.rpc.serving import App
 from rollout_service.rpc.session_rpcs import SessionRpcs
 from rollout_service.rpc.update_rpcs import UpdateRpcs
-from rollout_service.status.errors import (
-    FailedPrecondition,
-    InvalidArgument,
-    Unavailable,
-    engine_dead,
-)
+from rollout_service.status.errors import InvalidArgument, Unavailable, engine_dead
 
 
 class RolloutServicer(UpdateRpcs, SessionRpcs, rollout_pb2_grpc.RolloutServiceServicer):
@@ -64,6 +51,16 @@ class RolloutServicer(UpdateRpcs, SessionRpcs, rollout_pb2_grpc.RolloutServiceSe
         self.sessions = app.sessions
         self.session_store = app.session_store
         self.fair = app.fair
+        self.generations = Generations(
+            app,
+            self.calls,
+            StreamLimits.for_server(
+                self.config.max_generations_per_stream,
+                self.config.max_stream_tokens,
+                self.config.max_message_bytes,
+                app.info.limits.max_model_len,
+            ),
+        )
         self.engine = app.engine
 
     def _check_ready(self) -> Engine:
@@ -79,192 +76,30 @@ class RolloutServicer(UpdateRpcs, SessionRpcs, rollout_pb2_grpc.RolloutServiceSe
             raise engine_dead()
         return self.engine
 
-    def _decoder(self, params):
-        """Token ids to text, when vLLM was asked not to detokenize."""
-        if params.detokenize or self.tok.tokenizer is None:
-            return None
-        return lambda ids: self.tok.decode(ids, skip_special_tokens=params.skip_special_tokens)
+    def _admitted(self, slot: Slot, call: Call, required_version: str = ""):
+        return self.generations.seated(slot, call, required_version)
 
-    async def _prepare(self, request: pb.GenerateRequest, kind: RequestOutputKind, stream=None):
-        request_id = request.request_id or uuid.uuid4().hex
-        logs.request_id.set(request_id)
-        self._check_ready()
-        self.updater.check_serving()
-        if request.lora_adapter:
-            self.adapters.check_known(request.lora_adapter)
-        # Tokenizing, rendering and parsing grow with the request: off the loop.
-        prompt, params = await self.tok.off_loop(self._convert, request, kind, stream)
-        return request_id, prompt, params
-
-    def _convert(self, request: pb.GenerateRequest, kind: RequestOutputKind, stream):
-        prompt = convert.prompt_from_request(request, self.info.limits, self.tok)
-        params = convert.sampling_params_from_proto(
-            request.sampling_params, self.info.limits, prompt.num_tokens, kind, stream
-        )
-        return prompt, params
-
-    @asynccontextmanager
-    async def _admitted(
-        self, slot: Slot, call: Call, required_version: str = ""
-    ) -> AsyncIterator[Ticket]:
-        """An engine seat of the caller's (fairness/; an Abort ends the wait
-        for one), admission through the gate, then the degraded and version
-        checks again: calls that waited at the gate while an update failed
-        inside the engine (or installed another version) must not run on it."""
-        async with slot.seat(call.abort_event), self.gate.admit() as ticket:
-            self.updater.check_serving()
-            if required_version and ticket.version != required_version:
-                raise FailedPrecondition(
-                    f"required_weight_version: this server serves "
-                    f"{ticket.version!r:.200}, not {required_version!r:.200}",
-                    reason=pb.ERROR_REASON_WRONG_WEIGHT_VERSION,
-                )
-            yield ticket
-
-    async def _run(
-        self, ticket: Ticket, call: Call, prompt, params, adapter: str, slot: Slot
-    ) -> AsyncIterator:
-        """Runs the engine request of an admitted call at its slot's priority
-        (fairness/); cancellation of the call (client gone, deadline) aborts
-        it inside AsyncLLM.generate. Nothing runs for a call aborted before
-        it got here."""
-        if call.aborted:
-            return
-        # Resolved after admission: an adapter update that the call waited
-        # for at the gate has replaced (or removed) it by now.
-        engine = self.engine
-        assert engine is not None  # _prepare checked it (_check_ready)
-        lora = self.adapters.request_for(adapter) if adapter else None
-        ticket.adapter_version = self.adapters.version_of(adapter) if adapter else ""
-        ticket.engine_id = call.engine_id = f"{call.request_id}-{uuid.uuid4().hex[:8]}"
-        async for out in engine.generate(
-            prompt.prompt,
-            params,
-            ticket.engine_id,
-            lora_request=lora,
-            # vLLM's llm_request span becomes a child of this RPC's span.
-            trace_headers=tracing.headers(),
-            priority=slot.priority,
-        ):
-            ticket.started = True
-            if call.aborted and not out.finished:
-                # Abort came before the engine knew the request: end it now.
-                await engine.abort(ticket.engine_id)
-            yield out
-
-    def _live_spans(self, ticket: Ticket, index: int) -> list | None:
-        """vLLM's version spans of running completion `index`'s tokens so
-        far, read from the request's state (deltas.py's route 3); None
-        before the request reaches the engine (_run)."""
-        if ticket.engine_id is None:
-            return None
-        return vllm_compat.weight_version_spans(self.engine, ticket.engine_id, index)
+    def _run(self, ticket: Ticket, call: Call, prompt, params, adapter: str, slot: Slot):
+        prepared = Prepared(call.request_id, prompt, params, adapter, "")
+        return self.generations.run(Admitted(prepared, slot, call, ticket))
 
     def _delta_spans(self, ticket: Ticket, c, start: int, count: int) -> list[tuple[str, int, int]]:
-        """Version spans of a delta's tokens [start, start + count) of
-        completion `c` (a session's turn; a stream's come from StreamDeltas)."""
-        kept = ticket.keep_epoch != self.gate.keep_epoch
-        live = functools.partial(self._live_spans, ticket)
-        return deltas.delta_spans(c, start, count, ticket.version, kept, live)
-
-    def _count(self, slot: Slot, usage: pb.Usage) -> None:
-        """A finished generation's tokens: into the metrics and its caller's share."""
-        metrics.PROMPT_TOKENS.inc(usage.prompt_tokens)
-        metrics.COMPLETION_TOKENS.inc(usage.completion_tokens)
-        slot.count(usage.prompt_tokens, usage.completion_tokens)
+        return self.generations.delta_spans(ticket, c, start, count)
 
     @unary
     async def Generate(self, request, context):
         self._check_ready()
-        # Counted (and refused past the caller's cap) before any work.
-        with self.fair.slot(caller_id(context)) as slot:
-            request_id, prompt, params = await self._prepare(request, RequestOutputKind.FINAL_ONLY)
-            with self.calls.running(request_id) as call:
-                async with self._admitted(slot, call, request.required_weight_version) as ticket:
-                    final = None
-                    run = self._run(ticket, call, prompt, params, request.lora_adapter, slot)
-                    async for out in run:
-                        final = out
-        if final is None:  # aborted before it reached the engine
-            return outputs.aborted_response(request_id, params.n, ticket.version)
-        top_k = params.logprobs or 0
-        decode = self._decoder(params)
-        usage = outputs.usage_to_proto(final)
-        self._count(slot, usage)
-        response = pb.GenerateResponse(
-            request_id=request_id,
-            completions=[
-                outputs.completion_to_proto(c, top_k, decode, ticket.version)
-                for c in sorted(final.outputs, key=lambda c: c.index)
-            ],
-            weight_version=ticket.version,
-            usage=usage,
-            lora_adapter_version=ticket.adapter_version,
-        )
-        if prompt.echo_ids:
-            response.prompt_token_ids.extend(final.prompt_token_ids or [])
-        outputs.prompt_logprobs_to_proto(final, params.prompt_logprobs or 0, response)
-        return response
+        return await self.generations.generate(request, caller_id(context))
 
     @streaming
     def GenerateStream(self, request, context):
-        return self._generation(request, caller_id(context))
+        self._check_ready()
+        return self.generations.stream(request, caller_id(context))
 
     @streaming
-    async def GenerateMany(self, requests, context):
+    def GenerateMany(self, requests, context):
         self._check_ready()
-        limits = many.StreamLimits.for_server(
-            self.config.max_generations_per_stream,
-            self.config.max_stream_tokens,
-            self.config.max_message_bytes,
-            self.info.limits.max_model_len,
-        )
-        generation = functools.partial(self._generation, who=caller_id(context))
-        async for response in many.multiplex(requests, generation, limits):
-            yield response
-
-    async def _generation(
-        self, stream_request: pb.GenerateStreamRequest, who: CallerId
-    ) -> AsyncIterator:
-        """One GenerateStream's messages (GenerateMany runs many of these),
-        counted against its caller (fairness/); a request that cannot run
-        raises at the first step, before anything is started."""
-        self._check_ready()
-        with self.fair.slot(who) as slot:
-            async for message in self._generation_in(stream_request, slot):
-                yield message
-
-    async def _generation_in(self, stream_request: pb.GenerateStreamRequest, slot: Slot):
-        """Admits the request, runs it and yields what StreamDeltas makes of
-        each engine output (generation/deltas.py)."""
-        request = pb.GenerateRequest.FromString(stream_request.SerializeToString())
-        options = stream_request.stream_options
-        request_id, prompt, params = await self._prepare(request, RequestOutputKind.DELTA, options)
-        with self.calls.running(request_id) as call:
-            async with self._admitted(slot, call, request.required_weight_version) as ticket:
-                stream = deltas.StreamDeltas(
-                    request_id,
-                    ticket,
-                    functools.partial(self._live_spans, ticket),
-                    top_k=params.logprobs or 0,
-                    prompt_top_k=params.prompt_logprobs or 0,
-                    omit_text=options.omit_text,
-                    echo_prompt=prompt.echo_ids,
-                )
-                t0 = time.perf_counter()
-                run = self._run(ticket, call, prompt, params, request.lora_adapter, slot)
-                async for out in run:
-                    if t0:
-                        metrics.TTFT.observe(time.perf_counter() - t0)
-                        t0 = 0.0
-                    messages = stream.step(out, self.gate.keep_epoch)
-                    if out.finished:
-                        self._count(slot, stream.usage)
-                    for message in messages:
-                        yield message
-                if ticket.engine_id is None:  # aborted before it reached the engine
-                    for message in stream.aborted(params.n):
-                        yield message
+        return self.generations.many(requests, caller_id(context))
 
     @unary
     async def Abort(self, request, context):

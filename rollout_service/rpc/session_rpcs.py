@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from rollout_service.engine.startup import EngineInfo
     from rollout_service.fairness.share import FairShare, Slot
     from rollout_service.generation.tokenizing import Tokenizing
-    from rollout_service.rpc.calls import RunningCalls
+    from rollout_service.pipeline.calls import RunningCalls
     from rollout_service.update.lora import Adapters
     from rollout_service.update.updates import WeightUpdater
 
