@@ -11,20 +11,19 @@ from __future__ import annotations
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
 from rollout_service import __version__
-from rollout_service.engine.gate import Ticket
 from rollout_service.engine.protocol import Engine
 from rollout_service.fairness.identity import caller_id
-from rollout_service.fairness.share import Slot
 from rollout_service.generation import convert
 from rollout_service.ops.auth import CALLER
-from rollout_service.pipeline.calls import Call, RunningCalls
-from rollout_service.pipeline.context import Admitted, Prepared
+from rollout_service.pipeline.calls import RunningCalls
 from rollout_service.pipeline.generations import Generations
 from rollout_service.pipeline.many import StreamLimits
 from rollout_service.pipeline.serving import App
+from rollout_service.pipeline.session_turns import SessionTurns
 from rollout_service.rpc.handlers import Ending, streaming, unary
 from rollout_service.rpc.session_rpcs import SessionRpcs
 from rollout_service.rpc.update_rpcs import UpdateRpcs
+from rollout_service.sessions.session_ids import SessionIds
 from rollout_service.status.errors import InvalidArgument, Unavailable, engine_dead
 
 
@@ -61,6 +60,9 @@ class RolloutServicer(UpdateRpcs, SessionRpcs, rollout_pb2_grpc.RolloutServiceSe
                 app.info.limits.max_model_len,
             ),
         )
+        # This run's session ids, named for the address it listens on
+        # (session_ids.py says why that, and not a random name).
+        self.session_turns = SessionTurns(self.generations, SessionIds.listening(self.config))
         self.engine = app.engine
 
     def _check_ready(self) -> Engine:
@@ -75,16 +77,6 @@ class RolloutServicer(UpdateRpcs, SessionRpcs, rollout_pb2_grpc.RolloutServiceSe
         if self.engine.errored or self.ending.why is not None:
             raise engine_dead()
         return self.engine
-
-    def _admitted(self, slot: Slot, call: Call, required_version: str = ""):
-        return self.generations.seated(slot, call, required_version)
-
-    def _run(self, ticket: Ticket, call: Call, prompt, params, adapter: str, slot: Slot):
-        prepared = Prepared(call.request_id, prompt, params, adapter, "")
-        return self.generations.run(Admitted(prepared, slot, call, ticket))
-
-    def _delta_spans(self, ticket: Ticket, c, start: int, count: int) -> list[tuple[str, int, int]]:
-        return self.generations.delta_spans(ticket, c, start, count)
 
     @unary
     async def Generate(self, request, context):
