@@ -1,7 +1,8 @@
 """The process: gRPC server, health, reflection, engine, signals, shutdown.
 
 Order matters. The port opens first with health NOT_SERVING, so orchestrators
-can watch start-up; SERVING is set only once the engine is up and warm. On
+can watch start-up; SERVING is set only once the engine is up and warm, and
+the log says which phase start-up is in and how long each usually takes. On
 SIGTERM/SIGINT: NOT_SERVING, stop accepting calls and give in-flight ones the
 grace period, then shut the engine down (which ends its child processes).
 """
@@ -9,11 +10,15 @@ grace period, then shut the engine down (which ends its child processes).
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import signal
+import socket
+import time
 
 import grpc
+import psutil
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -21,7 +26,7 @@ from rollout.v1 import rollout_pb2
 from rollout_service.app import build_app
 from rollout_service.config import ServerConfig
 from rollout_service.engine import parent_watch, placement, worker_fork
-from rollout_service.engine.startup import build_engine, settle
+from rollout_service.engine.startup import WARM_UP_USUALLY, settle, start_engine
 from rollout_service.handoff.region import StagingRegion, StagingSpaceError, remove_stale_segments
 from rollout_service.ops import metrics, tracing
 from rollout_service.ops.auth import AuthInterceptor, Tokens
@@ -98,6 +103,66 @@ def _add_port(server, config: ServerConfig) -> int:
     return server.add_secure_port(address, creds)
 
 
+def _in_use_problem(host: str, port: int) -> str | None:
+    """What to do when something already listens on HOST:PORT; None if
+    nothing does. Asked before gRPC binds, which would print its own error and
+    an internal one, neither naming --port."""
+    if port == 0:
+        return None
+    try:
+        addresses = socket.getaddrinfo(
+            host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except OSError:
+        return None  # gRPC says what is wrong with the host
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as probe:
+            # As gRPC binds: a port left in TIME_WAIT by a stopped server is free.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    return _in_use(host, port)
+    return None
+
+
+def _in_use(host: str, port: int) -> str:
+    return (
+        f"{host}:{port} is in use: another server listens there (a rollout-service "
+        "started earlier?). Stop it, or start this one on another port: --port "
+        f"{port + 1}, say, or --port 0 for any free one (the log names it)"
+    )
+
+
+class _Signals:
+    """SIGTERM and SIGINT: the first asks for the orderly stop, a second one
+    hurries it (a terminal's user presses Ctrl-C twice to mean "now"). The
+    engine's start cannot be interrupted (vLLM's constructor blocks until it
+    is up): a second signal then exits at once, and the engine's processes
+    follow (parent_watch.py). While in-flight calls drain, it ends their
+    grace; the engine is still shut down in order."""
+
+    def __init__(self) -> None:
+        self.stop = asyncio.Event()
+        self.starting = True
+        self.server: grpc.aio.Server | None = None
+        self._hurried: asyncio.Future | None = None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._received)
+
+    def _received(self) -> None:
+        if not self.stop.is_set():
+            self.stop.set()
+        elif self.starting:
+            log.warning("second signal during start-up: exiting now, the engine's processes follow")
+            os._exit(1)
+        elif self.server is not None and self._hurried is None:
+            log.warning("second signal: in-flight calls are ended now, not after their grace")
+            self._hurried = asyncio.ensure_future(self.server.stop(None))
+
+
 async def _watch_engine(engine, every: float) -> None:
     """Returns when the engine is dead (its processes gone or failed)."""
     # vLLM sets `errored` from its own threads and offers no event for it.
@@ -107,6 +172,11 @@ async def _watch_engine(engine, every: float) -> None:
 
 async def serve(config: ServerConfig, engine_args) -> int:
     """Runs the server until a signal; returns the process exit code."""
+    signals = _Signals()
+    # Before anything else: the commonest mistake on a first run.
+    if problem := _in_use_problem(config.host, config.port):
+        log.error("cannot start: %s", problem)
+        return 1
     # Before the engine: several CPU workers need their cores (placement.py).
     try:
         placement.bind_cpu_workers(engine_args)
@@ -157,13 +227,13 @@ async def serve(config: ServerConfig, engine_args) -> int:
     )
     servicer = RolloutServicer(config)
     add_to_server(servicer, server)
+    signals.server = server
     try:
         port = _add_port(server, config)
     except RuntimeError as e:  # gRPC's "Failed to bind to address ..."
         log.error(
-            "cannot start: %s:%d is in use by another process, or cannot be bound here (%s)",
-            config.host,
-            config.port,
+            "cannot start: %s (or it cannot be bound here: %s)",
+            _in_use(config.host, config.port),
             e,
         )
         staging.close()
@@ -183,25 +253,17 @@ async def serve(config: ServerConfig, engine_args) -> int:
             metrics.start_http(config.metrics_port, config.host),
         )
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-
     engine = None
     app: App | None = None
     try:
-        # The engine's constructor blocks while it spawns and loads; a thread
-        # keeps health answering meanwhile.
-        start = asyncio.ensure_future(asyncio.to_thread(build_engine, engine_args))
-        await asyncio.wait(
-            [start, asyncio.ensure_future(stop.wait())], return_when="FIRST_COMPLETED"
-        )
-        if not start.done():
-            log.info("signal received during start-up")
-            engine = await start
+        if signals.stop.is_set():
             return 0
-        engine = start.result()
+        began = time.monotonic()
+        engine = await start_engine(engine_args, signals.stop)
+        signals.starting = False
+        if signals.stop.is_set():
+            return 0
+        log.info("engine up in %.1f s; warming up: %s", time.monotonic() - began, WARM_UP_USUALLY)
         # Every CPU the process was given, before placement moves it off the
         # worker's: a delta's decode runs on all of them (delta_base.py).
         cpus = os.sched_getaffinity(0)
@@ -221,10 +283,16 @@ async def serve(config: ServerConfig, engine_args) -> int:
         metrics.bind(app.gate, app.updater)
         settle()
         await _set_health(health_servicer, serving=True)
-        log.info("SERVING %s on %s:%d", app.info.model, config.host, port)
+        log.info(
+            "SERVING %s on %s:%d (%.0f s after the start)",
+            app.info.model,
+            config.host,
+            port,
+            time.time() - psutil.Process().create_time(),
+        )
         watchdog = asyncio.ensure_future(_watch_engine(engine, config.watchdog_seconds))
         await asyncio.wait(
-            [watchdog, asyncio.ensure_future(stop.wait())], return_when="FIRST_COMPLETED"
+            [watchdog, asyncio.ensure_future(signals.stop.wait())], return_when="FIRST_COMPLETED"
         )
         if watchdog.done():
             # A supervisor restarts us; a dead engine cannot be revived here.
@@ -233,7 +301,8 @@ async def serve(config: ServerConfig, engine_args) -> int:
             return 1
         watchdog.cancel()
         log.info(
-            "shutting down: NOT_SERVING, %.1fs grace for in-flight calls", config.grace_seconds
+            "shutting down: NOT_SERVING, %.1fs grace for in-flight calls (a second signal ends it)",
+            config.grace_seconds,
         )
         return 0
     finally:

@@ -1,5 +1,6 @@
-"""SIGTERM: NOT_SERVING, in-flight calls finish, exit 0, no child left; a
-server started on a busy port exits at once."""
+"""SIGTERM: NOT_SERVING, in-flight calls finish, exit 0, no child left and
+no "leaked" line; a server started on a busy port exits at once, saying
+what to do."""
 
 from __future__ import annotations
 
@@ -54,6 +55,8 @@ def test_sigterm_drains_in_flight_calls_and_exits_cleanly(draining_server):
         time.sleep(1)
         alive = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
         assert not alive, f"left behind: {alive}"
+        log = server.log.read_text(errors="replace")
+        assert "leaked" not in log and "Traceback" not in log, server.tail(80)
     finally:
         server.stop()
 
@@ -67,6 +70,7 @@ def test_a_second_server_on_a_busy_port_refuses_to_start(server):
         assert second.proc.wait(120) == 1
         log = second.tail()
         assert f"cannot start: 127.0.0.1:{server.port} is in use" in log
+        assert "--port" in log and "Traceback" not in log
         assert "listening on" not in log and "EngineCore" not in log, "it never got going"
     finally:
         second.stop()

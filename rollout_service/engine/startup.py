@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import glob
 import logging
 import os
+import signal
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -39,6 +42,21 @@ class EngineInfo:
 
 
 WORKER_EXTENSION = "rollout_service.worker.worker_ext.RolloutWorkerExtension"
+
+# What start-up takes, measured with the embedded model on a 2-core x86 CPU
+# machine (docs/operations.md, "Start-up"): the engine was up 15.9 to 16.2 s
+# after it was asked for, at a load average of about 2; 34 to 137 s the
+# first time on a machine or for a new checkpoint folder, when vLLM inspects
+# the model in a subprocess and compiles it (both cached in ~/.cache/vllm),
+# depending on what else ran. The warm-up after it took 1.5 to 3.4 s, and
+# once 22 s, when vLLM compiled its logprobs kernel again.
+ENGINE_START_USUALLY = (
+    "usually 15 to 20 s for the embedded model on 2 CPU cores; up to 2 minutes the first "
+    "time on a machine or for a new model, while vLLM compiles it (cached in ~/.cache/vllm)"
+)
+WARM_UP_USUALLY = "usually 2 to 3 s, up to half a minute if vLLM compiles its logprobs kernel"
+# How often start-up says it is still going: no minute passes in silence.
+STILL_STARTING_SECONDS = 30.0
 
 
 class UnsupportedConfig(ValueError):
@@ -111,6 +129,58 @@ def build_engine(engine_args) -> Engine:
     engine_args.weight_transfer_config = WeightTransferConfig(backend=BACKEND_NAME)
     engine_args.worker_extension_cls = WORKER_EXTENSION
     return AsyncLLM.from_engine_args(engine_args, usage_context=UsageContext.API_SERVER)
+
+
+def _build_engine_shielded(engine_args) -> Engine:
+    """`build_engine` with SIGINT blocked in the calling thread, which every
+    engine process inherits (a child keeps its parent's signal mask, and the
+    engine core's forked workers keep its own).
+
+    A terminal's Ctrl-C sends SIGINT to every process of its foreground group:
+    the engine core and workers then start vLLM's own shutdown while this
+    server starts its orderly one, and the two race. Measured: the server's
+    SIGTERM found the engine core mid-teardown with its handler reset, killed
+    it, and its shared memory was reported leaked at exit; during start-up
+    the engine core died in its imports with a traceback. Blocked, SIGINT
+    reaches only this server, which shuts them down in order (SIGTERM)."""
+    from multiprocessing import resource_tracker
+
+    # Launching the tracker unblocks SIGINT in the launching thread (Python
+    # 3.11's resource_tracker.ensure_running); once running it is not
+    # launched again.
+    resource_tracker.ensure_running()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        return build_engine(engine_args)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+async def start_engine(engine_args, stop: asyncio.Event) -> Engine:
+    """The engine, built in a thread (its constructor blocks while it spawns
+    and loads; the event loop, health included, answers meanwhile), saying
+    what it does and, every STILL_STARTING_SECONDS, that it still is. vLLM's
+    start cannot be interrupted: `stop` set meanwhile is only acknowledged,
+    and the engine returned for the caller to shut down."""
+    log.info("starting the engine (vLLM): %s", ENGINE_START_USUALLY)
+    began = time.monotonic()
+    start = asyncio.ensure_future(asyncio.to_thread(_build_engine_shielded, engine_args))
+    stopping = asyncio.ensure_future(stop.wait())
+    waiting = {start, stopping}
+    while not start.done():
+        done, _ = await asyncio.wait(
+            waiting, timeout=STILL_STARTING_SECONDS, return_when=asyncio.FIRST_COMPLETED
+        )
+        if stopping in done:
+            waiting.discard(stopping)
+            log.info(
+                "signal received during start-up: stopping once the engine is up, which "
+                "cannot be interrupted (a second signal exits at once)"
+            )
+        elif not done:
+            log.info("still starting the engine (%.0f s so far)", time.monotonic() - began)
+    stopping.cancel()
+    return start.result()
 
 
 def read_manifest(model_dir: str) -> dict[str, pb.TensorSpec]:

@@ -8,17 +8,20 @@ Weights are re-drawn with std 0.08 on matrices (HF uses 0.02): larger logit gaps
 output clearly depends on the prompt and the image and does not hinge on bf16 rounding, which
 is what staleness tests (old vs new weights, old vs new image) need.
 
-Public API: ``build_tiny_qwen2``, ``build_tiny_llava``, ``ensure_model``,
-``install_pixtral_alias``.
+Public API: ``EMBEDDED_MODELS``, ``DEFAULT_MODEL``, ``build_tiny_qwen2``,
+``build_tiny_llava``, ``ensure_model``, ``install_pixtral_alias``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sys
 import tempfile
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 VOCAB_SIZE = 512
 EOS = "<|endoftext|>"
@@ -267,6 +270,9 @@ def build_tiny_llava(path: Path) -> Path:
 
 
 _BUILDERS = {"tiny-qwen2": build_tiny_qwen2, "tiny-llava": build_tiny_llava}
+# The names `--model` takes besides a checkpoint folder, and the one served without it.
+EMBEDDED_MODELS = tuple(_BUILDERS)
+DEFAULT_MODEL = "tiny-qwen2"
 
 
 def ensure_model(name: str, cache_dir: Path | None = None) -> Path:
@@ -278,7 +284,7 @@ def ensure_model(name: str, cache_dir: Path | None = None) -> Path:
     another process wins the race, its copy is used and ours is discarded.
     """
     if name not in _BUILDERS:
-        raise ValueError(f"unknown tiny model {name!r}; known: {sorted(_BUILDERS)}")
+        raise ValueError(f"unknown tiny model {name!r}; known: {', '.join(EMBEDDED_MODELS)}")
     root = Path(
         cache_dir
         or os.environ.get("ROLLOUT_SERVICE_CACHE")
@@ -290,6 +296,7 @@ def ensure_model(name: str, cache_dir: Path | None = None) -> Path:
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; the cache may be shared
+    log.info("building the embedded model %s into %s (first run only)", name, final)
     try:
         _BUILDERS[name](tmp)
         try:
@@ -302,7 +309,7 @@ def ensure_model(name: str, cache_dir: Path | None = None) -> Path:
     return final
 
 
-def install_pixtral_alias(register_llava: bool = False) -> None:
+def install_pixtral_alias() -> None:
     """Let vLLM's llava module import without torchvision (which we do not install).
 
     vLLM's llava imports its pixtral module, which imports
@@ -313,12 +320,8 @@ def install_pixtral_alias(register_llava: bool = False) -> None:
 
     It must run in every process that imports llava, including the one vLLM's model registry
     starts (``python -m vllm.model_executor.models.registry``) to inspect the architecture
-    on a cold cache. That process runs only the ``vllm.general_plugins`` entry points, so the
-    robust wiring is to call this from such a plugin's ``register()``.
-    Without a plugin, pass ``register_llava=True`` at the top level of the main module: it
-    also registers the llava class object with vLLM's ModelRegistry, so the inspection runs
-    in-process (costs ~5 s of imports; spawned engine processes re-run the main module's
-    top level and so repeat both steps).
+    on a cold cache. That process runs only the ``vllm.general_plugins`` entry points, which
+    is why the plugin hook (worker/plugins.py) calls this.
     """
     import importlib
     import importlib.util
@@ -328,8 +331,3 @@ def install_pixtral_alias(register_llava: bool = False) -> None:
         sys.modules[target] = importlib.import_module(
             "transformers.models.pixtral.image_processing_pil_pixtral"
         )
-    if register_llava:
-        from vllm import ModelRegistry
-        from vllm.model_executor.models.llava import LlavaForConditionalGeneration
-
-        ModelRegistry.register_model("LlavaForConditionalGeneration", LlavaForConditionalGeneration)
