@@ -95,7 +95,7 @@ STALE_FEEDER = """
 
 
 def test_a_stale_response_fails_the_run(tmp_path):
-    locustfile = tmp_path / "stale_feeder.py"
+    locustfile = tmp_path / "locustfile.py"
     locustfile.write_text(textwrap.dedent(STALE_FEEDER))
     prefix = tmp_path / "run"
     cmd = [sys.executable, "-m", "locust", "-f", str(locustfile), "--headless"]

@@ -43,8 +43,10 @@ class CallFailed(Exception):
 
 @dataclass
 class Tally:
-    """Counts since the last report to the master (a worker) or since the
-    start (the master and a local run: its own plus its workers')."""
+    """Calls (what `Report.call` timed: not the entries derived from them,
+    TTFT, ITL, pauses, the watcher's), their output tokens and stale tokens,
+    since the last report to the master (a worker) or since the start (the
+    master and a local run: its own plus its workers')."""
 
     requests: int = 0
     tokens: int = 0
@@ -83,7 +85,6 @@ class Report:
         self.started: float | None = None
         self.stopped: float | None = None
         events = environment.events
-        events.request.add_listener(self._on_request)
         events.report_to_master.add_listener(self._on_report_to_master)
         events.worker_report.add_listener(self._on_worker_report)
         events.test_start.add_listener(self._on_test_start)
@@ -126,11 +127,13 @@ class Report:
         try:
             yield c
         except Exception as e:  # every failure is the report's, not the user's
+            self.tally.requests += 1
             self.fire(request_type, name, time.perf_counter() - c.started, c.tokens, e)
             raise CallFailed(f"{name}: {e}") from e
-        else:
-            self.fire(request_type, name, time.perf_counter() - c.started, c.tokens)
-            self.tally.tokens += c.tokens
+        # A call cut short by the run's end (GreenletExit) is in no entry: not counted.
+        self.tally.requests += 1
+        self.tally.tokens += c.tokens
+        self.fire(request_type, name, time.perf_counter() - c.started, c.tokens)
 
     def verdict(self, name: str, mark: Sent, spans: Iterable[pb.VersionSpan]) -> Verdict:
         """Checks one response's spans; a stale one is a failure of the
@@ -155,10 +158,6 @@ class Report:
         self.fire(WATCHER, "session trajectory", 0.0, 0, error)
 
     # -- listeners ---------------------------------------------------------
-
-    def _on_request(self, request_type: str, **_: Any) -> None:
-        if request_type != WATCHER:
-            self.tally.requests += 1
 
     def _on_report_to_master(self, client_id: str, data: dict[str, Any]) -> None:
         taken = self.tally.take()

@@ -57,15 +57,16 @@ class TrainerUser(RolloutUser):
         super().on_start()
         self.run_id = uuid.uuid4().hex[:8]
         self.pushes = 0
-        self.weights: dict[str, Any] | None = None
+        # Made before the first push (importing torch and drawing the tensors
+        # holds the whole process, every user of it, for a moment: at the
+        # start, not in the middle of the run).
+        self.weights = random_weights(self.info.parameters)
 
     def wait_time(self) -> float:
         return self.workload.push_every
 
     @task
     def push(self) -> None:
-        if self.weights is None:
-            self.weights = random_weights(self.info.parameters)
         modes = self.workload.pause_modes
         mode = modes[self.pushes % len(modes)]
         label = pb.PauseMode.Name(mode).removeprefix("PAUSE_MODE_")
