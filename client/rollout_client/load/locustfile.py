@@ -18,7 +18,7 @@ from locust import events
 
 from rollout_client.load import options
 from rollout_client.load.report import Report
-from rollout_client.load.trainer import TrainerUser
+from rollout_client.load.trainer import TrainerUser, preload
 from rollout_client.load.users import AgentUser, GenerateUser, ManyUser, StreamUser
 
 grpc_gevent.init_gevent()
@@ -40,6 +40,7 @@ def _init(environment: Any, **_: Any) -> None:
     # The master needs the report too: it sums its workers' tokens.
     options.Workload.from_options(environment.parsed_options)  # bad flags fail here, once
     Report.of(environment)
+    preload()  # before any user starts
 
 
 # Locust's EventHook.add_listener has no annotations: reached through Any.

@@ -46,6 +46,16 @@ def random_weights(parameters: Any, seed: int = 0) -> dict[str, Any]:
     return out
 
 
+def preload() -> None:
+    """Imports torch now, if it is there: importing it holds the whole process
+    (every user of it) for a second or so, which at the trainer's start would
+    land in the other users' first calls."""
+    try:
+        extras.require("torch", "the trainer user's random weights", "load")
+    except ImportError:
+        pass  # the trainer, if it runs, reports it
+
+
 class TrainerUser(RolloutUser):
     """Pushes every `--push-every` seconds. One per run (`fixed_count`): two
     trainers would refuse each other's updates (UPDATE_IN_PROGRESS), and the
