@@ -1,7 +1,8 @@
 """Wiring: every object that serves one running engine, built in one place.
 
 `server.py` runs the process (port, health, signals, shutdown) and calls
-`build_app` once the engine is up; the servicer is handed the result. Nothing
+`build_app` once the engine is up, and starts the handlers' `Serving` with
+the result (rpc/readiness.py). Nothing
 else constructs these objects, so who holds what is read here, top to bottom.
 """
 

@@ -31,9 +31,9 @@ from rollout_service.handoff.region import StagingRegion, StagingSpaceError, rem
 from rollout_service.ops import metrics, tracing
 from rollout_service.ops.auth import AuthInterceptor, Tokens
 from rollout_service.ops.metrics import MetricsInterceptor
-from rollout_service.rpc.handlers import add_to_server
-from rollout_service.rpc.servicer import RolloutServicer
-from rollout_service.rpc.serving import App
+from rollout_service.pipeline.serving import App
+from rollout_service.rpc.readiness import Serving
+from rollout_service.rpc.servicer import add_to_server
 from rollout_service.status.errors import engine_dead
 from rollout_service.update.reservation import reserve_for_checkpoint
 from rollout_service.worker.weights_backend import FAULT_FILE_ENV
@@ -225,8 +225,10 @@ async def serve(config: ServerConfig, engine_args) -> int:
     reflection.enable_server_reflection(
         (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    servicer = RolloutServicer(config)
-    add_to_server(servicer, server)
+    # Registered now, while the engine starts: its RPCs answer STARTING
+    # until `serving.start` (readiness.py).
+    serving = Serving(config)
+    add_to_server(serving, server)
     signals.server = server
     try:
         port = _add_port(server, config)
@@ -279,7 +281,7 @@ async def serve(config: ServerConfig, engine_args) -> int:
         except StagingSpaceError as e:
             log.error("cannot start: %s", e)
             return 1
-        servicer.attach(app)
+        serving.start(app)
         metrics.bind(app.gate, app.updater)
         settle()
         await _set_health(health_servicer, serving=True)
@@ -297,7 +299,7 @@ async def serve(config: ServerConfig, engine_args) -> int:
         if watchdog.done():
             # A supervisor restarts us; a dead engine cannot be revived here.
             log.error("the engine died: NOT_SERVING, exiting with status 1")
-            servicer.ending.end_all(engine_dead())
+            serving.ending.end_all(engine_dead())
             return 1
         watchdog.cancel()
         log.info(

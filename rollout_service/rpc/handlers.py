@@ -1,4 +1,4 @@
-"""gRPC method handlers: the servicer's registration, with lenient request
+"""gRPC method handlers: their registration, with lenient request
 parsing and the error policy applied around each RPC (their shapes come from
 ops/shapes.py, which the interceptors share)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 
 import grpc
 
@@ -57,15 +57,16 @@ def _lenient(message_cls):
     return parse
 
 
-def add_to_server(servicer, server) -> None:
-    """Registers every RPC of the proto's RolloutService, with deserializers
-    that report malformed bytes as INVALID_ARGUMENT."""
+def register(methods: Mapping[str, Callable], server) -> None:
+    """Registers every RPC of the proto's RolloutService, each served by
+    `methods[its name]` (servicer.py maps them), with deserializers that
+    report malformed bytes as INVALID_ARGUMENT."""
     service = pb.DESCRIPTOR.services_by_name["RolloutService"]
     handlers = {
         m.name: make_handler(
             m.client_streaming,
             m.server_streaming,
-            getattr(servicer, m.name),
+            methods[m.name],
             _lenient(getattr(pb, m.input_type.name)),
             getattr(pb, m.output_type.name).SerializeToString,
         )

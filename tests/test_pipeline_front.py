@@ -1,0 +1,115 @@
+"""A front that is not gRPC drives the pipeline (pipeline/generations.py),
+engine-free: the same caller slot, gate admission and served version as a
+Generate, with nothing of gRPC imported, over an App whose engine is a
+stand-in that answers every request with the same tokens."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from rollout.v1 import rollout_pb2 as pb
+from rollout_service.engine.gate import AdmissionGate
+from rollout_service.engine.limits import ModelLimits
+from rollout_service.fairness.identity import CallerId
+from rollout_service.fairness.share import FairShare
+from rollout_service.generation.tokenizing import Tokenizing
+from rollout_service.pipeline.calls import RunningCalls
+from rollout_service.pipeline.generations import Generations
+from rollout_service.pipeline.many import StreamLimits
+from rollout_service.status.errors import FailedPrecondition, Unavailable
+
+ANSWER = [7, 8, 9]
+
+
+class StandInEngine:
+    """Answers every prompt with ANSWER, in one final output."""
+
+    errored = False
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[list[int], str]] = []
+
+    async def generate(self, prompt, params, request_id, **_):
+        self.asked.append((prompt["prompt_token_ids"], request_id))
+        completion = SimpleNamespace(
+            index=0,
+            token_ids=ANSWER,
+            logprobs=None,
+            text="",
+            finish_reason="length",
+            stop_reason=None,
+            weight_versions=None,
+        )
+        yield SimpleNamespace(
+            outputs=[completion],
+            prompt_token_ids=prompt["prompt_token_ids"],
+            prompt_logprobs=None,
+            num_cached_tokens=0,
+            finished=True,
+        )
+
+
+class Updater:
+    degraded = False
+
+    def check_serving(self) -> None:
+        pass
+
+
+@pytest.fixture
+def pipeline():
+    """The pipeline over a stand-in App (the real gate, fair share and
+    tokenizing thread; no tokenizer, no adapters) and its engine."""
+    engine = StandInEngine()
+    limits = ModelLimits(vocab_size=100, max_model_len=64, max_logprobs=5, supports_images=False)
+    app = SimpleNamespace(
+        engine=engine,
+        info=SimpleNamespace(limits=limits),
+        gate=AdmissionGate("v1"),
+        updater=Updater(),
+        adapters=None,
+        tokenizing=Tokenizing(None),
+        fair=FairShare(True, {}, max_per_caller=4, seats=2),
+    )
+    many_limits = StreamLimits.for_server(8, 1 << 16, 4 << 20, 64)
+    yield Generations(app, RunningCalls(), many_limits), engine  # type: ignore[arg-type]
+    app.tokenizing.close()
+
+
+def request(**fields) -> pb.GenerateRequest:
+    return pb.GenerateRequest(
+        prompt_token_ids=[1, 2, 3],
+        sampling_params=pb.SamplingParams(max_tokens=3),
+        **fields,
+    )
+
+
+WHO = CallerId("a second front", "generate", "front")
+
+
+def test_a_generation_runs_through_the_pipeline_without_grpc(pipeline):
+    generations, engine = pipeline
+    response = asyncio.run(generations.generate(request(request_id="r1"), WHO))
+    assert list(response.completions[0].token_ids) == ANSWER
+    assert response.weight_version == "v1"  # the gate's ticket
+    assert (response.usage.prompt_tokens, response.usage.completion_tokens) == (3, 3)
+    [(prompt, engine_id)] = engine.asked
+    assert prompt == [1, 2, 3] and engine_id.startswith("r1-")
+
+
+def test_the_gate_admits_on_the_served_version_only(pipeline):
+    generations, engine = pipeline
+    with pytest.raises(FailedPrecondition, match="serves 'v1', not 'v2'"):
+        asyncio.run(generations.generate(request(required_weight_version="v2"), WHO))
+    assert engine.asked == []
+
+
+def test_a_dead_engine_is_refused_before_any_work(pipeline):
+    generations, engine = pipeline
+    engine.errored = True
+    with pytest.raises(Unavailable):
+        asyncio.run(generations.generate(request(), WHO))
+    assert engine.asked == []
