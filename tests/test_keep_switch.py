@@ -33,7 +33,7 @@ from tests.support.keep_mode import METRICS_PORT, PROMPT, merged_spans
 
 # Long enough that the push lands well inside it (on a machine without
 # AVX-512 too), short enough for many rounds.
-TOKENS = 400
+TOKENS = 256
 # Tokens seen before the push (unary calls: the wait below instead).
 BEFORE = 24
 ROUNDS = 3
@@ -68,13 +68,16 @@ class Run:
         except BaseException as e:  # reported by join
             self.error = e
 
-    def wait_started(self, kind: str) -> None:
-        if kind == "unary":
-            # A unary call shows nothing before its end: long enough for it
-            # to be admitted and in the engine.
-            time.sleep(0.3)
-            return
+    def wait_started(self, kind: str, c: RolloutClient) -> None:
         deadline = time.monotonic() + 60
+        if kind == "unary":
+            # A unary call shows nothing before its end: until the engine
+            # holds it, then a few tokens' time.
+            while c.server_info().engine_requests < 1:
+                assert time.monotonic() < deadline and self._thread.is_alive(), "not started"
+                time.sleep(0.005)
+            time.sleep(0.03)
+            return
         while self.seen < BEFORE and self._thread.is_alive():
             assert time.monotonic() < deadline, "the generation did not start"
             time.sleep(0.002)
@@ -165,7 +168,7 @@ def _switch(c: RolloutClient, parameters, kind: str, seed: int) -> str:
     old = c.server_info().weight_version
     weights = random_weights(parameters, seed=seed)
     run = Run(KINDS[kind](c))
-    run.wait_started(kind)
+    run.wait_started(kind, c)
     new = version()
     ack = c.update_weights(weights, new, pause_mode=pb.PAUSE_MODE_KEEP)
     run.join()
@@ -214,7 +217,7 @@ def test_a_keep_that_cannot_keep_says_so(kc, keep_server):
     parameters = kc.server_info().parameters
     before = _held_count("wait")
     run = Run(_stream_of(kc, 1500))
-    run.wait_started("stream")
+    run.wait_started("stream", kc)
     resetting = threading.Thread(target=kc.reset_caches)
     resetting.start()
     time.sleep(0.2)  # the reset holds the lock, draining the generation

@@ -110,8 +110,8 @@ def test_a_stale_response_fails_the_run(tmp_path):
 @pytest.mark.timeout(180)
 def test_headless_run_mixes_generations_sessions_and_pushes_without_stale_tokens(server, tmp_path):
     prefix, html = tmp_path / "run", tmp_path / "report.html"
-    args = ["--headless", "-u", "6", "-r", "6", "-t", "25s", "--only-summary"]
-    args += ["--rollout-target", server.target, "--push-every", "4"]
+    args = ["--headless", "-u", "6", "-r", "6", "-t", "18s", "--only-summary"]
+    args += ["--rollout-target", server.target, "--push-every", "3"]
     args += ["--pause-modes", "keep,wait", "--turns", "3", "--output-tokens", "16-32"]
     args += ["--csv", str(prefix), "--html", str(html)]
     done = subprocess.run(locust_cmd(args), capture_output=True, text=True, timeout=150)
