@@ -20,16 +20,12 @@ builds it."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import time
-
 import pytest
 
 from rollout_client import RolloutClient, pb
 from rollout_service.engine.tiny_models import ensure_model
+from tests.support import verl_drive
 from tests.support.delta_steps import last_step_checkpoint
-from tests.verl_env import build
 
 STEP = 7  # verl's global_steps of the push
 RESPONSE = 8  # rollout.response_length: the max_tokens verl's server sets
@@ -66,13 +62,7 @@ def _close(ours: list[float], theirs: list[float]) -> float:
 
 @pytest.fixture(scope="module")
 def verl_python():
-    if not build.ready():
-        pytest.fail(
-            f"the verl venv {build.venv_path()} is missing or incomplete: "
-            "run scripts/setup --dev (or python3 tests/verl_env/build.py)",
-            pytrace=False,
-        )
-    return build.python()
+    return verl_drive.python()
 
 
 @pytest.fixture(scope="module")
@@ -92,17 +82,7 @@ def run(verl_python, server, delta_reference, tmp_path_factory):
         "response_length": RESPONSE,
         "chat": CHAT,
     }
-    started = time.monotonic()
-    done = subprocess.run(
-        [str(verl_python), str(build.HERE / "drive.py")],
-        input=json.dumps(args),
-        capture_output=True,
-        text=True,
-        timeout=480,
-    )
-    assert done.returncode == 0, done.stderr[-6000:]
-    seen = json.loads((tmp / "out.json").read_text())
-    print(f"drive.py: {time.monotonic() - started:.0f} s")
+    seen = verl_drive.drive(verl_python, "drive.py", args, timeout=480)
     with RolloutClient(delta_reference.target, timeout=120) as ref:
         reference = [_greedy(ref, ids) for ids in prompts]
     return {

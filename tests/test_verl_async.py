@@ -14,16 +14,12 @@ The verl venv missing is a failure, not a skip (`scripts/setup --dev`)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import time
-
 import pytest
 
 from rollout_client import RolloutClient
 from rollout_service.engine.tiny_models import ensure_model
+from tests.support import verl_drive
 from tests.support.delta_steps import last_step_checkpoint
-from tests.verl_env import build
 
 RESPONSE = 200  # every call's budget (ignore_eos: each uses all of it), seconds long
 TRAJECTORIES, TURNS, PROMPT = 6, 3, 160
@@ -32,28 +28,12 @@ pytestmark = pytest.mark.timeout(900)
 
 @pytest.fixture(scope="module")
 def verl_python():
-    if not build.ready():
-        pytest.fail(
-            f"the verl venv {build.venv_path()} is missing or incomplete: "
-            "run scripts/setup --dev (or python3 tests/verl_env/build.py)",
-            pytrace=False,
-        )
-    return build.python()
+    return verl_drive.python()
 
 
 def _drive(verl_python, tmp, **args) -> dict:
     args["out"] = str(tmp / f"{args['phase']}.json")
-    started = time.monotonic()
-    done = subprocess.run(
-        [str(verl_python), str(build.HERE / "drive_async.py")],
-        input=json.dumps(args),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-6000:]
-    print(f"drive_async.py {args['phase']}: {time.monotonic() - started:.0f} s")
-    return json.loads((tmp / f"{args['phase']}.json").read_text())
+    return verl_drive.drive(verl_python, "drive_async.py", args, timeout=600)
 
 
 @pytest.fixture(scope="module")
