@@ -3,9 +3,11 @@ rollout_client.verl (docs/verl.md), driven from the verl venv by
 tests/verl_env/drive_async.py against real servers:
 
 - a weight sync never fails a rollout: calls running while verl's naive
-  hand-off pushes, and calls leaving the plugin while the push runs (the
-  service refuses them: the version moved), all come back to verl's resume
-  and end with their whole budget, tagged with the steps that produced them;
+  hand-off pushes, calls leaving the plugin while the push runs, and calls
+  a push overtook at the service's gate (refused: the version moved) all
+  come back to verl's resume and end with their whole budget, tagged with
+  the steps that produced them; a call still on its way when verl aborts
+  is cancelled and resumed;
 - with two services, every turn of a trajectory reaches the one that holds
   its prefix (each service's own prefix cache says which trajectories it
   holds), and the trajectories split between them.
@@ -85,8 +87,19 @@ def test_a_push_during_a_fully_async_batch_fails_no_call(synced):
     # calls running at the push were aborted (not waited for) and resumed on
     # the new weights: their tokens come from both steps
     assert any(c["min_global_steps"] == 1 for c in synced["running"]), synced["running"]
-    # and the service did refuse calls the push overtook: the path was taken
-    assert synced["stats"]["refused_then_aborted"] > 0, synced["stats"]
+
+
+def test_a_call_the_push_overtook_is_refused_and_resumed_not_failed(synced):
+    # pinned to step 2, they waited at the gate while the step-3 push drained
+    assert synced["refused_held_at_gate"], "the calls were admitted before the push"
+    assert synced["third_push"]["versions"] == [synced["third_push"]["pushed_version"]]
+    for c in synced["refused"]:
+        assert "error" not in c, c
+        # refused before any token (nothing of step 2), resumed on step 3
+        # with the whole budget
+        assert c["n"] == c["logprobs"] == RESPONSE, c
+        assert c["min_global_steps"] == c["max_global_steps"] == 3, c
+    assert synced["stats"]["refused_then_aborted"] >= len(synced["refused"]), synced["stats"]
 
 
 def test_every_turn_of_a_trajectory_reaches_one_service(routed):
@@ -102,3 +115,18 @@ def test_every_turn_of_a_trajectory_reaches_one_service(routed):
     assert 0 < sum(owners) < TRAJECTORIES, owners
     # the plugin's own count agrees: every call went somewhere
     assert sum(routed["stats"]["calls"]) == TRAJECTORIES * TURNS
+
+
+def test_a_call_still_on_its_way_when_verl_aborts_is_cancelled_not_counted(synced):
+    t = synced["transit"]
+    # The service did not have it (still in transit): the plugin cancelled
+    # it and counts it apart from what the service aborted.
+    assert t["abort"]["cancelled_in_transit"] == ["transit"], t
+    assert t["abort"]["aborted_count"] == len(t["abort"]["request_ids"]) == 0, t
+    assert t["stats"]["cancelled_in_transit"] == 1, t
+    # verl gets it back aborted, with nothing made (its resume re-sends it)
+    assert t["held"] == {"n": 0, "stop_reason": "aborted"}, t
+    # and it never reached the engine, past its transit
+    assert t["engine_requests_after_transit"] == 0, t
+    # the server serves again after resume_generation
+    assert t["after"]["n"] == RESPONSE and t["after"]["stop_reason"] == "completed", t

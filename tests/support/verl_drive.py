@@ -29,13 +29,17 @@ def drive(verl_python: Path, script: str, args: dict, timeout: float) -> dict:
     """Runs tests/verl_env/`script` with `args` (JSON on its stdin, which
     names the file it writes its answer to as "out"); returns that answer."""
     started = time.monotonic()
-    done = subprocess.run(
-        [str(verl_python), str(build.HERE / script)],
-        input=json.dumps(args),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    try:
+        done = subprocess.run(
+            [str(verl_python), str(build.HERE / script)],
+            input=json.dumps(args),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as e:  # what it was doing when it hung
+        tail = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
+        pytest.fail(f"{script} ran over {timeout:.0f} s; its log ends:\n{(tail or '')[-6000:]}")
     assert done.returncode == 0, done.stderr[-6000:]
     print(f"{script}: {time.monotonic() - started:.0f} s")
     return json.loads(Path(args["out"]).read_text())

@@ -9,9 +9,10 @@ model), model, push (a checkpoint folder), response_length, phase
 
 - sync: verl's FullyAsyncLLMServerClient runs calls while verl's
   ActorRolloutRefWorker.update_weights pushes (naive backend, the plugin's
-  default pause mode) and while new calls keep arriving; then one call held
-  at the service's gate (the service asleep) when verl's abort_all_requests
-  runs, resumed by verl's resume_generation.
+  default pause mode) and while new calls keep arriving; then calls that
+  wait at the gate while a push (PAUSE_MODE_WAIT) drains, refused on the
+  new version and resumed by verl; then a call still on its way to the
+  service when the plugin's abort_all_requests runs (_transit_phase).
 - routing: with two targets, verl's LLMServerClient runs multi-turn
   trajectories (each turn's prompt extends the last turn's prompt and
   output, as verl's agent loops build them); then each service is asked,
@@ -21,6 +22,7 @@ model), model, push (a checkpoint folder), response_length, phase
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import random
 import sys
@@ -76,37 +78,96 @@ async def sync_phase(config: Any, manager: Any, args: dict) -> dict:
     out["running"] = list(await asyncio.gather(*calls))
     out["late"] = list(await asyncio.gather(*late))
     log(f"sync: {len(calls)} running, {len(late)} late calls")
+    out.update(await _refused_phase(config, client, args))
+    out["transit"] = await _transit_phase(replica, args)
+    out["stats"] = await server.stats.remote()
+    return out
 
-    # A call on its way to the service when verl aborts: an update of the
-    # served weights again (the same version, as a version's own weights may
-    # be) waits in PAUSE_MODE_WAIT for a long call, the service's gate closed
-    # meanwhile, so the call waits at it, where Abort does not find it.
-    version = out["second_push"]["versions"][0]
+
+async def _refused_phase(config: Any, client: Any, args: dict) -> dict:
+    """Calls that leave the plugin pinned to the served version and reach
+    the service after a push of ours moved it, every time: the push runs in
+    PAUSE_MODE_WAIT, whose drain holds the service's gate closed behind a
+    long call, and the calls are sent meanwhile. They wait at the gate,
+    the push installs the new version, they are refused on it
+    (WRONG_WEIGHT_VERSION), come back aborted, and verl resumes them under
+    the new pin."""
+    from omegaconf import OmegaConf
+
+    from rollout_client import AsyncRolloutClient
+
+    waiting = copy.deepcopy(config)
+    OmegaConf.update(waiting, "actor_rollout_ref.rollout.custom.pause_mode", "wait", force_add=True)
+    prompt = args["prompt"]
     async with AsyncRolloutClient(args["target"], timeout=120) as direct:
         long = asyncio.ensure_future(
             direct.generate(
-                prompt_token_ids=prompt, request_id="long", max_tokens=2000, ignore_eos=True
+                prompt_token_ids=prompt, request_id="long-wait", max_tokens=2000, ignore_eos=True
             )
         )
-        await asyncio.sleep(0.5)
-        again = asyncio.ensure_future(
-            direct.update_weights(args["push"], version, drain_timeout_seconds=60)
-        )
-        await asyncio.sleep(1.5)  # uploaded: the gate closes for the drain
+        while (await direct.server_info()).engine_requests < 1:  # noqa: ASYNC110
+            if long.done():
+                long.result()  # refused: say why
+            await asyncio.sleep(0.05)
+        pushing = asyncio.ensure_future(push(waiting, args["push"], 3))
+        await asyncio.sleep(2.0)  # uploaded and committed: the gate is closed for the drain
         t0 = time.monotonic()
-        held = asyncio.ensure_future(_call(client, "held", prompt, t0))
-        await asyncio.sleep(0.5)
-        out["abort"] = await server.abort_all_requests.remote()
-        out["long_running"] = not long.done()
-        await direct.abort(["long"])
+        refused = [
+            asyncio.ensure_future(_call(client, f"refused{i}", prompt, t0)) for i in range(2)
+        ]
+        await asyncio.sleep(1.0)
+        held_at_gate = (await direct.server_info()).engine_requests == 1  # the long call only
+        await direct.abort(["long-wait"])
         await long
-        await again
-    await asyncio.sleep(2.0)  # paused: nothing may run until resume_generation
-    out["resumed_at"] = time.monotonic() - t0
-    await replica.resume_generation()
-    out["held"] = await held
-    out["stats"] = await server.stats.remote()
-    return out
+        third = await pushing
+    return {
+        "third_push": third,
+        "refused": list(await asyncio.gather(*refused)),
+        "refused_held_at_gate": held_at_gate,
+    }
+
+
+async def _transit_phase(replica: Any, args: dict) -> dict:
+    """A call still on its way to the service when verl aborts: the
+    plugin's server (the class verl's replica runs as a Ray actor, here in
+    this process) whose connection delays each Generate by a second before
+    the service sees it. One connection delivers in order, so a real
+    network cannot make the service's Abort overtake a call; what it
+    stands for is a call that left the plugin but is not yet registered at
+    the service (on the wire, in the service's prepare step)."""
+    from rollout_client import AsyncRolloutClient
+    from rollout_client.verl.server import ServiceServer
+
+    class Delayed(AsyncRolloutClient):
+        async def generate(self, **kwargs: Any) -> Any:
+            await asyncio.sleep(1.0)  # in transit
+            return await super().generate(**kwargs)
+
+    server = ServiceServer(config=replica.config, settings=replica.settings, replica_rank=7)
+    (target,) = replica.settings.targets
+    wire = Delayed(target, timeout=120)
+    async with AsyncRolloutClient(target, timeout=120) as probe:
+        server._clients = [wire]
+        server._max_model_len = int((await probe.server_info()).max_model_len)
+        version, step = await replica.server_handle.get_version.remote()
+        await server.set_version(version, step)
+        sampling = dict(temperature=1.0, top_p=1.0, top_k=-1, logprobs=True, ignore_eos=True)
+        held = asyncio.ensure_future(server.generate(args["prompt"], sampling, "transit"))
+        await asyncio.sleep(0.3)
+        abort = await server.abort_all_requests()
+        o = await held
+        await asyncio.sleep(1.5)  # past the transit: a call not cancelled would run now
+        ran = (await probe.server_info()).engine_requests
+        await server.resume_generation()
+        after = await server.generate(args["prompt"], sampling, "after")
+    await wire.close()
+    return {
+        "abort": abort,
+        "held": {"n": len(o.token_ids), "stop_reason": o.stop_reason},
+        "engine_requests_after_transit": ran,
+        "after": {"n": len(after.token_ids), "stop_reason": after.stop_reason},
+        "stats": await server.stats(),
+    }
 
 
 def _trajectory_prompt(j: int, length: int) -> list[int]:
