@@ -25,8 +25,8 @@ from rollout_service.sessions.store import SessionLimits, SessionStore
 from rollout_service.update.delta_base import DeltaBase
 from rollout_service.update.reservation import region_bytes
 from rollout_service.update.served import Served
-from rollout_service.update.sessions import UpdateSessions
 from rollout_service.update.sleep import Sleeper
+from rollout_service.update.transfers import WeightTransfers
 from rollout_service.update.updates import build_updater
 
 # Why PAUSE_MODE_KEEP is refused on a model that takes images.
@@ -98,10 +98,10 @@ async def build_app(
         info=info,
         gate=gate,
         updater=updater,
-        sessions=UpdateSessions(updater, config.update_idle_timeout_seconds),
+        transfers=WeightTransfers(updater, config.update_idle_timeout_seconds),
         tokenizing=tokenizing,
         adapters=updater.adapters,
-        sleeper=Sleeper(engine, updater.quiet, served),
+        sleeper=Sleeper(engine, updater.quiescer, served),
         session_store=SessionStore(
             SessionLimits(
                 max_sessions=config.max_sessions,

@@ -31,8 +31,8 @@ class _Engine:
 
 def _reset(kv_connector: bool):
     engine = _Engine()
-    quiet = Quiescer(engine, Served(AdmissionGate("v0")), kv_connector=kv_connector)
-    results = asyncio.run(quiet.reset_all())
+    quiescer = Quiescer(engine, Served(AdmissionGate("v0")), kv_connector=kv_connector)
+    results = asyncio.run(quiescer.reset_all())
     return engine.calls, [(r.cache, r.reset) for r in results]
 
 

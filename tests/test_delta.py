@@ -217,12 +217,12 @@ def test_a_tensor_sent_in_more_separate_ranges_than_the_bound_is_refused_untouch
     client, stub, steps
 ):
     """Each separate range of a tensor's received bytes costs the server a
-    sorted insertion: at most 65,536 per tensor (receiver.MAX_RANGES). A
+    sorted insertion: at most 65,536 per tensor (upload.MAX_RANGES). A
     delta's encoded bytes may be twice its tensor's, so one 1-byte chunk at
     every other offset reaches the bound on the embedded model's largest
     tensor; the next chunk is refused naming its place in the batch, and
     nothing is served differently."""
-    from rollout_service.update.receiver import MAX_RANGES
+    from rollout_service.update.upload import MAX_RANGES
 
     client.update_weights(steps[0], version(), delta="always")
     base = client.server_info().delta_base_version

@@ -78,6 +78,6 @@ def test_a_stale_name_is_caught():
     assert unknown("Receiving is update_sessions.py's", where, files) == [
         f"{where}: update_sessions.py"
     ]
-    assert unknown("Receiving is update/sessions.py's", where, files) == []
+    assert unknown("Receiving is update/transfers.py's", where, files) == []
     assert unknown("see rollout_service/updates.py", where, files)
     assert unknown("vllm/v1/engine/async_llm.py", where, files) == []

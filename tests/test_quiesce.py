@@ -104,10 +104,10 @@ async def _running_call(gate: AdmissionGate, engine: _Engine, engine_id: str):
 
 
 def test_the_sequence_in_order_with_the_gate_closed_throughout():
-    quiet, engine, gate = _quiescer()
+    quiescer, engine, gate = _quiescer()
 
     async def go():
-        async with quiet.quiesced(installs="v1") as q:
+        async with quiescer.quiesced(installs="v1") as q:
             engine.log("work")
         waiting = gate.admit()
         ticket = await waiting.__aenter__()
@@ -134,11 +134,11 @@ def test_the_sequence_in_order_with_the_gate_closed_throughout():
 
 
 def test_keep_drains_nothing_pauses_in_keep_mode_and_preempts_on_reset():
-    quiet, engine, gate = _quiescer(drain_timeout_seconds=0.0)
+    quiescer, engine, gate = _quiescer(drain_timeout_seconds=0.0)
 
     async def go():
         call = await _running_call(gate, engine, "r1")
-        async with quiet.quiesced(pb.PAUSE_MODE_KEEP) as q:
+        async with quiescer.quiesced(pb.PAUSE_MODE_KEEP) as q:
             pass
         await call.__aexit__(None, None, None)
         return q
@@ -151,11 +151,11 @@ def test_keep_drains_nothing_pauses_in_keep_mode_and_preempts_on_reset():
 
 @pytest.mark.parametrize("mode", [pb.PAUSE_MODE_WAIT, pb.PAUSE_MODE_ABORT])
 def test_a_running_call_is_drained_by_abort_past_the_deadline(mode):
-    quiet, engine, gate = _quiescer(drain_timeout_seconds=0.05)
+    quiescer, engine, gate = _quiescer(drain_timeout_seconds=0.05)
 
     async def go():
         call = await _running_call(gate, engine, "r1")
-        async with quiet.quiesced(mode) as q:
+        async with quiescer.quiesced(mode) as q:
             pass
         await call.__aexit__(None, None, None)
         return q
@@ -166,10 +166,10 @@ def test_a_running_call_is_drained_by_abort_past_the_deadline(mode):
 
 
 def test_a_failed_load_degrades_while_paused_then_resumes_and_reopens():
-    quiet, engine, gate = _quiescer()
+    quiescer, engine, gate = _quiescer()
 
     async def go():
-        async with quiet.quiesced(installs="v1"):
+        async with quiescer.quiesced(installs="v1"):
             raise ValueError("load failed")
 
     with pytest.raises(EngineFailure, match="'v1' failed inside the engine") as e:
@@ -178,24 +178,24 @@ def test_a_failed_load_degrades_while_paused_then_resumes_and_reopens():
     # the workers' half-loaded state is cleared while the engine is paused,
     # and no version is claimed: not the old one, not the new one
     assert engine.names() == ["pause", "abandon", "resume"]
-    assert gate.is_open and gate.version == "" and quiet.served.degraded
+    assert gate.is_open and gate.version == "" and quiescer.served.degraded
 
 
 def test_without_a_hook_the_failure_itself_is_raised_and_a_refused_reset_too():
-    quiet, engine, gate = _quiescer()
+    quiescer, engine, gate = _quiescer()
 
     async def go():
-        async with quiet.quiesced():
+        async with quiescer.quiesced():
             raise ValueError("boom")
 
     with pytest.raises(ValueError, match="boom"):
         asyncio.run(go())
     assert engine.names() == ["pause", "resume"] and gate.is_open
 
-    quiet, engine, gate = _quiescer(prefix_resets=False)
+    quiescer, engine, gate = _quiescer(prefix_resets=False)
 
     async def reset_only():
-        async with quiet.quiesced():
+        async with quiescer.quiesced():
             pass
 
     with pytest.raises(RuntimeError, match="refused to reset the prefix cache"):
@@ -204,10 +204,10 @@ def test_without_a_hook_the_failure_itself_is_raised_and_a_refused_reset_too():
 
 
 def test_one_quiesce_at_a_time():
-    quiet, engine, _ = _quiescer()
+    quiescer, engine, _ = _quiescer()
 
     async def one(name):
-        async with quiet.quiesced():
+        async with quiescer.quiesced():
             engine.log(name + " in")
             await asyncio.sleep(0.01)
             engine.log(name + " out")
@@ -221,42 +221,42 @@ def test_one_quiesce_at_a_time():
 
 
 def test_sleep_holds_the_gate_closed_until_woken_and_touches_no_pause_or_cache():
-    quiet, engine, gate = _quiescer()
+    quiescer, engine, gate = _quiescer()
 
     async def go():
-        async with quiet.quiesced(sleep=True):
+        async with quiescer.quiesced(sleep=True):
             await engine.sleep(1)
-        assert quiet.asleep and not gate.is_open
+        assert quiescer.asleep and not gate.is_open
         with pytest.raises(FailedPrecondition, match="asleep"):
-            quiet.check_awake()
-        async with quiet.woken():
+            quiescer.check_awake()
+        async with quiescer.woken():
             await engine.wake_up()
 
     asyncio.run(go())
     assert engine.names() == ["sleep", "wake_up"]
-    assert not quiet.asleep and gate.is_open
+    assert not quiescer.asleep and gate.is_open
 
 
 def test_a_failed_sleep_reopens_and_a_failed_wake_up_stays_asleep():
-    quiet, _, gate = _quiescer()
+    quiescer, _, gate = _quiescer()
 
     async def failing_sleep():
-        async with quiet.quiesced(sleep=True):
+        async with quiescer.quiesced(sleep=True):
             raise RuntimeError("no")
 
     with pytest.raises(RuntimeError):
         asyncio.run(failing_sleep())
-    assert not quiet.asleep and gate.is_open
+    assert not quiescer.asleep and gate.is_open
 
     async def failing_wake():
-        async with quiet.quiesced(sleep=True):
+        async with quiescer.quiesced(sleep=True):
             pass
-        async with quiet.woken():
+        async with quiescer.woken():
             raise RuntimeError("still asleep")
 
     with pytest.raises(RuntimeError):
         asyncio.run(failing_wake())
-    assert quiet.asleep and not gate.is_open
+    assert quiescer.asleep and not gate.is_open
 
 
 def test_sleeper_level_2_wakes_degraded_and_refuses_resets_meanwhile():
@@ -268,7 +268,7 @@ def test_sleeper_level_2_wakes_degraded_and_refuses_resets_meanwhile():
     base = DeltaBase({}, StagingRegion(), StagingRegion())
     updater = build_updater(engine, served, {}, 1, base)
     try:
-        sleeper = Sleeper(engine, updater.quiet, served)
+        sleeper = Sleeper(engine, updater.quiescer, served)
         sleeper.refusal = None  # vLLM's CPU platform has no sleep mode
 
         async def go():

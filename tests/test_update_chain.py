@@ -1,4 +1,4 @@
-"""An update's plan and its receiver alone (plan.py, receiver.py): order,
+"""An update's plan and its receiver alone (plan.py, upload.py): order,
 coverage, limits (no engine)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import pytest
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.status.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
-from rollout_service.update import receiver as receiver_module
+from rollout_service.update import upload as upload_module
 from rollout_service.update.plan import Placement, Target
-from rollout_service.update.receiver import Coverage
+from rollout_service.update.upload import Coverage
 from tests.support.regions import FakeRegion
 from tests.support.update_stream import UpdateStream
 
@@ -157,7 +157,7 @@ def test_a_bad_chunk_in_a_batch_is_refused_naming_it(chunks, field, why):
 
 def test_a_tensors_bytes_may_form_only_so_many_separate_ranges(monkeypatch):
     """Out-of-order chunks cost a sorted insertion each: their ranges are bounded."""
-    monkeypatch.setattr(receiver_module, "MAX_RANGES", 3)
+    monkeypatch.setattr(upload_module, "MAX_RANGES", 3)
     asm = assembler()
     asm.feed(begin(MANIFEST["a"]))
     asm.feed(batch((0, 40, b"x"), (0, 20, b"x"), (0, 0, b"x")))

@@ -21,7 +21,7 @@ import pytest
 from harness.weights_util import COMMIT, chunk, random_weights, spec, tensor_bytes, version
 from rollout.v1 import rollout_pb2_grpc
 from rollout_client import RolloutError, pb
-from rollout_service.update.sessions import could_be_twins
+from rollout_service.update.transfers import could_be_twins
 from tests.support.stall import stalled, wait_stalled
 
 # Long enough to show that a waiter waits; a refusal comes in milliseconds.

@@ -14,8 +14,8 @@ from rollout_service.fairness.share import FairShare
 from rollout_service.generation.tokenizing import Tokenizing
 from rollout_service.sessions.store import SessionStore
 from rollout_service.update.lora import Adapters
-from rollout_service.update.sessions import UpdateSessions
 from rollout_service.update.sleep import Sleeper
+from rollout_service.update.transfers import WeightTransfers
 from rollout_service.update.updates import WeightUpdater
 
 
@@ -27,7 +27,7 @@ class App:
     info: EngineInfo
     gate: AdmissionGate
     updater: WeightUpdater
-    sessions: UpdateSessions
+    transfers: WeightTransfers
     tokenizing: Tokenizing
     adapters: Adapters
     sleeper: Sleeper

@@ -1,6 +1,6 @@
 """The RPCs that change weights or caches: UpdateWeights, the staged update
 (BeginUpdate, UploadChunks, GetUpdateStatus, CommitUpdate, AbortUpdate) and
-ResetCaches. Receiving is update/sessions.py's, applying update/updates.py's."""
+ResetCaches. Receiving is update/transfers.py's, applying update/updates.py's."""
 
 from __future__ import annotations
 
@@ -22,17 +22,17 @@ class UpdateRpcs:
     @unary
     async def UpdateWeights(self, request_iterator, context):
         app = self.serving.ready.app
-        return await app.sessions.update_stream(request_iterator)
+        return await app.transfers.update_stream(request_iterator)
 
     @unary
     async def BeginUpdate(self, request, context):
-        sessions = self.serving.ready.app.sessions
-        session = await sessions.begin(request.begin, same_host=request.same_host)
-        plan = session.receiver.plan
+        transfers = self.serving.ready.app.transfers
+        transfer = await transfers.begin(request.begin, same_host=request.same_host)
+        plan = transfer.receiver.plan
         reply = pb.BeginUpdateResponse(
-            update_id=session.id,
+            update_id=transfer.id,
             total_bytes=plan.total_bytes,
-            idle_timeout_seconds=sessions.idle_timeout_seconds,
+            idle_timeout_seconds=transfers.idle_timeout_seconds,
         )
         if request.same_host:
             reply.shared_staging.path = os.path.join(SHM_DIR, plan.region.name)
@@ -41,29 +41,29 @@ class UpdateRpcs:
 
     @unary
     async def UploadChunks(self, request_iterator, context):
-        sessions = self.serving.ready.app.sessions
+        transfers = self.serving.ready.app.transfers
         received = 0
-        session = None
+        transfer = None
         async for msg in request_iterator:
-            if session is None or msg.update_id != session.id:
-                session = sessions.get(msg.update_id)
-            received += sessions.upload(session, msg)
+            if transfer is None or msg.update_id != transfer.id:
+                transfer = transfers.get(msg.update_id)
+            received += transfers.upload(transfer, msg)
         return pb.UploadChunksResponse(bytes_received=received)
 
     @unary
     async def GetUpdateStatus(self, request, context):
-        sessions = self.serving.ready.app.sessions
-        return sessions.status(sessions.get(request.update_id))
+        transfers = self.serving.ready.app.transfers
+        return transfers.status(transfers.get(request.update_id))
 
     @unary
     async def CommitUpdate(self, request, context):
-        sessions = self.serving.ready.app.sessions
-        return pb.CommitUpdateResponse(result=await sessions.commit(request.update_id))
+        transfers = self.serving.ready.app.transfers
+        return pb.CommitUpdateResponse(result=await transfers.commit(request.update_id))
 
     @unary
     async def AbortUpdate(self, request, context):
-        sessions = self.serving.ready.app.sessions
-        sessions.abort(sessions.get(request.update_id))
+        transfers = self.serving.ready.app.transfers
+        transfers.abort(transfers.get(request.update_id))
         return pb.AbortUpdateResponse()
 
     @unary

@@ -16,7 +16,7 @@ Retries: an update that was applied after its client went away is
 recognised when the client retries the same version with the same tensors
 and bytes, and answered with the original acknowledgement instead of
 "already the served version". A retry that arrives while the original is
-still applying waits for it first (update/sessions.py), then is recognised
+still applying waits for it first (update/transfers.py), then is recognised
 the same way.
 """
 
@@ -64,7 +64,7 @@ class BaseWeights:
     def __init__(
         self,
         engine,
-        quiet: Quiescer,
+        quiescer: Quiescer,
         manifest: dict[str, pb.TensorSpec],
         max_update_bytes: int,
         base: DeltaBase,
@@ -74,8 +74,8 @@ class BaseWeights:
         keep_refusal: str | None = None,
     ) -> None:
         self.engine = engine
-        self.quiet = quiet
-        self.served = quiet.served
+        self.quiescer = quiescer
+        self.served = quiescer.served
         self.manifest = manifest
         self.max_update_bytes = max_update_bytes
         # The staging region laid out as the model, and the incoming region
@@ -189,7 +189,7 @@ class BaseWeights:
         self, update: ReceivedUpdate, arrival: Arrival
     ) -> pb.UpdateWeightsResponse:
         # The region is this update's until it ends (one at a time,
-        # update/sessions.py).
+        # update/transfers.py).
         self._last = None
         if update.delta is not None:
             # Entries that do not decode: refused before the engine is touched.
@@ -222,9 +222,9 @@ class BaseWeights:
         # region is written again (region_free).
         content = asyncio.ensure_future(asyncio.to_thread(update.content))
         decode_s = 0.0
-        async with self.quiet.quiesced(
+        async with self.quiescer.quiesced(
             update.pause_mode, update.drain_timeout_seconds, installs=version
-        ) as quiet:
+        ) as quiesced:
             previous = self.served.version
             t_load = time.perf_counter()
             if update.delta is None:
@@ -244,7 +244,7 @@ class BaseWeights:
         t_end = time.perf_counter()
         self.base.installed(version, update.names if not update.base_version else set())
         self.names.served_as(version, content if self._full(update.begin) else None)
-        timings = ack_timings(arrival, quiet, t_end, quiet.t_reset - t_load, decode_s)
+        timings = ack_timings(arrival, quiesced, t_end, quiesced.t_reset - t_load, decode_s)
         log.info(
             "weights %r -> %r: %d tensors, %d bytes, %s",
             previous,
@@ -258,13 +258,13 @@ class BaseWeights:
             previous_weight_version=previous,
             bytes_received=update.bytes_received,
             tensors_loaded=len(update.tensors),
-            caches_reset=quiet.results,
+            caches_reset=quiesced.results,
             timings=timings,
-            requests_aborted=quiet.aborted,
+            requests_aborted=quiesced.aborted,
         )
         if update.pause_mode == pb.PAUSE_MODE_KEEP:
-            ack.requests_kept = len(quiet.running)
-            if (held := keep_held(arrival, quiet)) is not None:
+            ack.requests_kept = len(quiesced.running)
+            if (held := keep_held(arrival, quiesced)) is not None:
                 ack.keep_held.CopyFrom(held)
                 report_held(version, held)
         self._last = _Applied(ack=ack, content=content)

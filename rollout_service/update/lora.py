@@ -67,12 +67,12 @@ class Adapters:
         self,
         engine,
         base_manifest: dict[str, pb.TensorSpec],
-        quiet: Quiescer,
+        quiescer: Quiescer,
         incoming: StagingRegion,
         max_update_bytes: int,
     ) -> None:
         self.engine = engine
-        self.quiet = quiet
+        self.quiescer = quiescer
         # Adapter updates are packed in the incoming region, never in the
         # slots of the base weights.
         self.incoming = incoming
@@ -137,7 +137,7 @@ class Adapters:
 
     async def region_free(self) -> None:
         """The incoming region is free once the update before has ended
-        (one update at a time, update/sessions.py)."""
+        (one update at a time, update/transfers.py)."""
 
     def plan(self, begin: pb.UpdateWeightsBegin) -> UpdatePlan:
         """Validates begin.adapter, then the update against the adapter's
@@ -266,7 +266,7 @@ class Adapters:
                     "begin.adapter", f"the engine refused the adapter ({type(e).__name__}: {e})"
                 ) from e
         t_switch = time.perf_counter()
-        async with self.quiet.quiesced(staged.pause_mode, staged.drain_timeout_seconds) as q:
+        async with self.quiescer.quiesced(staged.pause_mode, staged.drain_timeout_seconds) as q:
             old = self._loaded.pop(t.name, None)
             if new is not None:
                 self._loaded[t.name] = new

@@ -6,7 +6,7 @@ its tensors out in the staging region (its Placement), before a byte is
 received or the engine is touched: names, dtypes and shapes, encodings and
 their sizes, fused groups, the delta base, the size limit, the pause mode.
 Pure: a plan is computed, never stored anywhere but in the values that
-follow it (receiver.py, received.py), and tested without an engine.
+follow it (upload.py, received.py), and tested without an engine.
 
 Where the bytes go: a full update writes each tensor into its slot of the
 staging region (delta_base.py: the region laid out as the whole model), or,
@@ -121,7 +121,7 @@ class UpdatePlan:
         """Makes the region hold the update and returns it. Growing it (a
         delta larger than any before it) allocates and faults in its pages:
         time that grows with the update, so callers run it in a thread
-        (UpdateSessions.begin). The incoming region grows with a quarter to
+        (WeightTransfers.begin). The incoming region grows with a quarter to
         spare, so that the next steps' deltas, a little larger or smaller,
         fit without growing it again."""
         room = min(self.end // 4, max(self.max_update_bytes - self.end, 0)) if self.packed else 0

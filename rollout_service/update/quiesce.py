@@ -65,7 +65,7 @@ class EngineRestored(Exception):
 
 
 @dataclass
-class Quiet:
+class Quiesced:
     """What one quiesce did and when, for the caller's acknowledgement
     (timings.py)."""
 
@@ -126,13 +126,13 @@ class Quiescer:
         *,
         installs: str | None = None,
         sleep: bool = False,
-    ) -> AsyncIterator[Quiet]:
+    ) -> AsyncIterator[Quiesced]:
         """Runs the block with the gate closed, the admitted calls drained
         and the engine paused; then resets every cache and resumes. The
-        yielded Quiet is filled in as the sequence goes."""
+        yielded Quiesced is filled in as the sequence goes."""
         keep = pause_mode == pb.PAUSE_MODE_KEEP
         async with self._lock:
-            quiet = Quiet(t0=time.perf_counter())
+            quiet = Quiesced(t0=time.perf_counter())
             self.gate.close()
             held = False
             try:

@@ -1,6 +1,6 @@
 """The second value of an update: every byte received and checked.
 
-A ReceivedUpdate is what the receiver (receiver.py) returns once the plan's
+A ReceivedUpdate is what the receiver (upload.py) returns once the plan's
 bytes all lie in the region with their checksums matching; the appliers
 (base_weights.py, lora.py) take it. For a delta it also says what to decode
 into which slot (delta_base.DeltaPlan) and which tensors the engine then
@@ -96,7 +96,7 @@ class ReceivedUpdate:
 
 
 def received(plan: UpdatePlan, bytes_received: int) -> ReceivedUpdate:
-    """The update `plan` describes, its bytes all in (receiver.py checked them)."""
+    """The update `plan` describes, its bytes all in (upload.py checked them)."""
     if plan.begin.base_version:
         return _received_delta(plan, bytes_received)
     return ReceivedUpdate(

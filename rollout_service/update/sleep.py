@@ -42,18 +42,18 @@ class Sleeper:
     (quiesce.py; the Quiescer holds the asleep state, and the updater
     refuses updates and resets while it is set)."""
 
-    def __init__(self, engine, quiet: Quiescer, served: Served) -> None:
-        """`quiet`: the one quiesce (the updater's); `served`: what the
+    def __init__(self, engine, quiescer: Quiescer, served: Served) -> None:
+        """`quiescer`: the one quiesce (the updater's); `served`: what the
         engine serves, lost when a level-2 Sleep drops the weights."""
         self.engine = engine
-        self.quiet = quiet
+        self.quiescer = quiescer
         self.served = served
         self.refusal = sleep_unavailable_reason(engine)
         self._level = 0
 
     @property
     def sleeping(self) -> bool:
-        return self.quiet.asleep
+        return self.quiescer.asleep
 
     @property
     def available(self) -> bool:
@@ -66,8 +66,8 @@ class Sleeper:
             )
         if level not in (1, 2):
             raise InvalidArgument("level", f"must be 1 or 2, got {level}")
-        self.quiet.check_awake()
-        async with self.quiet.quiesced(pb.PAUSE_MODE_WAIT, sleep=True):
+        self.quiescer.check_awake()
+        async with self.quiescer.quiesced(pb.PAUSE_MODE_WAIT, sleep=True):
             await self.engine.sleep(level)
             self._level = level
         log.info("the engine sleeps (level %d); Generate waits until WakeUp", level)
@@ -78,7 +78,7 @@ class Sleeper:
             raise FailedPrecondition(
                 "the engine is not asleep", reason=pb.ERROR_REASON_SLEEP_UNAVAILABLE
             )
-        async with self.quiet.woken():
+        async with self.quiescer.woken():
             await self.engine.wake_up()
             needs_weights = self._level >= 2
             if needs_weights:

@@ -6,9 +6,9 @@ An update's clock, from its first message to its acknowledgement:
     receive -> check -> wait -> [drain] -> pause -> load (decode) -> reset -> resume
     first msg  commit  checked  lock held   paused                  reset    resumed
 
-`Arrival` is what the receiving side knows (update/sessions.py): when the
+`Arrival` is what the receiving side knows (update/transfers.py): when the
 commit came, how long the checksums took, and which generations were running
-in the engine at the commit. `Quiet` (quiesce.py) is what the quiesce knows.
+in the engine at the commit. `Quiesced` (quiesce.py) is what the quiesce knows.
 `ack_timings` puts both into the proto's UpdateTimings.
 
 KEEP promises that running generations are frozen where they are and continue
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.ops import metrics
-from rollout_service.update.quiesce import Quiet
+from rollout_service.update.quiesce import Quiesced
 
 log = logging.getLogger(__name__)
 
@@ -57,21 +57,21 @@ class Arrival:
 
 
 def ack_timings(
-    arrival: Arrival, quiet: Quiet, t_end: float, load_s: float = 0.0, decode_s: float = 0.0
+    arrival: Arrival, quiesced: Quiesced, t_end: float, load_s: float = 0.0, decode_s: float = 0.0
 ) -> pb.UpdateTimings:
     """The acknowledgement's UpdateTimings; `t_end`: the gate reopened."""
     return pb.UpdateTimings(
         receive_seconds=arrival.receive_s,
         check_seconds=arrival.check_s,
-        wait_seconds=max(quiet.t0 - arrival.checked_at, 0.0),
-        drain_seconds=quiet.drain_s,
-        pause_seconds=quiet.pause_s,
-        apply_seconds=quiet.t_reset - quiet.t0,
+        wait_seconds=max(quiesced.t0 - arrival.checked_at, 0.0),
+        drain_seconds=quiesced.drain_s,
+        pause_seconds=quiesced.pause_s,
+        apply_seconds=quiesced.t_reset - quiesced.t0,
         load_seconds=load_s,
         decode_seconds=decode_s,
-        reset_seconds=t_end - quiet.t_reset,
-        resume_seconds=quiet.resume_s,
-        admission_closed_seconds=t_end - quiet.t0,
+        reset_seconds=t_end - quiesced.t_reset,
+        resume_seconds=quiesced.resume_s,
+        admission_closed_seconds=t_end - quiesced.t0,
     )
 
 
@@ -80,20 +80,20 @@ def phases(timings: pb.UpdateTimings) -> str:
     return " ".join(f"{f.name.removesuffix('_seconds')} {v:.3f}s" for f, v in timings.ListFields())
 
 
-def keep_held(arrival: Arrival, quiet: Quiet) -> pb.KeepHeld | None:
+def keep_held(arrival: Arrival, quiesced: Quiesced) -> pb.KeepHeld | None:
     """Whether a KEEP update was held past KEEP_HOLD_SECONDS between its
     commit and the engine's pause, and by what; None when it kept."""
-    held = quiet.t_paused - arrival.committed_at
+    held = quiesced.t_paused - arrival.committed_at
     if held <= KEEP_HOLD_SECONDS:
         return None
     phases = {
         "check": arrival.check_s,
-        "wait": max(quiet.t0 - arrival.checked_at, 0.0),
-        "drain": quiet.drain_s,
-        "pause": quiet.pause_s,
+        "wait": max(quiesced.t0 - arrival.checked_at, 0.0),
+        "drain": quiesced.drain_s,
+        "pause": quiesced.pause_s,
     }
     phase = max(phases, key=lambda p: phases[p])
-    finished = len(arrival.running - quiet.running)
+    finished = len(arrival.running - quiesced.running)
     return pb.KeepHeld(
         seconds=held,
         phase=phase,

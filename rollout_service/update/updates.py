@@ -1,11 +1,11 @@
 """UpdateWeights and ResetCaches: one update as a chain of values.
 
-    begin ──plan()──> UpdatePlan ──Receiver──> ReceivedUpdate ──apply()──> ack
-          (plan.py: pure)   (receiver.py: bytes in, checked)   (an Applier)
+    begin ──plan()──> UpdatePlan ──Upload──> ReceivedUpdate ──apply()──> ack
+          (plan.py: pure)   (upload.py: bytes in, checked)   (an Applier)
 
 The plan validates begin and lays the update out before a byte arrives;
 the receiver takes the bytes (one stream, parallel uploads or a same-host
-write: update/sessions.py drives it) and checks them; an Applier takes the
+write: update/transfers.py drives it) and checks them; an Applier takes the
 received update into the engine inside the one quiesce (quiesce.py). Two
 appliers: the base weights (base_weights.py) and LoRA adapters (lora.py);
 begin.adapter picks one, and the plan each value carries says the rest.
@@ -52,10 +52,10 @@ class WeightUpdater:
     """Picks the applier of each update; ResetCaches; what the server
     reports of the update path."""
 
-    def __init__(self, quiet: Quiescer, weights: BaseWeights, adapters: Adapters) -> None:
+    def __init__(self, quiescer: Quiescer, weights: BaseWeights, adapters: Adapters) -> None:
         # Updates, cache resets, adapter switches and sleep, one at a time.
-        self.quiet = quiet
-        self.served: Served = quiet.served
+        self.quiescer = quiescer
+        self.served: Served = quiescer.served
         self.weights = weights
         self.adapters = adapters
 
@@ -69,7 +69,7 @@ class WeightUpdater:
 
     @property
     def drain_timeout_seconds(self) -> float:
-        return self.quiet.drain_timeout_seconds
+        return self.quiescer.drain_timeout_seconds
 
     @property
     def degraded(self) -> bool:
@@ -107,7 +107,7 @@ class WeightUpdater:
     async def apply(self, update: ReceivedUpdate, arrival: Arrival) -> pb.UpdateWeightsResponse:
         """The last: applies a received update; counted in the metrics."""
         try:
-            self.quiet.check_awake()
+            self.quiescer.check_awake()
             ack = await self.applier(update.begin).apply(update, arrival)
         except RpcError as e:
             metrics.UPDATES.labels(e.code.name).inc()
@@ -124,14 +124,14 @@ class WeightUpdater:
 
     async def reset_caches(self) -> pb.ResetCachesResponse:
         """ResetCaches: the quiesce with no work in it, only its reset."""
-        self.quiet.check_awake()
+        self.quiescer.check_awake()
         return await asyncio.shield(self._reset_caches())
 
     async def _reset_caches(self) -> pb.ResetCachesResponse:
-        async with self.quiet.quiesced() as quiet:
+        async with self.quiescer.quiesced() as quiesced:
             pass
         return pb.ResetCachesResponse(
-            results=quiet.results, duration_seconds=time.perf_counter() - quiet.t0
+            results=quiesced.results, duration_seconds=time.perf_counter() - quiesced.t0
         )
 
 
@@ -149,10 +149,10 @@ def build_updater(
     keep_refusal: str | None = None,
 ) -> WeightUpdater:
     """The update path for one engine: the quiesce, both appliers, the updater."""
-    quiet = Quiescer(engine, served, kv_connector, drain_timeout_seconds)
+    quiescer = Quiescer(engine, served, kv_connector, drain_timeout_seconds)
     weights = BaseWeights(
         engine,
-        quiet,
+        quiescer,
         manifest,
         max_update_bytes,
         base,
@@ -160,5 +160,5 @@ def build_updater(
         broadcast=broadcast,
         keep_refusal=keep_refusal,
     )
-    adapters = Adapters(engine, manifest, quiet, base.incoming, max_update_bytes)
-    return WeightUpdater(quiet, weights, adapters)
+    adapters = Adapters(engine, manifest, quiescer, base.incoming, max_update_bytes)
+    return WeightUpdater(quiescer, weights, adapters)

@@ -1,6 +1,6 @@
 """One update stream through the chain of values, without a server: begin
-becomes a plan (plan.py), the plan reserves its region, a Receiver takes the
-rest of the messages (receiver.py) and `finish` returns the ReceivedUpdate."""
+becomes a plan (plan.py), the plan reserves its region, a Upload takes the
+rest of the messages (upload.py) and `finish` returns the ReceivedUpdate."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from rollout.v1 import rollout_pb2 as pb
 from rollout_service.status.errors import InvalidArgument
 from rollout_service.update.plan import Placement, Target, UpdatePlan, plan_update
 from rollout_service.update.received import ReceivedUpdate
-from rollout_service.update.receiver import Receiver
+from rollout_service.update.upload import Upload
 from tests.support.regions import FakeRegion
 
 
@@ -23,11 +23,11 @@ class UpdateStream:
         self.placement = placement or Placement(FakeRegion())
         self.max_update_bytes = max_update_bytes
         self.plan: UpdatePlan | None = None
-        self.receiver: Receiver | None = None
+        self.receiver: Upload | None = None
 
     def begin(self, begin: pb.UpdateWeightsBegin) -> UpdatePlan:
         self.plan = plan_update(begin, self.target, self.placement, self.max_update_bytes)
-        self.receiver = Receiver(self.plan, self.plan.reserve())
+        self.receiver = Upload(self.plan, self.plan.reserve())
         return self.plan
 
     def feed(self, msg: pb.UpdateWeightsRequest) -> None:

@@ -11,7 +11,7 @@ import pytest
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.status.errors import Aborted, DeadlineExceeded, FailedPrecondition
 from rollout_service.update.plan import Placement, Target, plan_update
-from rollout_service.update.sessions import UpdateSessions
+from rollout_service.update.transfers import WeightTransfers
 
 SPEC = pb.TensorSpec(name="a", dtype=pb.D_TYPE_BFLOAT16, shape=[4])
 BEGIN = pb.UpdateWeightsBegin(weight_version="v1", tensors=[SPEC])
@@ -50,7 +50,7 @@ def test_the_region_grows_off_the_event_loop_and_a_cancelled_begin_waits_for_it(
     region = _Growing()
 
     async def main():
-        sessions = UpdateSessions(_Updater(region))
+        sessions = WeightTransfers(_Updater(region))
         begun = asyncio.ensure_future(sessions.begin(BEGIN))
         await asyncio.sleep(0.2)  # the loop goes on meanwhile
         assert region.threads and region.threads[0] is not threading.current_thread()
@@ -70,7 +70,7 @@ def test_the_region_grows_off_the_event_loop_and_a_cancelled_begin_waits_for_it(
 
 def test_an_idle_update_expires_and_frees_the_region():
     async def main():
-        sessions = UpdateSessions(_Updater(), idle_timeout_seconds=1.0)
+        sessions = WeightTransfers(_Updater(), idle_timeout_seconds=1.0)
         s = await sessions.begin(BEGIN)
         with pytest.raises(Aborted):
             await sessions.begin(BEGIN)
@@ -87,7 +87,7 @@ def test_an_idle_update_expires_and_frees_the_region():
 
 def test_a_stalled_stream_is_cut_after_the_idle_timeout():
     async def main():
-        sessions = UpdateSessions(_Updater(), idle_timeout_seconds=0.2)
+        sessions = WeightTransfers(_Updater(), idle_timeout_seconds=0.2)
 
         async def stalled():
             yield pb.UpdateWeightsRequest(begin=BEGIN)

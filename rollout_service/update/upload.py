@@ -71,7 +71,7 @@ class Coverage:
         return cls(starts=[0], ends=[nbytes], received=nbytes)
 
 
-class Receiver:
+class Upload:
     """Writes the chunks of one planned update into `buf` (plan.reserve())."""
 
     def __init__(self, plan: UpdatePlan, buf: memoryview) -> None:

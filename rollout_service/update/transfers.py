@@ -2,7 +2,7 @@
 any number of concurrent upload streams or a same-host write, commit).
 
 Both are the chain of updates.py: begin becomes a plan (WeightUpdater.plan),
-a Receiver writes the bytes into the staging region and checks them before
+a Upload writes the bytes into the staging region and checks them before
 the engine is touched, and the received update ends in WeightUpdater.apply.
 At most one update is open or applying at a time: the staging region is
 single, and a second update waiting behind the first would only apply stale
@@ -41,15 +41,15 @@ from rollout_service.status.errors import (
     InvalidArgument,
 )
 from rollout_service.update.received import ReceivedUpdate
-from rollout_service.update.receiver import Receiver
 from rollout_service.update.timings import Arrival
 from rollout_service.update.updates import WeightUpdater
+from rollout_service.update.upload import Upload
 
 log = logging.getLogger(__name__)
 
 
 class State(enum.Enum):
-    """Where an update session is: OPEN -> COMMITTING -> DONE, or OPEN ->
+    """Where an update transfer is: OPEN -> COMMITTING -> DONE, or OPEN ->
     ABORTED; CommitUpdate passes through CHECKING (its bytes checked, uploads
     refused), and back to OPEN if they are refused."""
 
@@ -60,10 +60,10 @@ class State(enum.Enum):
     ABORTED = "aborted"
 
 
-class UpdateSession:
+class WeightTransfer:
     """One open update."""
 
-    def __init__(self, receiver: Receiver, same_host: bool, started: float) -> None:
+    def __init__(self, receiver: Upload, same_host: bool, started: float) -> None:
         self.id = uuid.uuid4().hex
         self.receiver = receiver
         self.begin = receiver.plan.begin
@@ -81,20 +81,20 @@ class UpdateSession:
         self.touched = time.monotonic()
 
 
-class UpdateSessions:
+class WeightTransfers:
     """The open update, if any, and the calls that drive it."""
 
     def __init__(self, updater: WeightUpdater, idle_timeout_seconds: float = 300.0) -> None:
         self.updater = updater
         self.idle_timeout_seconds = idle_timeout_seconds
-        self._current: UpdateSession | None = None
+        self._current: WeightTransfer | None = None
         # An update is being begun (planned, its region reserved): it holds
-        # the slot before it is an UpdateSession.
+        # the slot before it is an WeightTransfer.
         self._opening = False
         # The last committed update: CommitUpdate retried returns its ack.
         self._committed: tuple[str, pb.UpdateWeightsResponse] | None = None
 
-    async def begin(self, begin: pb.UpdateWeightsBegin, same_host: bool = False) -> UpdateSession:
+    async def begin(self, begin: pb.UpdateWeightsBegin, same_host: bool = False) -> WeightTransfer:
         """Opens an update: validates begin and takes the staging region."""
         await self._wait_for_twin(begin)
         self._take_slot()
@@ -115,10 +115,10 @@ class UpdateSessions:
             raise
         finally:
             self._opening = False
-        session = self._current = UpdateSession(Receiver(plan, buf), same_host, started)
-        # Referenced from the session: the loop keeps only weak references.
-        session.expiry = asyncio.ensure_future(self._expire_when_idle(session))
-        return session
+        transfer = self._current = WeightTransfer(Upload(plan, buf), same_host, started)
+        # Referenced from the transfer: the loop keeps only weak references.
+        transfer.expiry = asyncio.ensure_future(self._expire_when_idle(transfer))
+        return transfer
 
     async def _wait_for_twin(self, begin: pb.UpdateWeightsBegin) -> None:
         """Until no update that may be this one is applying (whatever its
@@ -146,7 +146,7 @@ class UpdateSessions:
         what = "being applied" if s.state == State.COMMITTING else "open"
         raise Aborted(f"another update is {what}; only one runs at a time")
 
-    def get(self, update_id: str) -> UpdateSession:
+    def get(self, update_id: str) -> WeightTransfer:
         """The open update named `update_id`."""
         s = self._current
         if s is None or s.id != update_id:
@@ -162,27 +162,27 @@ class UpdateSessions:
         s.touch()
         return s
 
-    def upload(self, session: UpdateSession, msg: RawChunk | pb.UploadChunksRequest) -> int:
+    def upload(self, transfer: WeightTransfer, msg: RawChunk | pb.UploadChunksRequest) -> int:
         """Writes an UploadChunksRequest's chunk or chunks; returns their size."""
-        if session.state != State.OPEN:
+        if transfer.state != State.OPEN:
             raise FailedPrecondition(
-                f"update_id: {session.id!r} is no longer open",
+                f"update_id: {transfer.id!r} is no longer open",
                 reason=pb.ERROR_REASON_UPDATE_NOT_OPEN,
             )
-        session.touch()
+        transfer.touch()
         if isinstance(msg, RawChunk):
-            session.receiver.add_chunk(msg.tensor_index, msg.offset, msg.data)
+            transfer.receiver.add_chunk(msg.tensor_index, msg.offset, msg.data)
             return len(msg.data)
         if msg.HasField("chunks"):
             if msg.HasField("chunk"):
                 raise InvalidArgument("chunks", "set chunk or chunks, not both")
-            session.receiver.add_chunks(msg.chunks.chunks)
+            transfer.receiver.add_chunks(msg.chunks.chunks)
             return sum(len(c.data) for c in msg.chunks.chunks)
-        session.receiver.add_chunk(msg.chunk.tensor_index, msg.chunk.offset, msg.chunk.data)
+        transfer.receiver.add_chunk(msg.chunk.tensor_index, msg.chunk.offset, msg.chunk.data)
         return len(msg.chunk.data)
 
-    def status(self, session: UpdateSession) -> pb.GetUpdateStatusResponse:
-        a = session.receiver
+    def status(self, transfer: WeightTransfer) -> pb.GetUpdateStatusResponse:
+        a = transfer.receiver
         return pb.GetUpdateStatusResponse(
             bytes_received=a.bytes_received,
             total_bytes=a.total_bytes,
@@ -198,14 +198,14 @@ class UpdateSessions:
         if s is not None and s.id == update_id and s.state == State.COMMITTING:
             assert s.applying is not None
             return _replayed(await asyncio.shield(s.applying))
-        session = self.get(update_id)
-        if session.same_host:
-            session.receiver.mark_written()
-        session.state = State.CHECKING
-        return await asyncio.shield(self._check_and_apply(session, stream=False))
+        transfer = self.get(update_id)
+        if transfer.same_host:
+            transfer.receiver.mark_written()
+        transfer.state = State.CHECKING
+        return await asyncio.shield(self._check_and_apply(transfer, stream=False))
 
     async def _check_and_apply(
-        self, session: UpdateSession, stream: bool
+        self, transfer: WeightTransfer, stream: bool
     ) -> pb.UpdateWeightsResponse:
         """The commit is in: its bytes are checked, then it is applied, to the
         end even if the call that committed goes away (shielded by callers).
@@ -213,58 +213,58 @@ class UpdateSessions:
         while uploads to it are refused (State.CHECKING)."""
         committed_at = time.perf_counter()
         # What a KEEP should keep: the generations running at the commit.
-        running = self.updater.quiet.running_requests()
+        running = self.updater.quiescer.running_requests()
         try:
-            update = await asyncio.to_thread(session.receiver.finish, require_commit=stream)
+            update = await asyncio.to_thread(transfer.receiver.finish, require_commit=stream)
         except BaseException:
-            session.state = State.OPEN
+            transfer.state = State.OPEN
             if stream:
-                self.abort(session, "refused at its commit")
+                self.abort(transfer, "refused at its commit")
             else:
                 # Incomplete or corrupt: refused, and the update stays open
                 # for the missing bytes (GetUpdateStatus names them; corrupt
                 # ones count as missing), until another update begins.
-                session.refused = True
+                transfer.refused = True
             raise
         arrival = Arrival(
-            receive_s=committed_at - session.started,
+            receive_s=committed_at - transfer.started,
             committed_at=committed_at,
             checked_at=time.perf_counter(),
             running=running,
         )
-        return await self._apply(session, update, arrival)
+        return await self._apply(transfer, update, arrival)
 
-    def abort(self, session: UpdateSession, why: str = "aborted") -> None:
-        if session.state == State.OPEN and self._current is session:
-            session.state = State.ABORTED
+    def abort(self, transfer: WeightTransfer, why: str = "aborted") -> None:
+        if transfer.state == State.OPEN and self._current is transfer:
+            transfer.state = State.ABORTED
             self._current = None
-            received = session.receiver.bytes_received
-            log.info("update %s %s after %d bytes", session.id, why, received)
+            received = transfer.receiver.bytes_received
+            log.info("update %s %s after %d bytes", transfer.id, why, received)
 
     async def _apply(
-        self, session: UpdateSession, update: ReceivedUpdate, arrival: Arrival
+        self, transfer: WeightTransfer, update: ReceivedUpdate, arrival: Arrival
     ) -> pb.UpdateWeightsResponse:
-        session.state = State.COMMITTING
-        apply = session.applying = asyncio.ensure_future(self.updater.apply(update, arrival))
+        transfer.state = State.COMMITTING
+        apply = transfer.applying = asyncio.ensure_future(self.updater.apply(update, arrival))
 
         def done(f: asyncio.Future) -> None:
-            session.state = State.DONE
-            if self._current is session:
+            transfer.state = State.DONE
+            if self._current is transfer:
                 self._current = None
             if not f.cancelled() and f.exception() is None:
                 # Even when the caller went away: its retry gets this ack.
-                self._committed = (session.id, f.result())
+                self._committed = (transfer.id, f.result())
 
         apply.add_done_callback(done)
-        # The apply is shielded inside; this shield keeps the session busy
+        # The apply is shielded inside; this shield keeps the transfer busy
         # until it has finished even when the caller goes away.
         return await asyncio.shield(apply)
 
-    async def _expire_when_idle(self, session: UpdateSession) -> None:
-        while session.state in (State.OPEN, State.CHECKING) and self._current is session:
-            idle = time.monotonic() - session.touched
-            if idle >= self.idle_timeout_seconds and session.state == State.OPEN:
-                self.abort(session, f"expired after {idle:.0f}s without a call")
+    async def _expire_when_idle(self, transfer: WeightTransfer) -> None:
+        while transfer.state in (State.OPEN, State.CHECKING) and self._current is transfer:
+            idle = time.monotonic() - transfer.touched
+            if idle >= self.idle_timeout_seconds and transfer.state == State.OPEN:
+                self.abort(transfer, f"expired after {idle:.0f}s without a call")
                 return
             # (While checking it is not idle: looked at again shortly.)
             await asyncio.sleep(max(self.idle_timeout_seconds - idle, 0.5))
@@ -272,10 +272,10 @@ class UpdateSessions:
     async def update_stream(self, messages) -> pb.UpdateWeightsResponse:
         """One UpdateWeights stream: begin, chunks, commit, then the apply.
         Before its commit is in, an error or a cancelled call aborts it."""
-        session = None
+        transfer = None
         try:
             try:
-                session = await self._receive(messages)
+                transfer = await self._receive(messages)
             except TimeoutError:
                 raise DeadlineExceeded(
                     f"UpdateWeights: no message for {self.idle_timeout_seconds:.0f}s "
@@ -283,40 +283,40 @@ class UpdateSessions:
                 ) from None
             # From here the update runs to its end even if the call is
             # cancelled: the server has its commit.
-            session.state = State.CHECKING
-            return await asyncio.shield(self._check_and_apply(session, stream=True))
+            transfer.state = State.CHECKING
+            return await asyncio.shield(self._check_and_apply(transfer, stream=True))
         finally:
-            if session is not None:
-                self.abort(session, "ended without being applied")
+            if transfer is not None:
+                self.abort(transfer, "ended without being applied")
 
-    async def _receive(self, messages) -> UpdateSession:
+    async def _receive(self, messages) -> WeightTransfer:
         loop = asyncio.get_running_loop()
-        session = None
+        transfer = None
         # One timer for the whole stream, pushed back at every message
         # (cheaper than a timeout per message).
         try:
             async with asyncio.timeout(None) as idle:
                 async for msg in messages:
                     idle.reschedule(loop.time() + self.idle_timeout_seconds)
-                    if session is None:
+                    if transfer is None:
                         kind = "chunk" if isinstance(msg, RawChunk) else msg.WhichOneof("kind")
                         if kind != "begin":
                             raise InvalidArgument(kind or "kind", "the first message must be begin")
                         # Waiting for a twin's apply is the server's time,
                         # not the client's idleness.
                         idle.reschedule(None)
-                        session = await self.begin(msg.begin)
+                        transfer = await self.begin(msg.begin)
                         idle.reschedule(loop.time() + self.idle_timeout_seconds)
                     else:
-                        session.touch()
-                        session.receiver.feed(msg)
+                        transfer.touch()
+                        transfer.receiver.feed(msg)
         except BaseException:
-            if session is not None:
-                self.abort(session, "ended without being applied")
+            if transfer is not None:
+                self.abort(transfer, "ended without being applied")
             raise
-        if session is None:
+        if transfer is None:
             raise InvalidArgument("begin", "the stream ended before begin")
-        return session
+        return transfer
 
 
 def could_be_twins(a: pb.UpdateWeightsBegin, b: pb.UpdateWeightsBegin) -> bool:
