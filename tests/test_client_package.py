@@ -134,7 +134,12 @@ def fresh_venv(path: Path, wheel: Path, *pins: str) -> Path:
     "pins",
     [
         # the floors client/pyproject.toml declares (and GRPC_GENERATED_VERSION)
-        ("grpcio==1.66.2", "grpcio-health-checking==1.66.2", "protobuf==5.29.1"),
+        (
+            "grpcio==1.66.2",
+            "grpcio-health-checking==1.66.2",
+            "grpcio-status==1.66.2",
+            "protobuf==5.29.1",
+        ),
         ("protobuf>=6,<7",),
         (),  # the newest of everything
     ],

@@ -5,11 +5,13 @@ both raise."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
 # Leaves room for a 1 MiB chunk plus framing; the server's default is larger.
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
@@ -50,54 +52,27 @@ MIN_KEEPALIVE_SECONDS = 10.0
 KEEPALIVE_TIMEOUT_MS = 20_000
 
 
-def _fields(buf: bytes) -> dict[int, list[bytes]]:
-    """The length-delimited fields of one protobuf message, by number (all
-    google.rpc.Status, Any and ErrorInfo need here; the other wire types are
-    skipped). A few lines instead of a dependency on googleapis-common-protos."""
-    out: dict[int, list[bytes]] = {}
-    i = 0
-
-    def varint() -> int:
-        nonlocal i
-        value = shift = 0
-        while True:
-            b = buf[i]
-            i += 1
-            value |= (b & 0x7F) << shift
-            if b < 0x80:
-                return value
-            shift += 7
-
-    while i < len(buf):
-        key = varint()
-        wire = key & 7
-        if wire == 0:
-            varint()
-        elif wire == 2:
-            n = varint()
-            out.setdefault(key >> 3, []).append(buf[i : i + n])
-            i += n
-        elif wire in (1, 5):
-            i += 8 if wire == 1 else 4
-        else:
-            break
-    return out
-
-
-def error_reason(trailing_metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
+def error_reason(call: grpc.RpcError) -> str:
     """The google.rpc.ErrorInfo reason of a failed call's status details
     (rollout.v1.ErrorReason's name without its prefix, e.g.
-    "VERSION_ALREADY_SERVED"), or "" for statuses gRPC made itself."""
-    raw = dict(trailing_metadata or ()).get("grpc-status-details-bin")
-    if not raw or isinstance(raw, str):  # a -bin key's value is bytes
+    "VERSION_ALREADY_SERVED"), or "" for statuses gRPC made itself. grpcio-status
+    reads the grpc-status-details-bin trailer; a trailer it refuses (unparsable,
+    or a code or message that differs from the call's: something between us
+    and the server rewrote the status) names no reason either."""
+    if not hasattr(call, "trailing_metadata"):  # an RpcError raised outside a call
         return ""
     try:
-        for detail in _fields(raw).get(3, []):
-            any_fields = _fields(detail)
-            if any_fields.get(1, [b""])[0].endswith(b"/google.rpc.ErrorInfo"):
-                return _fields(any_fields.get(2, [b""])[0]).get(1, [b""])[0].decode()
-    except (IndexError, UnicodeDecodeError):
-        pass
+        # grpc.aio's errors answer code(), details() and trailing_metadata()
+        # without awaiting: the blocking reader fits both clients.
+        status = rpc_status.from_call(call)
+    except (ValueError, DecodeError):
+        return ""
+    for detail in status.details if status is not None else ():
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            reason: str = info.reason
+            return reason
     return ""
 
 
@@ -118,8 +93,7 @@ class RolloutError(Exception):
 
     @classmethod
     def wrap(cls, e: grpc.RpcError) -> RolloutError:
-        trailers = e.trailing_metadata() if hasattr(e, "trailing_metadata") else None
-        return cls(e.code(), e.details() or "", error_reason(trailers))
+        return cls(e.code(), e.details() or "", error_reason(e))
 
 
 @dataclass(frozen=True)
