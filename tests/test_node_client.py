@@ -65,8 +65,14 @@ def test_the_tarball_holds_the_built_client_and_its_proto(packed):
         rel = proto.relative_to(PROTO_DIR.parent)
         assert f"proto/{rel.as_posix()}" in files, rel
         assert (packed.root / "proto" / rel).read_bytes() == proto.read_bytes(), rel
-    # The types were generated from it: one per top-level message.
-    messages = re.findall(r"^message (\w+)", (PROTO_DIR / "v1" / "rollout.proto").read_text(), re.M)
+    # The types were generated from it: one per top-level message of every
+    # file rollout.proto re-exports (the package is split by concern).
+    messages = [
+        m
+        for proto in (PROTO_DIR / "v1").glob("*.proto")
+        for m in re.findall(r"^message (\w+)", proto.read_text(), re.M)
+    ]
+    assert "GenerateRequest" in messages and "OpenSessionRequest" in messages
     assert messages
     for m in messages:
         assert f"dist/gen/rollout/v1/{m}.d.ts" in files, m

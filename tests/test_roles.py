@@ -1,5 +1,7 @@
-"""Which role may call which RPC: one table (auth.ROLE_OF), the proto's
-"Role:" lines, and the real server, for every RPC and every role; and Abort
+"""Which role may call which RPC: declared once, as each RPC's
+`(rollout.v1.role)` option in the proto; read from the descriptors by the
+server (auth.ROLE_OF) and checked against docs/api.md's table; and the real
+server refusing and permitting every RPC to every role as declared. Abort is
 scoped to the caller's own calls."""
 
 from __future__ import annotations
@@ -8,34 +10,49 @@ import re
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import grpc
 import pytest
+from google.protobuf.descriptor_pb2 import MethodOptions
 
+from rollout.v1 import options_pb2, rollout_pb2_grpc
 from rollout.v1 import rollout_pb2 as pb
-from rollout.v1 import rollout_pb2_grpc
-from rollout_service.ops.auth import ROLE_OF
+from rollout_service.ops.auth import required_role, roles_of
 from tests.support.tokens import ADMIN, GENERATE, GENERATE_B
 
-PROTO = Path(__file__).parents[1] / "proto/rollout/v1/rollout.proto"
+API_DOC = Path(__file__).parents[1] / "docs/api.md"
 SERVICE = pb.DESCRIPTOR.services_by_name["RolloutService"]
 TOKENS = {GENERATE: "generate", GENERATE_B: "generate", ADMIN: "admin"}
 DENIED = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED}
 
 
-def test_the_table_names_every_rpc_once():
-    assert set(ROLE_OF) == {m.name for m in SERVICE.methods}
-    assert set(ROLE_OF.values()) == {"generate", "admin"}
+def declared(method) -> str:
+    """The role the proto declares on `method`: "generate" or "admin"."""
+    role = method.GetOptions().Extensions[options_pb2.role]
+    return options_pb2.Role.Name(role).removeprefix("ROLE_").lower()
 
 
-def test_the_proto_states_the_tables_role_on_every_rpc():
-    text = PROTO.read_text()
-    for name, role in ROLE_OF.items():
-        # The comment block right above `rpc Name(`.
-        block = re.search(r"((?:\n  //[^\n]*)+)\n  rpc " + name + r"\(", text)
-        assert block, name
-        stated = re.search(r"Role: (\w+)", block.group(1))
-        assert stated and stated.group(1) == role, (name, stated and stated.group(1))
+def test_every_rpc_declares_its_role_in_the_proto():
+    assert [m.name for m in SERVICE.methods if declared(m) not in ("generate", "admin")] == []
+
+
+def test_the_server_needs_the_role_the_proto_declares():
+    for method in SERVICE.methods:
+        assert required_role(f"/rollout.v1.RolloutService/{method.name}") == declared(method)
+    # An RPC that declares none is the admin's alone.
+    bare = SimpleNamespace(name="Unmarked", GetOptions=MethodOptions)
+    assert roles_of(SimpleNamespace(methods=[bare])) == {"Unmarked": "admin"}
+
+
+def test_the_docs_table_gives_each_rpc_its_declared_role():
+    text = API_DOC.read_text()
+    table = text[text.index("## RPCs") : text.index("## Errors")]
+    documented = {}
+    for row in re.findall(r"^\| (`.*?) \| (\w+)[^|]* \|", table, re.M):
+        for name in re.findall(r"`(\w+)`", row[0]):
+            documented[name] = row[1]
+    assert documented == {m.name: declared(m) for m in SERVICE.methods}
 
 
 @pytest.fixture(scope="module")
@@ -65,12 +82,12 @@ def _call(stub, method, token: str | None):
 
 
 @pytest.mark.parametrize("token", [None, "wrong", *TOKENS])
-def test_every_rpc_answers_each_role_as_the_table_says(secured, token):
+def test_every_rpc_answers_each_role_as_the_proto_declares(secured, token):
     for method in SERVICE.methods:
         code = _call(secured, method, token)
         if token not in TOKENS:
             assert code == grpc.StatusCode.UNAUTHENTICATED, method.name
-        elif TOKENS[token] == "admin" or ROLE_OF[method.name] == "generate":
+        elif TOKENS[token] == "admin" or declared(method) == "generate":
             assert code not in DENIED, (method.name, code)
         else:
             assert code == grpc.StatusCode.PERMISSION_DENIED, method.name

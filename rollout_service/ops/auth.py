@@ -1,9 +1,10 @@
 """Bearer-token authentication with two roles, as a server interceptor.
 
-`ROLE_OF` is the one table of which role may call each RPC (the proto says
-the same on every RPC; a test checks both against the service's methods):
-`generate` may generate, tokenize and read the server's info, and abort its
-own calls; `admin` may call everything. Health checking and reflection stay
+`ROLE_OF` says which role may call each RPC, read from the one place that
+declares it: the RPC's `(rollout.v1.role)` option in the proto
+(proto/rollout/v1/options.proto). `generate` may generate, tokenize, read
+the server's info, use its own sessions and abort its own calls; `admin` may
+call everything. Health checking and reflection stay
 open unless `protect_health` is set. A call without a known token gets
 UNAUTHENTICATED; a known token without the role gets PERMISSION_DENIED,
 before the call runs.
@@ -27,7 +28,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 import grpc
+from google.protobuf.descriptor import ServiceDescriptor
 
+from rollout.v1 import options_pb2
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.ops.shapes import around, like
 from rollout_service.status.errors import details_trailer
@@ -35,37 +38,20 @@ from rollout_service.status.errors import details_trailer
 ROLES = ("generate", "admin")
 TOKENS_ENV = "ROLLOUT_SERVICE_TOKENS"
 
-# Every RPC of rollout.v1.RolloutService and the least role that may call it
-# (admin may call everything). A method missing here is refused to everyone
-# but admin; tests/test_roles.py checks the table against the proto.
-ROLE_OF = {
-    "Generate": "generate",
-    "GenerateStream": "generate",
-    "GenerateMany": "generate",
-    "GetServerInfo": "generate",
-    "Tokenize": "generate",
-    "Detokenize": "generate",
-    # Scoped: a generate caller ends only its own calls (RunningCalls.abort).
-    "Abort": "generate",
-    # Sessions: a generate caller uses and closes only its own
-    # (sessions/store.py); admin any.
-    "OpenSession": "generate",
-    "SessionGenerate": "generate",
-    "SessionGenerateStream": "generate",
-    "AppendToSession": "generate",
-    "GetSession": "generate",
-    "CloseSession": "generate",
-    "UpdateWeights": "admin",
-    "BeginUpdate": "admin",
-    "UploadChunks": "admin",
-    "GetUpdateStatus": "admin",
-    "CommitUpdate": "admin",
-    "AbortUpdate": "admin",
-    "ResetCaches": "admin",
-    # Sleep stops serving (and level 2 drops the weights) for everyone.
-    "Sleep": "admin",
-    "WakeUp": "admin",
-}
+
+def roles_of(service: ServiceDescriptor) -> dict[str, str]:
+    """Each RPC's least role (admin may call everything), as its
+    `(rollout.v1.role)` option in the proto declares it; "admin" where
+    none is declared, so an RPC added without one is refused to the rest."""
+    roles = {}
+    for method in service.methods:
+        declared = method.GetOptions().Extensions[options_pb2.role]
+        roles[method.name] = _ROLE_NAMES.get(declared, "admin")
+    return roles
+
+
+_ROLE_NAMES = {options_pb2.ROLE_GENERATE: "generate", options_pb2.ROLE_ADMIN: "admin"}
+ROLE_OF = roles_of(pb.DESCRIPTOR.services_by_name["RolloutService"])
 _SERVICE = "/rollout.v1.RolloutService/"
 _OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 

@@ -3,7 +3,10 @@
 import grpc
 import warnings
 
-from rollout.v1 import rollout_pb2 as rollout_dot_v1_dot_rollout__pb2
+from rollout.v1 import generation_pb2 as rollout_dot_v1_dot_generation__pb2
+from rollout.v1 import server_pb2 as rollout_dot_v1_dot_server__pb2
+from rollout.v1 import sessions_pb2 as rollout_dot_v1_dot_sessions__pb2
+from rollout.v1 import weights_pb2 as rollout_dot_v1_dot_weights__pb2
 
 GRPC_GENERATED_VERSION = '1.66.2'
 GRPC_VERSION = grpc.__version__
@@ -28,7 +31,8 @@ if _version_not_supported:
 class RolloutServiceStub(object):
     """The rollout service.
 
-    Each RPC names the role that may call it ("Role:"). With authentication on
+    Each RPC declares the least role that may call it in its (rollout.v1.role)
+    option (options.proto), and the server enforces that. With authentication on
     (bearer tokens with a role: generate or admin), a call without a known
     token gets UNAUTHENTICATED (AUTH_REQUIRED) and a token without the role
     PERMISSION_DENIED (ROLE_DENIED), before the call does anything; admin may
@@ -44,120 +48,121 @@ class RolloutServiceStub(object):
         """
         self.Generate = channel.unary_unary(
                 '/rollout.v1.RolloutService/Generate',
-                request_serializer=rollout_dot_v1_dot_rollout__pb2.GenerateRequest.SerializeToString,
-                response_deserializer=rollout_dot_v1_dot_rollout__pb2.GenerateResponse.FromString,
+                request_serializer=rollout_dot_v1_dot_generation__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_generation__pb2.GenerateResponse.FromString,
                 _registered_method=True)
         self.GenerateStream = channel.unary_stream(
                 '/rollout.v1.RolloutService/GenerateStream',
-                request_serializer=rollout_dot_v1_dot_rollout__pb2.GenerateStreamRequest.SerializeToString,
-                response_deserializer=rollout_dot_v1_dot_rollout__pb2.GenerateStreamResponse.FromString,
+                request_serializer=rollout_dot_v1_dot_generation__pb2.GenerateStreamRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_generation__pb2.GenerateStreamResponse.FromString,
                 _registered_method=True)
         self.GenerateMany = channel.stream_stream(
                 '/rollout.v1.RolloutService/GenerateMany',
-                request_serializer=rollout_dot_v1_dot_rollout__pb2.GenerateManyRequest.SerializeToString,
-                response_deserializer=rollout_dot_v1_dot_rollout__pb2.GenerateManyResponse.FromString,
+                request_serializer=rollout_dot_v1_dot_generation__pb2.GenerateManyRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_generation__pb2.GenerateManyResponse.FromString,
                 _registered_method=True)
         self.UpdateWeights = channel.stream_unary(
                 '/rollout.v1.RolloutService/UpdateWeights',
-                request_serializer=rollout_dot_v1_dot_rollout__pb2.UpdateWeightsRequest.SerializeToString,
-                response_deserializer=rollout_dot_v1_dot_rollout__pb2.UpdateWeightsResponse.FromString,
+                request_serializer=rollout_dot_v1_dot_weights__pb2.UpdateWeightsRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_weights__pb2.UpdateWeightsResponse.FromString,
                 _registered_method=True)
         self.BeginUpdate = channel.unary_unary(
                 '/rollout.v1.RolloutService/BeginUpdate',
-                request_serializer=rollout_dot_v1_dot_rollout__pb2.BeginUpdateRequest.SerializeToString,
-                response_deserializer=rollout_dot_v1_dot_rollout__pb2.BeginUpdateResponse.FromString,
+                request_serializer=rollout_dot_v1_dot_weights__pb2.BeginUpdateRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_weights__pb2.BeginUpdateResponse.FromString,
                 _registered_method=True)
         self.UploadChunks = channel.stream_unary(
                 '/rollout.v1.RolloutService/UploadChunks',
-                request_serializer=rollout_dot_v1_dot_rollout__pb2.UploadChunksRequest.SerializeToString,
-                response_deserializer=rollout_dot_v1_dot_rollout__pb2.UploadChunksResponse.FromString,
+                request_serializer=rollout_dot_v1_dot_weights__pb2.UploadChunksRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_weights__pb2.UploadChunksResponse.FromString,
                 _registered_method=True)
         self.GetUpdateStatus = channel.unary_unary(
                 '/rollout.v1.RolloutService/GetUpdateStatus',
-                request_serializer=rollout_dot_v1_dot_rollout__pb2.GetUpdateStatusRequest.SerializeToString,
-                response_deserializer=rollout_dot_v1_dot_rollout__pb2.GetUpdateStatusResponse.FromString,
+                request_serializer=rollout_dot_v1_dot_weights__pb2.GetUpdateStatusRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_weights__pb2.GetUpdateStatusResponse.FromString,
                 _registered_method=True)
         self.CommitUpdate = channel.unary_unary(
                 '/rollout.v1.RolloutService/CommitUpdate',
-                request_serializer=rollout_dot_v1_dot_rollout__pb2.CommitUpdateRequest.SerializeToString,
-                response_deserializer=rollout_dot_v1_dot_rollout__pb2.CommitUpdateResponse.FromString,
+                request_serializer=rollout_dot_v1_dot_weights__pb2.CommitUpdateRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_weights__pb2.CommitUpdateResponse.FromString,
                 _registered_method=True)
         self.AbortUpdate = channel.unary_unary(
                 '/rollout.v1.RolloutService/AbortUpdate',
-                request_serializer=rollout_dot_v1_dot_rollout__pb2.AbortUpdateRequest.SerializeToString,
-                response_deserializer=rollout_dot_v1_dot_rollout__pb2.AbortUpdateResponse.FromString,
+                request_serializer=rollout_dot_v1_dot_weights__pb2.AbortUpdateRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_weights__pb2.AbortUpdateResponse.FromString,
                 _registered_method=True)
         self.ResetCaches = channel.unary_unary(
                 '/rollout.v1.RolloutService/ResetCaches',
-                request_serializer=rollout_dot_v1_dot_rollout__pb2.ResetCachesRequest.SerializeToString,
-                response_deserializer=rollout_dot_v1_dot_rollout__pb2.ResetCachesResponse.FromString,
+                request_serializer=rollout_dot_v1_dot_server__pb2.ResetCachesRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_server__pb2.ResetCachesResponse.FromString,
                 _registered_method=True)
         self.GetServerInfo = channel.unary_unary(
                 '/rollout.v1.RolloutService/GetServerInfo',
-                request_serializer=rollout_dot_v1_dot_rollout__pb2.GetServerInfoRequest.SerializeToString,
-                response_deserializer=rollout_dot_v1_dot_rollout__pb2.GetServerInfoResponse.FromString,
+                request_serializer=rollout_dot_v1_dot_server__pb2.GetServerInfoRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_server__pb2.GetServerInfoResponse.FromString,
                 _registered_method=True)
         self.Abort = channel.unary_unary(
                 '/rollout.v1.RolloutService/Abort',
-                request_serializer=rollout_dot_v1_dot_rollout__pb2.AbortRequest.SerializeToString,
-                response_deserializer=rollout_dot_v1_dot_rollout__pb2.AbortResponse.FromString,
+                request_serializer=rollout_dot_v1_dot_generation__pb2.AbortRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_generation__pb2.AbortResponse.FromString,
                 _registered_method=True)
         self.Tokenize = channel.unary_unary(
                 '/rollout.v1.RolloutService/Tokenize',
-                request_serializer=rollout_dot_v1_dot_rollout__pb2.TokenizeRequest.SerializeToString,
-                response_deserializer=rollout_dot_v1_dot_rollout__pb2.TokenizeResponse.FromString,
+                request_serializer=rollout_dot_v1_dot_generation__pb2.TokenizeRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_generation__pb2.TokenizeResponse.FromString,
                 _registered_method=True)
         self.Detokenize = channel.unary_unary(
                 '/rollout.v1.RolloutService/Detokenize',
-                request_serializer=rollout_dot_v1_dot_rollout__pb2.DetokenizeRequest.SerializeToString,
-                response_deserializer=rollout_dot_v1_dot_rollout__pb2.DetokenizeResponse.FromString,
+                request_serializer=rollout_dot_v1_dot_generation__pb2.DetokenizeRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_generation__pb2.DetokenizeResponse.FromString,
                 _registered_method=True)
         self.Sleep = channel.unary_unary(
                 '/rollout.v1.RolloutService/Sleep',
-                request_serializer=rollout_dot_v1_dot_rollout__pb2.SleepRequest.SerializeToString,
-                response_deserializer=rollout_dot_v1_dot_rollout__pb2.SleepResponse.FromString,
+                request_serializer=rollout_dot_v1_dot_server__pb2.SleepRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_server__pb2.SleepResponse.FromString,
                 _registered_method=True)
         self.WakeUp = channel.unary_unary(
                 '/rollout.v1.RolloutService/WakeUp',
-                request_serializer=rollout_dot_v1_dot_rollout__pb2.WakeUpRequest.SerializeToString,
-                response_deserializer=rollout_dot_v1_dot_rollout__pb2.WakeUpResponse.FromString,
+                request_serializer=rollout_dot_v1_dot_server__pb2.WakeUpRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_server__pb2.WakeUpResponse.FromString,
                 _registered_method=True)
         self.OpenSession = channel.unary_unary(
                 '/rollout.v1.RolloutService/OpenSession',
-                request_serializer=rollout_dot_v1_dot_rollout__pb2.OpenSessionRequest.SerializeToString,
-                response_deserializer=rollout_dot_v1_dot_rollout__pb2.OpenSessionResponse.FromString,
+                request_serializer=rollout_dot_v1_dot_sessions__pb2.OpenSessionRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_sessions__pb2.OpenSessionResponse.FromString,
                 _registered_method=True)
         self.SessionGenerate = channel.unary_unary(
                 '/rollout.v1.RolloutService/SessionGenerate',
-                request_serializer=rollout_dot_v1_dot_rollout__pb2.SessionGenerateRequest.SerializeToString,
-                response_deserializer=rollout_dot_v1_dot_rollout__pb2.SessionGenerateResponse.FromString,
+                request_serializer=rollout_dot_v1_dot_sessions__pb2.SessionGenerateRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_sessions__pb2.SessionGenerateResponse.FromString,
                 _registered_method=True)
         self.SessionGenerateStream = channel.unary_stream(
                 '/rollout.v1.RolloutService/SessionGenerateStream',
-                request_serializer=rollout_dot_v1_dot_rollout__pb2.SessionGenerateStreamRequest.SerializeToString,
-                response_deserializer=rollout_dot_v1_dot_rollout__pb2.SessionGenerateStreamResponse.FromString,
+                request_serializer=rollout_dot_v1_dot_sessions__pb2.SessionGenerateStreamRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_sessions__pb2.SessionGenerateStreamResponse.FromString,
                 _registered_method=True)
         self.AppendToSession = channel.unary_unary(
                 '/rollout.v1.RolloutService/AppendToSession',
-                request_serializer=rollout_dot_v1_dot_rollout__pb2.AppendToSessionRequest.SerializeToString,
-                response_deserializer=rollout_dot_v1_dot_rollout__pb2.AppendToSessionResponse.FromString,
+                request_serializer=rollout_dot_v1_dot_sessions__pb2.AppendToSessionRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_sessions__pb2.AppendToSessionResponse.FromString,
                 _registered_method=True)
         self.GetSession = channel.unary_unary(
                 '/rollout.v1.RolloutService/GetSession',
-                request_serializer=rollout_dot_v1_dot_rollout__pb2.GetSessionRequest.SerializeToString,
-                response_deserializer=rollout_dot_v1_dot_rollout__pb2.GetSessionResponse.FromString,
+                request_serializer=rollout_dot_v1_dot_sessions__pb2.GetSessionRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_sessions__pb2.GetSessionResponse.FromString,
                 _registered_method=True)
         self.CloseSession = channel.unary_unary(
                 '/rollout.v1.RolloutService/CloseSession',
-                request_serializer=rollout_dot_v1_dot_rollout__pb2.CloseSessionRequest.SerializeToString,
-                response_deserializer=rollout_dot_v1_dot_rollout__pb2.CloseSessionResponse.FromString,
+                request_serializer=rollout_dot_v1_dot_sessions__pb2.CloseSessionRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_sessions__pb2.CloseSessionResponse.FromString,
                 _registered_method=True)
 
 
 class RolloutServiceServicer(object):
     """The rollout service.
 
-    Each RPC names the role that may call it ("Role:"). With authentication on
+    Each RPC declares the least role that may call it in its (rollout.v1.role)
+    option (options.proto), and the server enforces that. With authentication on
     (bearer tokens with a role: generate or admin), a call without a known
     token gets UNAUTHENTICATED (AUTH_REQUIRED) and a token without the role
     PERMISSION_DENIED (ROLE_DENIED), before the call does anything; admin may
@@ -167,7 +172,6 @@ class RolloutServiceServicer(object):
 
     def Generate(self, request, context):
         """Generates completions for one prompt and returns them when all are done.
-        Role: generate (or admin).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -176,7 +180,6 @@ class RolloutServiceServicer(object):
     def GenerateStream(self, request, context):
         """Generates completions for one prompt and streams token deltas as they are
         produced. The last message carries the usage.
-        Role: generate (or admin).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -194,7 +197,6 @@ class RolloutServiceServicer(object):
         has half-closed and every generation has ended; cancelling it aborts the
         running ones. A malformed message ends the whole stream with
         INVALID_ARGUMENT.
-        Role: generate (or admin).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -219,7 +221,6 @@ class RolloutServiceServicer(object):
         touching the engine; if it did not, the retry applies it. A retry that
         arrives while the original is still applying waits for it and returns
         its acknowledgement (`replayed` set).
-        Role: admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -239,7 +240,6 @@ class RolloutServiceServicer(object):
         set if the first one applied. An update whose CommitUpdate was refused
         does not block a new one: the new one replaces it. One idle for longer
         than BeginUpdateResponse.idle_timeout_seconds is aborted by the server.
-        Role: admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -250,7 +250,6 @@ class RolloutServiceServicer(object):
         UpdateWeights (inside its tensor, every byte exactly once) and written at
         once; a stream that breaks keeps what it delivered, and
         GetUpdateStatus tells which byte ranges are still missing.
-        Role: admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -258,7 +257,6 @@ class RolloutServiceServicer(object):
 
     def GetUpdateStatus(self, request, context):
         """Which bytes of an open staged update have arrived, and which are missing.
-        Role: admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -273,7 +271,6 @@ class RolloutServiceServicer(object):
         that was already applied returns its acknowledgement again (`replayed`);
         committing it again while it is being applied waits and returns its
         outcome (`replayed` set on success).
-        Role: admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -281,7 +278,6 @@ class RolloutServiceServicer(object):
 
     def AbortUpdate(self, request, context):
         """Discards an open staged update; the served weights are unchanged.
-        Role: admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -293,7 +289,6 @@ class RolloutServiceServicer(object):
         (bounded by --drain-timeout-seconds), and new ones wait at the gate; an
         update that arrives meanwhile waits for the reset (a PAUSE_MODE_KEEP one
         then reports keep_held).
-        Role: admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -302,7 +297,6 @@ class RolloutServiceServicer(object):
     def GetServerInfo(self, request, context):
         """Describes the served model, its weight version, the parameter manifest
         UpdateWeights accepts and the limits a client must respect.
-        Role: generate (or admin).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -312,10 +306,10 @@ class RolloutServiceServicer(object):
         """Ends running Generate and GenerateStream calls by request id, or all of
         them. Each ends normally with FINISH_REASON_ABORT and the tokens it had
         generated (a stream gets its last delta), not with an error status.
-        Role: generate for the caller's own calls (those started with the same
-        bearer token; `all` then means all of them, and ids of other callers'
-        calls are treated as not running); admin for any call and for `all`.
-        With authentication off every caller is admin.
+        A generate-role caller ends only its own calls (those started with the
+        same bearer token; `all` then means all of them, and ids of other
+        callers' calls are treated as not running); admin any call. With
+        authentication off every caller is admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -324,7 +318,6 @@ class RolloutServiceServicer(object):
     def Tokenize(self, request, context):
         """Turns text, or chat messages rendered with the model's chat template, into
         token ids with the served tokenizer, exactly as Generate would.
-        Role: generate (or admin).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -332,7 +325,6 @@ class RolloutServiceServicer(object):
 
     def Detokenize(self, request, context):
         """Turns token ids into text with the served tokenizer.
-        Role: generate (or admin).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -343,7 +335,6 @@ class RolloutServiceServicer(object):
         shares it (vLLM's sleep mode; needs --enable-sleep-mode and a platform that
         has it, FAILED_PRECONDITION otherwise). Running calls are drained as by an
         update in PAUSE_MODE_WAIT; Generate waits at the gate until WakeUp.
-        Role: admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -353,7 +344,6 @@ class RolloutServiceServicer(object):
         """Wakes a sleeping engine; Generate calls waiting at the gate then run.
         After a level-2 sleep the weights are gone: the server is degraded until a
         full update (every parameter) loads new ones.
-        Role: admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -371,7 +361,6 @@ class RolloutServiceServicer(object):
         Bounded by GetServerInfoResponse.session_limits (RESOURCE_EXHAUSTED,
         LIMIT_EXCEEDED, naming the flag, past them). With `resume`, re-opens a
         trajectory another server held, from the caller's copy.
-        Role: generate (or admin).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -382,7 +371,7 @@ class RolloutServiceServicer(object):
         token ids the session holds, and appends what it sampled (see
         SessionGenerateRequest for the rules). Admitted like Generate (the gate,
         --max-queued-generate, updates' pause modes, Abort by request_id).
-        Role: generate (or admin), on the caller's own session.
+        Only on the caller's own session (admin: any).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -391,7 +380,7 @@ class RolloutServiceServicer(object):
     def SessionGenerateStream(self, request, context):
         """SessionGenerate, streamed as GenerateStream streams; the last message
         carries the session's state.
-        Role: generate (or admin), on the caller's own session.
+        Only on the caller's own session (admin: any).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -401,7 +390,7 @@ class RolloutServiceServicer(object):
         """Appends the environment's output to the session: token ids as they are,
         or chat messages rendered with the model's chat template (see
         AppendToSessionRequest for the rule that keeps the history append-only).
-        Role: generate (or admin), on the caller's own session.
+        Only on the caller's own session (admin: any).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -410,7 +399,7 @@ class RolloutServiceServicer(object):
     def GetSession(self, request, context):
         """The session's trajectory: every token id with its source, the logprob and
         weight version of every sampled token, and its segments (turns).
-        Role: generate (or admin), on the caller's own session.
+        Only on the caller's own session (admin: any).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -419,7 +408,7 @@ class RolloutServiceServicer(object):
     def CloseSession(self, request, context):
         """Closes a session and frees what it holds; a turn running on it is
         aborted first (it ends FINISH_REASON_ABORT for its caller).
-        Role: generate for the caller's own sessions; admin for any.
+        A generate-role caller closes only its own sessions; admin any.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -430,113 +419,113 @@ def add_RolloutServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Generate': grpc.unary_unary_rpc_method_handler(
                     servicer.Generate,
-                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.GenerateRequest.FromString,
-                    response_serializer=rollout_dot_v1_dot_rollout__pb2.GenerateResponse.SerializeToString,
+                    request_deserializer=rollout_dot_v1_dot_generation__pb2.GenerateRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_generation__pb2.GenerateResponse.SerializeToString,
             ),
             'GenerateStream': grpc.unary_stream_rpc_method_handler(
                     servicer.GenerateStream,
-                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.GenerateStreamRequest.FromString,
-                    response_serializer=rollout_dot_v1_dot_rollout__pb2.GenerateStreamResponse.SerializeToString,
+                    request_deserializer=rollout_dot_v1_dot_generation__pb2.GenerateStreamRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_generation__pb2.GenerateStreamResponse.SerializeToString,
             ),
             'GenerateMany': grpc.stream_stream_rpc_method_handler(
                     servicer.GenerateMany,
-                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.GenerateManyRequest.FromString,
-                    response_serializer=rollout_dot_v1_dot_rollout__pb2.GenerateManyResponse.SerializeToString,
+                    request_deserializer=rollout_dot_v1_dot_generation__pb2.GenerateManyRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_generation__pb2.GenerateManyResponse.SerializeToString,
             ),
             'UpdateWeights': grpc.stream_unary_rpc_method_handler(
                     servicer.UpdateWeights,
-                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.UpdateWeightsRequest.FromString,
-                    response_serializer=rollout_dot_v1_dot_rollout__pb2.UpdateWeightsResponse.SerializeToString,
+                    request_deserializer=rollout_dot_v1_dot_weights__pb2.UpdateWeightsRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_weights__pb2.UpdateWeightsResponse.SerializeToString,
             ),
             'BeginUpdate': grpc.unary_unary_rpc_method_handler(
                     servicer.BeginUpdate,
-                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.BeginUpdateRequest.FromString,
-                    response_serializer=rollout_dot_v1_dot_rollout__pb2.BeginUpdateResponse.SerializeToString,
+                    request_deserializer=rollout_dot_v1_dot_weights__pb2.BeginUpdateRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_weights__pb2.BeginUpdateResponse.SerializeToString,
             ),
             'UploadChunks': grpc.stream_unary_rpc_method_handler(
                     servicer.UploadChunks,
-                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.UploadChunksRequest.FromString,
-                    response_serializer=rollout_dot_v1_dot_rollout__pb2.UploadChunksResponse.SerializeToString,
+                    request_deserializer=rollout_dot_v1_dot_weights__pb2.UploadChunksRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_weights__pb2.UploadChunksResponse.SerializeToString,
             ),
             'GetUpdateStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetUpdateStatus,
-                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.GetUpdateStatusRequest.FromString,
-                    response_serializer=rollout_dot_v1_dot_rollout__pb2.GetUpdateStatusResponse.SerializeToString,
+                    request_deserializer=rollout_dot_v1_dot_weights__pb2.GetUpdateStatusRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_weights__pb2.GetUpdateStatusResponse.SerializeToString,
             ),
             'CommitUpdate': grpc.unary_unary_rpc_method_handler(
                     servicer.CommitUpdate,
-                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.CommitUpdateRequest.FromString,
-                    response_serializer=rollout_dot_v1_dot_rollout__pb2.CommitUpdateResponse.SerializeToString,
+                    request_deserializer=rollout_dot_v1_dot_weights__pb2.CommitUpdateRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_weights__pb2.CommitUpdateResponse.SerializeToString,
             ),
             'AbortUpdate': grpc.unary_unary_rpc_method_handler(
                     servicer.AbortUpdate,
-                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.AbortUpdateRequest.FromString,
-                    response_serializer=rollout_dot_v1_dot_rollout__pb2.AbortUpdateResponse.SerializeToString,
+                    request_deserializer=rollout_dot_v1_dot_weights__pb2.AbortUpdateRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_weights__pb2.AbortUpdateResponse.SerializeToString,
             ),
             'ResetCaches': grpc.unary_unary_rpc_method_handler(
                     servicer.ResetCaches,
-                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.ResetCachesRequest.FromString,
-                    response_serializer=rollout_dot_v1_dot_rollout__pb2.ResetCachesResponse.SerializeToString,
+                    request_deserializer=rollout_dot_v1_dot_server__pb2.ResetCachesRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_server__pb2.ResetCachesResponse.SerializeToString,
             ),
             'GetServerInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetServerInfo,
-                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.GetServerInfoRequest.FromString,
-                    response_serializer=rollout_dot_v1_dot_rollout__pb2.GetServerInfoResponse.SerializeToString,
+                    request_deserializer=rollout_dot_v1_dot_server__pb2.GetServerInfoRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_server__pb2.GetServerInfoResponse.SerializeToString,
             ),
             'Abort': grpc.unary_unary_rpc_method_handler(
                     servicer.Abort,
-                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.AbortRequest.FromString,
-                    response_serializer=rollout_dot_v1_dot_rollout__pb2.AbortResponse.SerializeToString,
+                    request_deserializer=rollout_dot_v1_dot_generation__pb2.AbortRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_generation__pb2.AbortResponse.SerializeToString,
             ),
             'Tokenize': grpc.unary_unary_rpc_method_handler(
                     servicer.Tokenize,
-                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.TokenizeRequest.FromString,
-                    response_serializer=rollout_dot_v1_dot_rollout__pb2.TokenizeResponse.SerializeToString,
+                    request_deserializer=rollout_dot_v1_dot_generation__pb2.TokenizeRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_generation__pb2.TokenizeResponse.SerializeToString,
             ),
             'Detokenize': grpc.unary_unary_rpc_method_handler(
                     servicer.Detokenize,
-                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.DetokenizeRequest.FromString,
-                    response_serializer=rollout_dot_v1_dot_rollout__pb2.DetokenizeResponse.SerializeToString,
+                    request_deserializer=rollout_dot_v1_dot_generation__pb2.DetokenizeRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_generation__pb2.DetokenizeResponse.SerializeToString,
             ),
             'Sleep': grpc.unary_unary_rpc_method_handler(
                     servicer.Sleep,
-                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.SleepRequest.FromString,
-                    response_serializer=rollout_dot_v1_dot_rollout__pb2.SleepResponse.SerializeToString,
+                    request_deserializer=rollout_dot_v1_dot_server__pb2.SleepRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_server__pb2.SleepResponse.SerializeToString,
             ),
             'WakeUp': grpc.unary_unary_rpc_method_handler(
                     servicer.WakeUp,
-                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.WakeUpRequest.FromString,
-                    response_serializer=rollout_dot_v1_dot_rollout__pb2.WakeUpResponse.SerializeToString,
+                    request_deserializer=rollout_dot_v1_dot_server__pb2.WakeUpRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_server__pb2.WakeUpResponse.SerializeToString,
             ),
             'OpenSession': grpc.unary_unary_rpc_method_handler(
                     servicer.OpenSession,
-                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.OpenSessionRequest.FromString,
-                    response_serializer=rollout_dot_v1_dot_rollout__pb2.OpenSessionResponse.SerializeToString,
+                    request_deserializer=rollout_dot_v1_dot_sessions__pb2.OpenSessionRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_sessions__pb2.OpenSessionResponse.SerializeToString,
             ),
             'SessionGenerate': grpc.unary_unary_rpc_method_handler(
                     servicer.SessionGenerate,
-                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.SessionGenerateRequest.FromString,
-                    response_serializer=rollout_dot_v1_dot_rollout__pb2.SessionGenerateResponse.SerializeToString,
+                    request_deserializer=rollout_dot_v1_dot_sessions__pb2.SessionGenerateRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_sessions__pb2.SessionGenerateResponse.SerializeToString,
             ),
             'SessionGenerateStream': grpc.unary_stream_rpc_method_handler(
                     servicer.SessionGenerateStream,
-                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.SessionGenerateStreamRequest.FromString,
-                    response_serializer=rollout_dot_v1_dot_rollout__pb2.SessionGenerateStreamResponse.SerializeToString,
+                    request_deserializer=rollout_dot_v1_dot_sessions__pb2.SessionGenerateStreamRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_sessions__pb2.SessionGenerateStreamResponse.SerializeToString,
             ),
             'AppendToSession': grpc.unary_unary_rpc_method_handler(
                     servicer.AppendToSession,
-                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.AppendToSessionRequest.FromString,
-                    response_serializer=rollout_dot_v1_dot_rollout__pb2.AppendToSessionResponse.SerializeToString,
+                    request_deserializer=rollout_dot_v1_dot_sessions__pb2.AppendToSessionRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_sessions__pb2.AppendToSessionResponse.SerializeToString,
             ),
             'GetSession': grpc.unary_unary_rpc_method_handler(
                     servicer.GetSession,
-                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.GetSessionRequest.FromString,
-                    response_serializer=rollout_dot_v1_dot_rollout__pb2.GetSessionResponse.SerializeToString,
+                    request_deserializer=rollout_dot_v1_dot_sessions__pb2.GetSessionRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_sessions__pb2.GetSessionResponse.SerializeToString,
             ),
             'CloseSession': grpc.unary_unary_rpc_method_handler(
                     servicer.CloseSession,
-                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.CloseSessionRequest.FromString,
-                    response_serializer=rollout_dot_v1_dot_rollout__pb2.CloseSessionResponse.SerializeToString,
+                    request_deserializer=rollout_dot_v1_dot_sessions__pb2.CloseSessionRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_sessions__pb2.CloseSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -549,7 +538,8 @@ def add_RolloutServiceServicer_to_server(servicer, server):
 class RolloutService(object):
     """The rollout service.
 
-    Each RPC names the role that may call it ("Role:"). With authentication on
+    Each RPC declares the least role that may call it in its (rollout.v1.role)
+    option (options.proto), and the server enforces that. With authentication on
     (bearer tokens with a role: generate or admin), a call without a known
     token gets UNAUTHENTICATED (AUTH_REQUIRED) and a token without the role
     PERMISSION_DENIED (ROLE_DENIED), before the call does anything; admin may
@@ -572,8 +562,8 @@ class RolloutService(object):
             request,
             target,
             '/rollout.v1.RolloutService/Generate',
-            rollout_dot_v1_dot_rollout__pb2.GenerateRequest.SerializeToString,
-            rollout_dot_v1_dot_rollout__pb2.GenerateResponse.FromString,
+            rollout_dot_v1_dot_generation__pb2.GenerateRequest.SerializeToString,
+            rollout_dot_v1_dot_generation__pb2.GenerateResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -599,8 +589,8 @@ class RolloutService(object):
             request,
             target,
             '/rollout.v1.RolloutService/GenerateStream',
-            rollout_dot_v1_dot_rollout__pb2.GenerateStreamRequest.SerializeToString,
-            rollout_dot_v1_dot_rollout__pb2.GenerateStreamResponse.FromString,
+            rollout_dot_v1_dot_generation__pb2.GenerateStreamRequest.SerializeToString,
+            rollout_dot_v1_dot_generation__pb2.GenerateStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -626,8 +616,8 @@ class RolloutService(object):
             request_iterator,
             target,
             '/rollout.v1.RolloutService/GenerateMany',
-            rollout_dot_v1_dot_rollout__pb2.GenerateManyRequest.SerializeToString,
-            rollout_dot_v1_dot_rollout__pb2.GenerateManyResponse.FromString,
+            rollout_dot_v1_dot_generation__pb2.GenerateManyRequest.SerializeToString,
+            rollout_dot_v1_dot_generation__pb2.GenerateManyResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -653,8 +643,8 @@ class RolloutService(object):
             request_iterator,
             target,
             '/rollout.v1.RolloutService/UpdateWeights',
-            rollout_dot_v1_dot_rollout__pb2.UpdateWeightsRequest.SerializeToString,
-            rollout_dot_v1_dot_rollout__pb2.UpdateWeightsResponse.FromString,
+            rollout_dot_v1_dot_weights__pb2.UpdateWeightsRequest.SerializeToString,
+            rollout_dot_v1_dot_weights__pb2.UpdateWeightsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -680,8 +670,8 @@ class RolloutService(object):
             request,
             target,
             '/rollout.v1.RolloutService/BeginUpdate',
-            rollout_dot_v1_dot_rollout__pb2.BeginUpdateRequest.SerializeToString,
-            rollout_dot_v1_dot_rollout__pb2.BeginUpdateResponse.FromString,
+            rollout_dot_v1_dot_weights__pb2.BeginUpdateRequest.SerializeToString,
+            rollout_dot_v1_dot_weights__pb2.BeginUpdateResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -707,8 +697,8 @@ class RolloutService(object):
             request_iterator,
             target,
             '/rollout.v1.RolloutService/UploadChunks',
-            rollout_dot_v1_dot_rollout__pb2.UploadChunksRequest.SerializeToString,
-            rollout_dot_v1_dot_rollout__pb2.UploadChunksResponse.FromString,
+            rollout_dot_v1_dot_weights__pb2.UploadChunksRequest.SerializeToString,
+            rollout_dot_v1_dot_weights__pb2.UploadChunksResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -734,8 +724,8 @@ class RolloutService(object):
             request,
             target,
             '/rollout.v1.RolloutService/GetUpdateStatus',
-            rollout_dot_v1_dot_rollout__pb2.GetUpdateStatusRequest.SerializeToString,
-            rollout_dot_v1_dot_rollout__pb2.GetUpdateStatusResponse.FromString,
+            rollout_dot_v1_dot_weights__pb2.GetUpdateStatusRequest.SerializeToString,
+            rollout_dot_v1_dot_weights__pb2.GetUpdateStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -761,8 +751,8 @@ class RolloutService(object):
             request,
             target,
             '/rollout.v1.RolloutService/CommitUpdate',
-            rollout_dot_v1_dot_rollout__pb2.CommitUpdateRequest.SerializeToString,
-            rollout_dot_v1_dot_rollout__pb2.CommitUpdateResponse.FromString,
+            rollout_dot_v1_dot_weights__pb2.CommitUpdateRequest.SerializeToString,
+            rollout_dot_v1_dot_weights__pb2.CommitUpdateResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -788,8 +778,8 @@ class RolloutService(object):
             request,
             target,
             '/rollout.v1.RolloutService/AbortUpdate',
-            rollout_dot_v1_dot_rollout__pb2.AbortUpdateRequest.SerializeToString,
-            rollout_dot_v1_dot_rollout__pb2.AbortUpdateResponse.FromString,
+            rollout_dot_v1_dot_weights__pb2.AbortUpdateRequest.SerializeToString,
+            rollout_dot_v1_dot_weights__pb2.AbortUpdateResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -815,8 +805,8 @@ class RolloutService(object):
             request,
             target,
             '/rollout.v1.RolloutService/ResetCaches',
-            rollout_dot_v1_dot_rollout__pb2.ResetCachesRequest.SerializeToString,
-            rollout_dot_v1_dot_rollout__pb2.ResetCachesResponse.FromString,
+            rollout_dot_v1_dot_server__pb2.ResetCachesRequest.SerializeToString,
+            rollout_dot_v1_dot_server__pb2.ResetCachesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -842,8 +832,8 @@ class RolloutService(object):
             request,
             target,
             '/rollout.v1.RolloutService/GetServerInfo',
-            rollout_dot_v1_dot_rollout__pb2.GetServerInfoRequest.SerializeToString,
-            rollout_dot_v1_dot_rollout__pb2.GetServerInfoResponse.FromString,
+            rollout_dot_v1_dot_server__pb2.GetServerInfoRequest.SerializeToString,
+            rollout_dot_v1_dot_server__pb2.GetServerInfoResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -869,8 +859,8 @@ class RolloutService(object):
             request,
             target,
             '/rollout.v1.RolloutService/Abort',
-            rollout_dot_v1_dot_rollout__pb2.AbortRequest.SerializeToString,
-            rollout_dot_v1_dot_rollout__pb2.AbortResponse.FromString,
+            rollout_dot_v1_dot_generation__pb2.AbortRequest.SerializeToString,
+            rollout_dot_v1_dot_generation__pb2.AbortResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -896,8 +886,8 @@ class RolloutService(object):
             request,
             target,
             '/rollout.v1.RolloutService/Tokenize',
-            rollout_dot_v1_dot_rollout__pb2.TokenizeRequest.SerializeToString,
-            rollout_dot_v1_dot_rollout__pb2.TokenizeResponse.FromString,
+            rollout_dot_v1_dot_generation__pb2.TokenizeRequest.SerializeToString,
+            rollout_dot_v1_dot_generation__pb2.TokenizeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -923,8 +913,8 @@ class RolloutService(object):
             request,
             target,
             '/rollout.v1.RolloutService/Detokenize',
-            rollout_dot_v1_dot_rollout__pb2.DetokenizeRequest.SerializeToString,
-            rollout_dot_v1_dot_rollout__pb2.DetokenizeResponse.FromString,
+            rollout_dot_v1_dot_generation__pb2.DetokenizeRequest.SerializeToString,
+            rollout_dot_v1_dot_generation__pb2.DetokenizeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -950,8 +940,8 @@ class RolloutService(object):
             request,
             target,
             '/rollout.v1.RolloutService/Sleep',
-            rollout_dot_v1_dot_rollout__pb2.SleepRequest.SerializeToString,
-            rollout_dot_v1_dot_rollout__pb2.SleepResponse.FromString,
+            rollout_dot_v1_dot_server__pb2.SleepRequest.SerializeToString,
+            rollout_dot_v1_dot_server__pb2.SleepResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -977,8 +967,8 @@ class RolloutService(object):
             request,
             target,
             '/rollout.v1.RolloutService/WakeUp',
-            rollout_dot_v1_dot_rollout__pb2.WakeUpRequest.SerializeToString,
-            rollout_dot_v1_dot_rollout__pb2.WakeUpResponse.FromString,
+            rollout_dot_v1_dot_server__pb2.WakeUpRequest.SerializeToString,
+            rollout_dot_v1_dot_server__pb2.WakeUpResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1004,8 +994,8 @@ class RolloutService(object):
             request,
             target,
             '/rollout.v1.RolloutService/OpenSession',
-            rollout_dot_v1_dot_rollout__pb2.OpenSessionRequest.SerializeToString,
-            rollout_dot_v1_dot_rollout__pb2.OpenSessionResponse.FromString,
+            rollout_dot_v1_dot_sessions__pb2.OpenSessionRequest.SerializeToString,
+            rollout_dot_v1_dot_sessions__pb2.OpenSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1031,8 +1021,8 @@ class RolloutService(object):
             request,
             target,
             '/rollout.v1.RolloutService/SessionGenerate',
-            rollout_dot_v1_dot_rollout__pb2.SessionGenerateRequest.SerializeToString,
-            rollout_dot_v1_dot_rollout__pb2.SessionGenerateResponse.FromString,
+            rollout_dot_v1_dot_sessions__pb2.SessionGenerateRequest.SerializeToString,
+            rollout_dot_v1_dot_sessions__pb2.SessionGenerateResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1058,8 +1048,8 @@ class RolloutService(object):
             request,
             target,
             '/rollout.v1.RolloutService/SessionGenerateStream',
-            rollout_dot_v1_dot_rollout__pb2.SessionGenerateStreamRequest.SerializeToString,
-            rollout_dot_v1_dot_rollout__pb2.SessionGenerateStreamResponse.FromString,
+            rollout_dot_v1_dot_sessions__pb2.SessionGenerateStreamRequest.SerializeToString,
+            rollout_dot_v1_dot_sessions__pb2.SessionGenerateStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1085,8 +1075,8 @@ class RolloutService(object):
             request,
             target,
             '/rollout.v1.RolloutService/AppendToSession',
-            rollout_dot_v1_dot_rollout__pb2.AppendToSessionRequest.SerializeToString,
-            rollout_dot_v1_dot_rollout__pb2.AppendToSessionResponse.FromString,
+            rollout_dot_v1_dot_sessions__pb2.AppendToSessionRequest.SerializeToString,
+            rollout_dot_v1_dot_sessions__pb2.AppendToSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1112,8 +1102,8 @@ class RolloutService(object):
             request,
             target,
             '/rollout.v1.RolloutService/GetSession',
-            rollout_dot_v1_dot_rollout__pb2.GetSessionRequest.SerializeToString,
-            rollout_dot_v1_dot_rollout__pb2.GetSessionResponse.FromString,
+            rollout_dot_v1_dot_sessions__pb2.GetSessionRequest.SerializeToString,
+            rollout_dot_v1_dot_sessions__pb2.GetSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1139,8 +1129,8 @@ class RolloutService(object):
             request,
             target,
             '/rollout.v1.RolloutService/CloseSession',
-            rollout_dot_v1_dot_rollout__pb2.CloseSessionRequest.SerializeToString,
-            rollout_dot_v1_dot_rollout__pb2.CloseSessionResponse.FromString,
+            rollout_dot_v1_dot_sessions__pb2.CloseSessionRequest.SerializeToString,
+            rollout_dot_v1_dot_sessions__pb2.CloseSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,64 @@
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from typing import ClassVar as _ClassVar
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ERROR_REASON_UNSPECIFIED: _ClassVar[ErrorReason]
+    ERROR_REASON_INVALID_FIELD: _ClassVar[ErrorReason]
+    ERROR_REASON_VERSION_ALREADY_SERVED: _ClassVar[ErrorReason]
+    ERROR_REASON_UPDATE_IN_PROGRESS: _ClassVar[ErrorReason]
+    ERROR_REASON_UPDATE_NOT_OPEN: _ClassVar[ErrorReason]
+    ERROR_REASON_DEGRADED: _ClassVar[ErrorReason]
+    ERROR_REASON_ENGINE_FAILURE: _ClassVar[ErrorReason]
+    ERROR_REASON_QUEUE_FULL: _ClassVar[ErrorReason]
+    ERROR_REASON_LIMIT_EXCEEDED: _ClassVar[ErrorReason]
+    ERROR_REASON_AUTH_REQUIRED: _ClassVar[ErrorReason]
+    ERROR_REASON_ROLE_DENIED: _ClassVar[ErrorReason]
+    ERROR_REASON_STARTING: _ClassVar[ErrorReason]
+    ERROR_REASON_ENGINE_DEAD: _ClassVar[ErrorReason]
+    ERROR_REASON_ASLEEP: _ClassVar[ErrorReason]
+    ERROR_REASON_SLEEP_UNAVAILABLE: _ClassVar[ErrorReason]
+    ERROR_REASON_ADAPTER_REMOVED: _ClassVar[ErrorReason]
+    ERROR_REASON_UPDATE_IDLE_TIMEOUT: _ClassVar[ErrorReason]
+    ERROR_REASON_INTERNAL_ERROR: _ClassVar[ErrorReason]
+    ERROR_REASON_WRONG_WEIGHT_VERSION: _ClassVar[ErrorReason]
+    ERROR_REASON_DELTA_BASE_MISMATCH: _ClassVar[ErrorReason]
+    ERROR_REASON_SESSION_NOT_FOUND: _ClassVar[ErrorReason]
+    ERROR_REASON_SESSION_LOST: _ClassVar[ErrorReason]
+    ERROR_REASON_SESSION_NOT_OWNED: _ClassVar[ErrorReason]
+    ERROR_REASON_SESSION_BUSY: _ClassVar[ErrorReason]
+    ERROR_REASON_SESSION_BUDGET: _ClassVar[ErrorReason]
+    ERROR_REASON_TEMPLATE_NOT_APPEND_ONLY: _ClassVar[ErrorReason]
+    ERROR_REASON_CALLER_QUEUE_FULL: _ClassVar[ErrorReason]
+    ERROR_REASON_VERSION_REUSED: _ClassVar[ErrorReason]
+ERROR_REASON_UNSPECIFIED: ErrorReason
+ERROR_REASON_INVALID_FIELD: ErrorReason
+ERROR_REASON_VERSION_ALREADY_SERVED: ErrorReason
+ERROR_REASON_UPDATE_IN_PROGRESS: ErrorReason
+ERROR_REASON_UPDATE_NOT_OPEN: ErrorReason
+ERROR_REASON_DEGRADED: ErrorReason
+ERROR_REASON_ENGINE_FAILURE: ErrorReason
+ERROR_REASON_QUEUE_FULL: ErrorReason
+ERROR_REASON_LIMIT_EXCEEDED: ErrorReason
+ERROR_REASON_AUTH_REQUIRED: ErrorReason
+ERROR_REASON_ROLE_DENIED: ErrorReason
+ERROR_REASON_STARTING: ErrorReason
+ERROR_REASON_ENGINE_DEAD: ErrorReason
+ERROR_REASON_ASLEEP: ErrorReason
+ERROR_REASON_SLEEP_UNAVAILABLE: ErrorReason
+ERROR_REASON_ADAPTER_REMOVED: ErrorReason
+ERROR_REASON_UPDATE_IDLE_TIMEOUT: ErrorReason
+ERROR_REASON_INTERNAL_ERROR: ErrorReason
+ERROR_REASON_WRONG_WEIGHT_VERSION: ErrorReason
+ERROR_REASON_DELTA_BASE_MISMATCH: ErrorReason
+ERROR_REASON_SESSION_NOT_FOUND: ErrorReason
+ERROR_REASON_SESSION_LOST: ErrorReason
+ERROR_REASON_SESSION_NOT_OWNED: ErrorReason
+ERROR_REASON_SESSION_BUSY: ErrorReason
+ERROR_REASON_SESSION_BUDGET: ErrorReason
+ERROR_REASON_TEMPLATE_NOT_APPEND_ONLY: ErrorReason
+ERROR_REASON_CALLER_QUEUE_FULL: ErrorReason
+ERROR_REASON_VERSION_REUSED: ErrorReason
