@@ -16,6 +16,7 @@ from rollout_codecs import delta
 from rollout_service.config import ServerConfig
 from rollout_service.engine.gate import AdmissionGate
 from rollout_service.engine.protocol import Engine
+from rollout_service.engine.served import Served
 from rollout_service.engine.startup import engine_info, warm_up
 from rollout_service.fairness.share import FairShare, parse_shares
 from rollout_service.generation.tokenizing import Tokenizing, eos_token_ids, image_placeholder
@@ -24,7 +25,6 @@ from rollout_service.pipeline.serving import App
 from rollout_service.sessions.store import SessionLimits, SessionStore
 from rollout_service.update.delta_base import DeltaBase
 from rollout_service.update.reservation import region_bytes
-from rollout_service.update.served import Served
 from rollout_service.update.sleep import Sleeper
 from rollout_service.update.transfers import WeightTransfers
 from rollout_service.update.updates import build_updater
@@ -46,9 +46,9 @@ async def build_app(
     """Builds the app on a started engine and warms it up. Raises
     staging.StagingSpaceError when /dev/shm cannot hold the staging region."""
     info = await engine_info(engine, config.max_prompt_tokens)
-    gate = AdmissionGate(config.initial_weight_version, config.max_queued_generate)
     max_update = config.max_update_bytes or (info.model_bytes + info.model_bytes // 4 + (64 << 20))
-    served = Served(gate, on_degraded)
+    served = Served(config.initial_weight_version, on_degraded)
+    gate = AdmissionGate(served, config.max_queued_generate)
     base = DeltaBase(
         info.manifest,
         staging,
@@ -60,7 +60,7 @@ async def build_app(
     )
     updater = build_updater(
         engine,
-        served,
+        gate,
         info.manifest,
         max_update,
         base,
@@ -76,7 +76,7 @@ async def build_app(
     if os.path.isdir(checkpoint):  # noqa: ASYNC240 (once, before serving)
         # The delta base: the served bytes, from the checkpoint (delta_base.py).
         await asyncio.to_thread(
-            updater.base.load_checkpoint, checkpoint, config.initial_weight_version
+            updater.weights.base.load_checkpoint, checkpoint, config.initial_weight_version
         )
     # What the starting version names (version_names.py).
     await asyncio.to_thread(updater.weights.name_start, config.initial_weight_version)
@@ -96,6 +96,7 @@ async def build_app(
     return App(
         engine=engine,
         info=info,
+        served=served,
         gate=gate,
         updater=updater,
         transfers=WeightTransfers(updater, config.update_idle_timeout_seconds),

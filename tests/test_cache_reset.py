@@ -10,8 +10,8 @@ import asyncio
 
 from rollout_client import pb
 from rollout_service.engine.gate import AdmissionGate
+from rollout_service.engine.served import Served
 from rollout_service.update.quiesce import Quiescer
-from rollout_service.update.served import Served
 
 
 class _Engine:
@@ -31,7 +31,7 @@ class _Engine:
 
 def _reset(kv_connector: bool):
     engine = _Engine()
-    quiescer = Quiescer(engine, Served(AdmissionGate("v0")), kv_connector=kv_connector)
+    quiescer = Quiescer(engine, AdmissionGate(Served("v0")), kv_connector=kv_connector)
     results = asyncio.run(quiescer.reset_all())
     return engine.calls, [(r.cache, r.reset) for r in results]
 

@@ -13,6 +13,7 @@ import pytest
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.engine.gate import AdmissionGate
 from rollout_service.engine.limits import ModelLimits
+from rollout_service.engine.served import Served
 from rollout_service.fairness.identity import CallerId
 from rollout_service.fairness.share import FairShare
 from rollout_service.generation.tokenizing import Tokenizing
@@ -52,24 +53,18 @@ class StandInEngine:
         )
 
 
-class Updater:
-    degraded = False
-
-    def check_serving(self) -> None:
-        pass
-
-
 @pytest.fixture
 def pipeline():
     """The pipeline over a stand-in App (the real gate, fair share and
     tokenizing thread; no tokenizer, no adapters) and its engine."""
     engine = StandInEngine()
     limits = ModelLimits(vocab_size=100, max_model_len=64, max_logprobs=5, supports_images=False)
+    served = Served("v1")
     app = SimpleNamespace(
         engine=engine,
         info=SimpleNamespace(limits=limits),
-        gate=AdmissionGate("v1"),
-        updater=Updater(),
+        served=served,
+        gate=AdmissionGate(served),
         adapters=None,
         tokenizing=Tokenizing(None),
         fair=FairShare(True, {}, max_per_caller=4, seats=2),

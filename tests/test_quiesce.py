@@ -15,11 +15,11 @@ import pytest
 from rollout_client import pb
 from rollout_service.engine import vllm_compat
 from rollout_service.engine.gate import AdmissionGate
+from rollout_service.engine.served import Served
 from rollout_service.handoff.region import StagingRegion
 from rollout_service.status.errors import FailedPrecondition
 from rollout_service.update.delta_base import DeltaBase
 from rollout_service.update.quiesce import EngineFailure, Quiescer
-from rollout_service.update.served import Served
 from rollout_service.update.sleep import Sleeper
 from rollout_service.update.updates import build_updater
 
@@ -79,9 +79,7 @@ class _Engine:
 class _Served(Served):
     """Logs when a version is installed, beside the engine's calls."""
 
-    def __init__(self, engine: _Engine, gate: AdmissionGate) -> None:
-        super().__init__(gate)
-        self.engine = engine
+    engine: _Engine
 
     async def install(self, version):
         self.engine.log("install", version)
@@ -89,9 +87,10 @@ class _Served(Served):
 
 
 def _quiescer(**kw) -> tuple[Quiescer, _Engine, AdmissionGate]:
-    gate = AdmissionGate("v0")
-    engine = _Engine(gate, kw.pop("prefix_resets", True))
-    return Quiescer(engine, _Served(engine, gate), **kw), engine, gate
+    served = _Served("v0")
+    gate = AdmissionGate(served)
+    engine = served.engine = _Engine(gate, kw.pop("prefix_resets", True))
+    return Quiescer(engine, gate, **kw), engine, gate
 
 
 async def _running_call(gate: AdmissionGate, engine: _Engine, engine_id: str):
@@ -178,7 +177,7 @@ def test_a_failed_load_degrades_while_paused_then_resumes_and_reopens():
     # the workers' half-loaded state is cleared while the engine is paused,
     # and no version is claimed: not the old one, not the new one
     assert engine.names() == ["pause", "abandon", "resume"]
-    assert gate.is_open and gate.version == "" and quiescer.served.degraded
+    assert gate.is_open and gate.served.version == "" and quiescer.served.degraded
 
 
 def test_without_a_hook_the_failure_itself_is_raised_and_a_refused_reset_too():
@@ -260,13 +259,13 @@ def test_a_failed_sleep_reopens_and_a_failed_wake_up_stays_asleep():
 
 
 def test_sleeper_level_2_wakes_degraded_and_refuses_resets_meanwhile():
-    gate = AdmissionGate("v0")
+    served = Served("v0")
+    gate = AdmissionGate(served)
     engine = _Engine(gate)
     engine.model_config = SimpleNamespace(enable_sleep_mode=True)
     engine.vllm_config = SimpleNamespace(lora_config=None)
-    served = Served(gate)
     base = DeltaBase({}, StagingRegion(), StagingRegion())
-    updater = build_updater(engine, served, {}, 1, base)
+    updater = build_updater(engine, gate, {}, 1, base)
     try:
         sleeper = Sleeper(engine, updater.quiescer, served)
         sleeper.refusal = None  # vLLM's CPU platform has no sleep mode
@@ -282,14 +281,14 @@ def test_sleeper_level_2_wakes_degraded_and_refuses_resets_meanwhile():
     finally:
         updater.close()
     assert woke.needs_weights and not sleeper.sleeping
-    assert gate.is_open and gate.version == "" and updater.degraded
+    assert gate.is_open and served.version == "" and served.degraded
 
 
 # -- vllm_compat -------------------------------------------------------------
 
 
 def test_compat_pauses_through_the_core_client_or_the_public_call():
-    gate = AdmissionGate("v0")
+    gate = AdmissionGate(Served("v0"))
     engine = _Engine(gate)
     asyncio.run(vllm_compat.pause_scheduler(engine, "keep"))
     assert engine.calls == [("pause", "keep", False, "open")]

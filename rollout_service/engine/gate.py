@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from rollout.v1 import rollout_pb2 as pb
+from rollout_service.engine.served import Served
 from rollout_service.status.errors import ResourceExhausted
 
 
@@ -44,14 +45,12 @@ class Ticket:
 
 
 class AdmissionGate:
-    """Admission control for Generate calls, and the served weight version."""
+    """Admission control for Generate calls: each admitted call's ticket
+    carries the served version (served.py) as it was at admission."""
 
-    def __init__(self, version: str, max_pending: int | None = None) -> None:
-        self.version = version
-        # Counts PAUSE_MODE_KEEP updates: a call admitted in the same epoch as
-        # now has not been switched to other weights mid-way (its tokens all
-        # carry its admission version, no span lookup needed).
-        self.keep_epoch = 0
+    def __init__(self, served: Served, max_pending: int | None = None) -> None:
+        # Whose version and keep epoch each admitted call's ticket carries.
+        self.served = served
         # Calls admitted plus waiting; one more gets RESOURCE_EXHAUSTED.
         self.max_pending = max_pending
         self.waiting = 0
@@ -91,7 +90,7 @@ class AdmissionGate:
                 await self._open.wait()
         finally:
             self.waiting -= 1
-        ticket = Ticket(self.version, self.keep_epoch)
+        ticket = Ticket(self.served.version, self.served.keep_epoch)
         self._tickets.add(ticket)
         self._idle.clear()
         try:

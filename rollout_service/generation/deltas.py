@@ -91,7 +91,7 @@ class StreamDeltas:
 
     def step(self, out: RequestOutput, keep_epoch: int) -> list[pb.GenerateStreamResponse]:
         """The messages of one engine output (none when it carries nothing
-        new); `keep_epoch`: the gate's now."""
+        new); `keep_epoch`: the served one now (engine/served.py)."""
         if out.prompt_token_ids:
             self.usage.prompt_tokens = len(out.prompt_token_ids)
         kept = keep_epoch != self.ticket.keep_epoch

@@ -111,7 +111,7 @@ def bind(gate, updater) -> None:
     QUEUED.set_function(lambda: gate.waiting)
     RUNNING.set_function(lambda: gate.admitted)
     PAUSED.set_function(lambda: 0 if gate.is_open else 1)
-    WEIGHT_VERSION.info({"version": gate.version})
+    WEIGHT_VERSION.info({"version": gate.served.version})
 
 
 def start_http(port: int, host: str = "127.0.0.1") -> int:

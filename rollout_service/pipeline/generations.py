@@ -67,7 +67,7 @@ class Generations:
         request_id = request.request_id or uuid.uuid4().hex
         logs.request_id.set(request_id)
         self.check_alive()
-        app.updater.check_serving()
+        app.served.check_serving()
         if request.lora_adapter:
             app.adapters.check_known(request.lora_adapter)
         # Tokenizing, rendering and parsing grow with the request: off the loop.
@@ -98,7 +98,7 @@ class Generations:
         failed inside the engine (or installed another version) must not
         run on it."""
         async with slot.seat(call.abort_event), self.app.gate.admit() as ticket:
-            self.app.updater.check_serving()
+            self.app.served.check_serving()
             if required_version and ticket.version != required_version:
                 raise FailedPrecondition(
                     f"required_weight_version: this server serves "
@@ -154,7 +154,7 @@ class Generations:
     def delta_spans(self, ticket: Ticket, c, start: int, count: int) -> list[tuple[str, int, int]]:
         """Version spans of a delta's tokens [start, start + count) of
         completion `c` (a session's turn; a stream's come from StreamDeltas)."""
-        kept = ticket.keep_epoch != self.app.gate.keep_epoch
+        kept = ticket.keep_epoch != self.app.served.keep_epoch
         live = functools.partial(self.live_spans, ticket)
         return deltas.delta_spans(c, start, count, ticket.version, kept, live)
 
@@ -232,13 +232,13 @@ class Generations:
                     omit_text=options.omit_text,
                     echo_prompt=p.prompt.echo_ids,
                 )
-                gate = self.app.gate
+                served = self.app.served
                 t0 = time.perf_counter()
                 async for out in self.run(g):
                     if t0:
                         metrics.TTFT.observe(time.perf_counter() - t0)
                         t0 = 0.0
-                    messages = stream.step(out, gate.keep_epoch)
+                    messages = stream.step(out, served.keep_epoch)
                     if out.finished:
                         usage = stream.usage
                         self.count(slot, usage.prompt_tokens, usage.completion_tokens)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from rollout_service.engine.gate import AdmissionGate
 from rollout_service.engine.protocol import Engine
+from rollout_service.engine.served import Served
 from rollout_service.engine.startup import EngineInfo
 from rollout_service.fairness.share import FairShare
 from rollout_service.generation.tokenizing import Tokenizing
@@ -25,6 +26,7 @@ class App:
 
     engine: Engine
     info: EngineInfo
+    served: Served
     gate: AdmissionGate
     updater: WeightUpdater
     transfers: WeightTransfers

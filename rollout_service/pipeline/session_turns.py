@@ -165,7 +165,7 @@ class SessionTurns:
         generations.check_alive()
         with app.fair.slot(who) as slot:
             generations.check_alive()
-            app.updater.check_serving()
+            app.served.check_serving()
             session = self.find(request.session_id)
             request_id = request.request_id or uuid.uuid4().hex
             logs.request_id.set(request_id)

@@ -45,7 +45,7 @@ class SessionRpcs:
     async def OpenSession(self, request, context):
         ready = self.serving.ready
         app = ready.app
-        app.updater.check_serving()
+        app.served.check_serving()
         if request.lora_adapter:
             app.adapters.check_known(request.lora_adapter)
         limits = app.info.limits
@@ -56,7 +56,7 @@ class SessionRpcs:
             CALLER.get().owner,
             budget,
             lora_adapter=request.lora_adapter,
-            pinned_version=app.gate.version if request.pin_weight_version else "",
+            pinned_version=app.served.version if request.pin_weight_version else "",
         )
         try:
             ids = await app.tokenizing.off_loop(_open, session, request, limits, app.tokenizing)
@@ -67,7 +67,7 @@ class SessionRpcs:
         return pb.OpenSessionResponse(
             session_id=session.id,
             prompt_token_ids=ids,
-            weight_version=app.gate.version,
+            weight_version=app.served.version,
             max_total_tokens=budget,
             idle_timeout_seconds=app.session_store.limits.idle_timeout_seconds,
         )

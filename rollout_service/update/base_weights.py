@@ -239,7 +239,7 @@ class BaseWeights:
                 )
             if update.pause_mode == pb.PAUSE_MODE_KEEP:
                 # Kept calls' tokens now span two versions.
-                self.served.gate.keep_epoch += 1
+                self.served.keep_across()
             await self.engine.finish_weight_update(weight_version=version)
         t_end = time.perf_counter()
         self.base.installed(version, update.names if not update.base_version else set())

@@ -14,7 +14,7 @@ enter `Quiescer.quiesced`; what differs between them is a parameter:
 - `installs`: the weight version the work loads (base updates). If the
   work or the reset fails, the engine may hold half-loaded weights: before
   it resumes, the workers' reload state is cleared and the server marked
-  degraded (served.py), and EngineFailure (INTERNAL) is raised; if both
+  degraded (engine/served.py), and EngineFailure (INTERNAL) is raised; if both
   succeed, the version is installed once the engine has resumed, before the
   gate reopens, so that the next calls are tagged with it. Work that fails
   with EngineRestored has put the engine back on the very weights it served
@@ -41,9 +41,9 @@ from dataclasses import dataclass, field
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.engine import vllm_compat
+from rollout_service.engine.gate import AdmissionGate
 from rollout_service.ops import metrics
 from rollout_service.status.errors import FailedPrecondition, RpcError
-from rollout_service.update.served import Served
 
 log = logging.getLogger(__name__)
 
@@ -94,13 +94,13 @@ class Quiescer:
     def __init__(
         self,
         engine,
-        served: Served,
+        gate: AdmissionGate,
         kv_connector: bool = False,
         drain_timeout_seconds: float = 120.0,
     ) -> None:
         self.engine = engine
-        self.served = served
-        self.gate = served.gate
+        self.gate = gate
+        self.served = gate.served
         self.kv_connector = kv_connector
         # The bound of a WAIT drain (a call may ask for less).
         self.drain_timeout_seconds = drain_timeout_seconds

@@ -16,9 +16,9 @@ from __future__ import annotations
 import logging
 
 from rollout.v1 import rollout_pb2 as pb
+from rollout_service.engine.served import Served
 from rollout_service.status.errors import FailedPrecondition, InvalidArgument
 from rollout_service.update.quiesce import Quiescer
-from rollout_service.update.served import Served
 
 log = logging.getLogger(__name__)
 

@@ -18,6 +18,8 @@ import time
 from typing import Protocol
 
 from rollout.v1 import rollout_pb2 as pb
+from rollout_service.engine.gate import AdmissionGate
+from rollout_service.engine.served import Served
 from rollout_service.ops import metrics
 from rollout_service.status.errors import RpcError
 from rollout_service.update.base_weights import BaseWeights
@@ -26,7 +28,6 @@ from rollout_service.update.lora import Adapters
 from rollout_service.update.plan import UpdatePlan
 from rollout_service.update.quiesce import Quiescer
 from rollout_service.update.received import ReceivedUpdate
-from rollout_service.update.served import Served
 from rollout_service.update.timings import Arrival
 
 # The UpdateTimings fields observed in rollout_update_duration_seconds{phase}.
@@ -60,37 +61,18 @@ class WeightUpdater:
         self.adapters = adapters
 
     @property
-    def base(self) -> DeltaBase:
-        return self.weights.base
-
-    @property
-    def max_update_bytes(self) -> int:
-        return self.weights.max_update_bytes
-
-    @property
-    def drain_timeout_seconds(self) -> float:
-        return self.quiescer.drain_timeout_seconds
-
-    @property
-    def degraded(self) -> bool:
-        return self.served.degraded
-
-    @property
     def delta_base(self) -> str:
         """GetServerInfo.delta_base_version."""
-        return self.base.offered(self.served.version, self.served.degraded)[0]
-
-    def check_serving(self) -> None:
-        """Refuses generation while degraded."""
-        self.served.check_serving()
+        return self.weights.base.offered(self.served.version, self.served.degraded)[0]
 
     async def start(self) -> None:
         await self.weights.start()
 
     def close(self) -> None:
-        self.base.close()
-        self.base.staging.close()
-        self.base.incoming.close()
+        base = self.weights.base
+        base.close()
+        base.staging.close()
+        base.incoming.close()
 
     def applier(self, begin: pb.UpdateWeightsBegin) -> Applier:
         return self.adapters if begin.HasField("adapter") else self.weights
@@ -137,7 +119,7 @@ class WeightUpdater:
 
 def build_updater(
     engine,
-    served: Served,
+    gate: AdmissionGate,
     manifest: dict[str, pb.TensorSpec],
     max_update_bytes: int,
     base: DeltaBase,
@@ -149,7 +131,7 @@ def build_updater(
     keep_refusal: str | None = None,
 ) -> WeightUpdater:
     """The update path for one engine: the quiesce, both appliers, the updater."""
-    quiescer = Quiescer(engine, served, kv_connector, drain_timeout_seconds)
+    quiescer = Quiescer(engine, gate, kv_connector, drain_timeout_seconds)
     weights = BaseWeights(
         engine,
         quiescer,

@@ -1,5 +1,7 @@
 """What the engine serves: the weight version admitted calls are tagged
-with (the gate's), and whether it may hold half-loaded weights.
+with, the keep epoch, and whether it may hold half-loaded weights. The one
+owner of these facts: the gate (gate.py) reads them when it admits a call,
+the quiesce (update/quiesce.py) and the sleep (update/sleep.py) change them.
 
 A load that fails inside the engine leaves layers that were already written
 with the new weights and the others with the old ones: the server is then
@@ -14,28 +16,27 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
-from rollout_service.engine.gate import AdmissionGate
 from rollout_service.status.errors import FailedPrecondition
 
 log = logging.getLogger(__name__)
 
 
 class Served:
-    """The served version and the degraded state, changed only inside the
-    quiesce (quiesce.py) or at wake-up (sleep.py)."""
+    """The served version, the keep epoch and the degraded state, changed
+    only inside the quiesce (update/quiesce.py) or at wake-up (update/sleep.py)."""
 
     def __init__(
-        self, gate: AdmissionGate, on_degraded: Callable[[bool], Awaitable[object]] | None = None
+        self, version: str, on_degraded: Callable[[bool], Awaitable[object]] | None = None
     ) -> None:
-        self.gate = gate
+        self.version = version
+        # Counts PAUSE_MODE_KEEP updates: a call admitted in the same epoch as
+        # now has not been switched to other weights mid-way (its tokens all
+        # carry its admission version, no span lookup needed).
+        self.keep_epoch = 0
         # Called with True when the server becomes degraded, False when a
         # full update recovers it (the server ties health to it).
         self._on_degraded = on_degraded
         self.degraded = False
-
-    @property
-    def version(self) -> str:
-        return self.gate.version
 
     def check_serving(self) -> None:
         """Refuses generation while degraded."""
@@ -45,15 +46,20 @@ class Served:
                 "push a full update (every parameter) to recover"
             )
 
+    def keep_across(self) -> None:
+        """A PAUSE_MODE_KEEP update is loading (the engine paused): the calls
+        it keeps have tokens of two versions from now on."""
+        self.keep_epoch += 1
+
     async def install(self, version: str) -> None:
         """The engine now serves `version`, whole."""
-        self.gate.version = version
+        self.version = version
         await self._set_degraded(False)
 
     async def lose(self, why: str) -> None:
         """The engine no longer holds the served weights: degraded, no version."""
         log.warning("degraded: %s", why)
-        self.gate.version = ""
+        self.version = ""
         await self._set_degraded(True)
 
     async def _set_degraded(self, degraded: bool) -> None:
