@@ -1,29 +1,38 @@
 """The Python client's surface, engine-free: what a failed call raises (its
 reason read from the status details by grpcio-status), on both clients,
 against a stand-in server in this process that refuses as the real one does
-(rollout_service.status.errors builds the trailer)."""
+(rollout_service.status.errors builds the trailer); generate's typed options,
+one per proto field, and the TypeError of a misspelled one."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 from concurrent import futures
 
 import grpc
 import pytest
 
+from harness.serverproc import free_port
 from rollout.v1 import rollout_pb2_grpc
 from rollout_client import AsyncRolloutClient, RolloutClient, RolloutError, pb
+from rollout_client.generate_request import GenerateOptions, Sampling, StreamOptions
 from rollout_service.status import errors
 
 REFUSAL = "weight version 'step-2' required, 'step-1' served"
 
 
 class Refusing(rollout_pb2_grpc.RolloutServiceServicer):
-    """Generate refuses as the server does for a wrong weight version;
-    Tokenize with a bare status, as gRPC or a proxy makes one."""
+    """Generate refuses as the server does for a wrong weight version (and
+    keeps the request); Tokenize with a bare status, as gRPC or a proxy
+    makes one."""
+
+    def __init__(self) -> None:
+        self.requests: list[pb.GenerateRequest] = []
 
     def Generate(self, request, context):
+        self.requests.append(request)
         code = grpc.StatusCode.FAILED_PRECONDITION
         reason = pb.ERROR_REASON_WRONG_WEIGHT_VERSION
         context.set_trailing_metadata(errors.details_trailer(code, REFUSAL, reason))
@@ -34,9 +43,9 @@ class Refusing(rollout_pb2_grpc.RolloutServiceServicer):
 
 
 @contextlib.contextmanager
-def refusing():
+def refusing(servicer: Refusing | None = None):
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    rollout_pb2_grpc.add_RolloutServiceServicer_to_server(Refusing(), server)
+    rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer or Refusing(), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
@@ -77,4 +86,82 @@ def test_a_refusal_carries_its_code_reason_and_message(refused):
         grpc.StatusCode.RESOURCE_EXHAUSTED,
         "",
         "no room",
+    )
+
+
+# Every option, as a user would write it (floats exact in float32).
+OPTIONS = dict(
+    prompt_token_ids=[5, 6, 7],
+    request_id="r-1",
+    lora_adapter="math",
+    required_weight_version="step-2",
+    max_tokens=8,
+    temperature=0.5,
+    top_p=0.75,
+    top_k=5,
+    min_p=0.125,
+    seed=3,
+    n=2,
+    logprobs=1,
+    stop=["\n"],
+    stop_token_ids=[2],
+    ignore_eos=True,
+    repetition_penalty=1.25,
+    presence_penalty=0.5,
+    frequency_penalty=0.5,
+    min_tokens=1,
+    prompt_logprobs=0,
+    structured_output=pb.StructuredOutput(regex="[0-9]+"),
+    allowed_token_ids=[5, 6],
+)
+
+
+def test_every_field_of_the_request_is_a_typed_option():
+    sampling = {f.name for f in pb.SamplingParams.DESCRIPTOR.fields}
+    assert set(Sampling.__annotations__) == sampling
+    assert sampling <= set(OPTIONS)
+    own = set(GenerateOptions.__annotations__) - sampling
+    request = {f.name for f in pb.GenerateRequest.DESCRIPTOR.fields}
+    # sampling_params and chat_options are spread into their own options
+    assert own == request - {"sampling_params", "chat_options"} | {"continue_final_message"}
+    stream = set(StreamOptions.__annotations__) - own - sampling
+    assert stream == {f.name for f in pb.StreamOptions.DESCRIPTOR.fields}
+
+
+def test_both_clients_send_every_option_as_one_request():
+    stand_in = Refusing()
+    with refusing(stand_in) as target:
+        refused_sync(target, "generate", **OPTIONS)
+        refused_async(target, "generate", **OPTIONS)
+    sync, asyncio_ = stand_in.requests
+    assert sync == asyncio_
+    sent = sync.sampling_params
+    for name, value in OPTIONS.items():
+        got = getattr(sent if name in Sampling.__annotations__ else sync, name)
+        assert got == value or list(got) == value, name
+    assert sent.HasField("prompt_logprobs")  # 0 is set, not unset
+
+
+async def settled(result):
+    """generate's coroutine awaited (generate_stream's iterator is not)."""
+    return await result if inspect.isawaitable(result) else result
+
+
+@pytest.mark.parametrize("method", ["generate", "generate_stream"])
+def test_a_misspelled_option_raises_type_error_at_the_call(method):
+    target = f"127.0.0.1:{free_port()}"  # nothing listens: no call may be made
+    with RolloutClient(target) as c, pytest.raises(TypeError) as sync:
+        getattr(c, method)(prompt_text="x", max_token=8)
+
+    async def on_asyncio():
+        async with AsyncRolloutClient(target) as c:
+            with pytest.raises(TypeError) as e:
+                await settled(getattr(c, method)(prompt_text="x", max_token=8, tempreture=0))
+            return e.value
+
+    text = "got an unexpected keyword argument 'max_token' (did you mean 'max_tokens'?)"
+    assert str(sync.value) == text
+    assert str(asyncio.run(on_asyncio())) == (
+        "got unexpected keyword arguments 'max_token' (did you mean 'max_tokens'?), "
+        "'tempreture' (did you mean 'temperature'?)"
     )

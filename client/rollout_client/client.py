@@ -21,7 +21,7 @@ import asyncio
 import functools
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, Unpack
 
 import grpc
 from grpc_health.v1 import health_pb2_grpc
@@ -36,7 +36,12 @@ from rollout_client.connection import (
 )
 from rollout_client.connection import ConnectionOptions as ConnectionOptions
 from rollout_client.connection import RolloutError as RolloutError
-from rollout_client.core import build_generate_request as build_generate_request
+from rollout_client.generate_request import (
+    GenerateOptions,
+    StreamOptions,
+    build_generate_stream_request,
+)
+from rollout_client.generate_request import build_generate_request as build_generate_request
 from rollout_client.push import DEFAULT_CHUNK_BYTES
 
 if TYPE_CHECKING:  # numpy: imported by delta pushes only
@@ -124,17 +129,45 @@ class RolloutClient(_Surface[stubs.RolloutStub]):
     def server_info(self, timeout: float | None = None) -> pb.GetServerInfoResponse:
         return self._unary(self.stub.GetServerInfo, pb.GetServerInfoRequest(), timeout)
 
-    def generate(self, *, timeout: float | None = None, **kwargs: Any) -> pb.GenerateResponse:
-        """See `build_generate_request` for the arguments; with
-        `required_weight_version="step-7"` the call runs only on that version
-        (RolloutError with reason WRONG_WEIGHT_VERSION otherwise, before any
-        token): a rollout cannot come from other weights."""
-        return self._unary(self.stub.Generate, core.build_generate_request(**kwargs), timeout)
+    def generate(
+        self, *, timeout: float | None = None, **options: Unpack[GenerateOptions]
+    ) -> pb.GenerateResponse:
+        """One prompt's completions. The options (GenerateOptions, typed in
+        generate_request.py; an unknown name raises TypeError):
+
+        - the prompt, exactly one of `prompt_text`, `prompt_token_ids` and
+          chat `messages` (dicts such as {"role": "user", "content": "Hi"},
+          with `continue_final_message` to continue the last one); `images`
+          for a multimodal model's placeholders;
+        - `request_id` (for logs and abort()), `lora_adapter` (a loaded
+          adapter's name), `required_weight_version`: with "step-7" the call
+          runs only on that version (RolloutError with reason
+          WRONG_WEIGHT_VERSION otherwise, before any token), so a rollout
+          cannot come from other weights;
+        - SamplingParams' fields, as the proto names them (None: unset):
+          `max_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `seed`, `n`,
+          `logprobs`, `stop`, `stop_token_ids`, `ignore_eos`,
+          `repetition_penalty`, `presence_penalty`, `frequency_penalty`,
+          `min_tokens`, `prompt_logprobs`, `structured_output`
+          (pb.StructuredOutput(regex=...)), `allowed_token_ids`.
+
+        `timeout`: the call's deadline in seconds (the client's by default)."""
+        request = build_generate_request(**options)
+        return self._unary(self.stub.Generate, request, timeout)
 
     def generate_stream(
-        self, *, timeout: float | None = None, **kwargs: Any
+        self, *, timeout: float | None = None, **options: Unpack[StreamOptions]
     ) -> Iterator[pb.GenerateStreamResponse]:
-        request = core.build_generate_stream_request(**kwargs)
+        """generate's completions as they are made: generate's options and
+        `delta_tokens` (tokens per delta; the first and the last come at
+        once), `omit_text` (token ids only). A wrong option raises here, not
+        at the first delta."""
+        request = build_generate_stream_request(**options)
+        return self._stream(request, timeout)
+
+    def _stream(
+        self, request: pb.GenerateStreamRequest, timeout: float | None
+    ) -> Iterator[pb.GenerateStreamResponse]:
         with core.rpc_errors():
             yield from self.stub.GenerateStream(request, **self._call_args(timeout))
 
@@ -380,13 +413,23 @@ class AsyncRolloutClient(_Surface[stubs.AsyncRolloutStub]):
     async def server_info(self, timeout: float | None = None) -> pb.GetServerInfoResponse:
         return await self._unary(self.stub.GetServerInfo, pb.GetServerInfoRequest(), timeout)
 
-    async def generate(self, *, timeout: float | None = None, **kwargs: Any) -> pb.GenerateResponse:
-        return await self._unary(self.stub.Generate, core.build_generate_request(**kwargs), timeout)
+    async def generate(
+        self, *, timeout: float | None = None, **options: Unpack[GenerateOptions]
+    ) -> pb.GenerateResponse:
+        """See RolloutClient.generate (the same options, the same request)."""
+        request = build_generate_request(**options)
+        return await self._unary(self.stub.Generate, request, timeout)
 
-    async def generate_stream(
-        self, *, timeout: float | None = None, **kwargs: Any
+    def generate_stream(
+        self, *, timeout: float | None = None, **options: Unpack[StreamOptions]
     ) -> AsyncIterator[pb.GenerateStreamResponse]:
-        request = core.build_generate_stream_request(**kwargs)
+        """See RolloutClient.generate_stream; iterate with `async for`."""
+        request = build_generate_stream_request(**options)
+        return self._stream(request, timeout)
+
+    async def _stream(
+        self, request: pb.GenerateStreamRequest, timeout: float | None
+    ) -> AsyncIterator[pb.GenerateStreamResponse]:
         with core.rpc_errors():
             async for item in self.stub.GenerateStream(request, **self._call_args(timeout)):
                 yield item

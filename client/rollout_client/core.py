@@ -1,6 +1,7 @@
-"""What the sync and the asyncio client share: request building, readiness,
-error translation, update preparation and the retry of a whole update.
-client.py holds the two surfaces, which differ only in how a call is made.
+"""What the sync and the asyncio client share: request building (the generate
+requests' in generate_request.py), readiness, error translation, update
+preparation and the retry of a whole update. client.py holds the two
+surfaces, which differ only in how a call is made.
 
 A new RPC needs a request builder here (when it takes more than a message),
 its name in connection.RETRIED_METHODS if it is safe to send twice, and a
@@ -20,80 +21,18 @@ from grpc_health.v1 import health_pb2
 from rollout.v1 import rollout_pb2 as pb
 from rollout_client import push, stubs
 from rollout_client.connection import ConnectionOptions, RolloutError
+
+# Re-exported (`X as X`): the generate requests' builders live in generate_request.py.
+from rollout_client.generate_request import (
+    build_generate_request as build_generate_request,
+)
+from rollout_client.generate_request import (
+    build_generate_stream_request as build_generate_stream_request,
+)
+from rollout_client.generate_request import chat_messages as chat_messages
+from rollout_client.generate_request import sampling_params as sampling_params
 from rollout_client.interrupts import PushState
 from rollout_codecs import extras
-
-_SAMPLING_FIELDS = {f.name for f in pb.SamplingParams.DESCRIPTOR.fields}
-
-
-def _part(part: Any) -> pb.ContentPart:
-    if isinstance(part, pb.ContentPart):
-        return part
-    if isinstance(part, str):
-        return pb.ContentPart(text=part)
-    if isinstance(part, (bytes, bytearray)):
-        return pb.ContentPart(image=pb.Image(data=bytes(part)))
-    if isinstance(part, dict) and part.get("type") == "text":
-        return pb.ContentPart(text=part["text"])
-    if isinstance(part, dict) and part.get("type") == "image":
-        return pb.ContentPart(image=pb.Image(data=part["data"]))
-    raise TypeError(f"a content part is text, image bytes or a ContentPart, got {part!r}")
-
-
-def chat_messages(messages: Sequence[Any]) -> list[pb.ChatMessage]:
-    """Chat messages from ChatMessage protos or dicts such as
-    {"role": "user", "content": "Hi"} or {"role": "user", "content":
-    ["Describe", png_bytes]} (str parts are text, bytes parts images)."""
-    out = []
-    for m in messages:
-        if isinstance(m, pb.ChatMessage):
-            out.append(m)
-            continue
-        content = m["content"]
-        parts = [content] if isinstance(content, str) else list(content)
-        out.append(pb.ChatMessage(role=m["role"], content=[_part(p) for p in parts]))
-    return out
-
-
-def sampling_params(fields: dict[str, Any]) -> pb.SamplingParams:
-    """SamplingParams from keyword arguments (None: unset); TypeError names
-    any that SamplingParams does not have."""
-    unknown = set(fields) - _SAMPLING_FIELDS
-    if unknown:
-        raise TypeError(f"unknown sampling parameter(s): {sorted(unknown)}")
-    return pb.SamplingParams(**{k: v for k, v in fields.items() if v is not None})
-
-
-def build_generate_request(
-    prompt_text: str | None = None,
-    prompt_token_ids: list[int] | None = None,
-    images: list[bytes] | None = None,
-    request_id: str = "",
-    messages: Sequence[Any] | None = None,
-    continue_final_message: bool = False,
-    lora_adapter: str = "",
-    required_weight_version: str = "",
-    **sampling: Any,
-) -> pb.GenerateRequest:
-    """A GenerateRequest; the prompt is `prompt_text`, `prompt_token_ids` or
-    chat `messages` (see chat_messages), `lora_adapter` names a loaded LoRA
-    adapter; with `required_weight_version` the server runs the call only on
-    that weight version (else RolloutError, reason WRONG_WEIGHT_VERSION, before
-    any token); other keyword arguments are SamplingParams fields
-    (`structured_output=pb.StructuredOutput(regex=...)`, `prompt_logprobs=2`)."""
-    request = pb.GenerateRequest(
-        request_id=request_id,
-        prompt_text=prompt_text or "",
-        prompt_token_ids=prompt_token_ids or [],
-        images=[pb.Image(data=d) for d in images or []],
-        messages=chat_messages(messages or []),
-        lora_adapter=lora_adapter,
-        required_weight_version=required_weight_version,
-        sampling_params=sampling_params(sampling),
-    )
-    if continue_final_message:
-        request.chat_options.continue_final_message = True
-    return request
 
 
 def build_tokenize_request(
@@ -137,21 +76,6 @@ def adapter_removal(name: str, version: str) -> list[pb.UpdateWeightsRequest]:
         pb.UpdateWeightsRequest(begin=begin),
         pb.UpdateWeightsRequest(commit=pb.UpdateWeightsCommit()),
     ]
-
-
-def build_generate_stream_request(
-    delta_tokens: int = 0, omit_text: bool = False, **kwargs: Any
-) -> pb.GenerateStreamRequest:
-    """The same request for GenerateStream (the two messages share their
-    fields), with its StreamOptions: `delta_tokens` tokens per delta (the
-    first and the last come at once), `omit_text` for token ids only."""
-    request: pb.GenerateStreamRequest = pb.GenerateStreamRequest.FromString(
-        build_generate_request(**kwargs).SerializeToString()
-    )
-    if delta_tokens or omit_text:
-        request.stream_options.delta_tokens = delta_tokens
-        request.stream_options.omit_text = omit_text
-    return request
 
 
 @contextmanager

@@ -15,11 +15,12 @@ requests here and differ only in how the call is made.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any, Protocol, TypeVar
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from typing import Any, Protocol, TypeVar, Unpack
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_client import core, stubs
+from rollout_client.generate_request import Sampling
 
 _Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp")
@@ -79,7 +80,7 @@ def build_open_request(
 
 
 def build_turn_request(
-    session_id: str, request_id: str, params: dict[str, Any], required_weight_version: str = ""
+    session_id: str, request_id: str, params: Mapping[str, Any], required_weight_version: str = ""
 ) -> pb.SessionGenerateRequest:
     """A SessionGenerateRequest; `params` are SamplingParams fields."""
     return pb.SessionGenerateRequest(
@@ -95,7 +96,7 @@ def build_stream_request(
     request_id: str,
     delta_tokens: int,
     omit_text: bool,
-    params: dict[str, Any],
+    params: Mapping[str, Any],
     required_weight_version: str = "",
 ) -> pb.SessionGenerateStreamRequest:
     """The same turn streamed, with its StreamOptions."""
@@ -164,9 +165,10 @@ class Session:
         request_id: str = "",
         required_weight_version: str = "",
         timeout: float | None = None,
-        **params: Any,
+        **params: Unpack[Sampling],
     ) -> pb.SessionGenerateResponse:
-        """The next model turn; keyword arguments are SamplingParams fields."""
+        """The next model turn; keyword arguments are SamplingParams fields
+        (generate_request.Sampling; an unknown name raises TypeError)."""
         request = build_turn_request(self.id, request_id, params, required_weight_version)
         return self.client._unary(self.client.stub.SessionGenerate, request, timeout)
 
@@ -178,7 +180,7 @@ class Session:
         omit_text: bool = False,
         required_weight_version: str = "",
         timeout: float | None = None,
-        **params: Any,
+        **params: Unpack[Sampling],
     ) -> Iterator[pb.SessionGenerateStreamResponse]:
         request = build_stream_request(
             self.id, request_id, delta_tokens, omit_text, params, required_weight_version
@@ -232,7 +234,7 @@ class AsyncSession:
         request_id: str = "",
         required_weight_version: str = "",
         timeout: float | None = None,
-        **params: Any,
+        **params: Unpack[Sampling],
     ) -> pb.SessionGenerateResponse:
         request = build_turn_request(self.id, request_id, params, required_weight_version)
         return await self.client._unary(self.client.stub.SessionGenerate, request, timeout)
@@ -245,7 +247,7 @@ class AsyncSession:
         omit_text: bool = False,
         required_weight_version: str = "",
         timeout: float | None = None,
-        **params: Any,
+        **params: Unpack[Sampling],
     ) -> AsyncIterator[pb.SessionGenerateStreamResponse]:
         request = build_stream_request(
             self.id, request_id, delta_tokens, omit_text, params, required_weight_version
