@@ -155,6 +155,15 @@ def _serve(argv: list[str]) -> int:
         sys.exit("rollout-service: --tls-client-ca needs --tls-cert and --tls-key")
     if config.chat_template and not os.access(config.chat_template, os.R_OK):
         sys.exit(f"rollout-service: --chat-template {config.chat_template}: no readable file")
+    if config.tool_call_parser:
+        from vllm.tool_parsers import ToolParserManager
+
+        known = ToolParserManager.list_registered()
+        if config.tool_call_parser not in known:
+            sys.exit(
+                f"rollout-service: --tool-call-parser {config.tool_call_parser}: not one of "
+                f"vLLM's tool parsers ({', '.join(sorted(known))})"
+            )
     from rollout_service.engine.startup import UnsupportedConfig, check_supported
     from rollout_service.fairness.share import parse_shares
 

@@ -85,6 +85,15 @@ class ServerConfig:
     """longest prompt in tokens (default: what the context allows)"""
     metrics_port: int | None = None
     """serve Prometheus /metrics on this port"""
+    # Off unless asked for: a port more to secure, and the gRPC API is the
+    # service's own (docs/openai.md says what the HTTP one serves).
+    http_port: int | None = None
+    """serve the OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models,
+    /health; docs/openai.md) on this port, beside gRPC, over the same engine, gate and limits
+    (default: off; 0 picks a free port, which the log names)"""
+    tool_call_parser: str | None = None
+    """vLLM's tool parser (hermes, pythonic, ...) that finds tool calls in chat output for
+    tool_choice "auto" on the HTTP API; "required" and a named function need none"""
     cpu_placement: bool = True
     """on a CPU host, move this server and vLLM's engine core off the cores vLLM binds its
     worker to (a no-op on GPU hosts)"""

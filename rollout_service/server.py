@@ -28,6 +28,8 @@ from rollout_service.config import ServerConfig
 from rollout_service.engine import parent_watch, placement, worker_fork
 from rollout_service.engine.startup import WARM_UP_USUALLY, settle, start_engine
 from rollout_service.handoff.region import StagingRegion, StagingSpaceError, remove_stale_segments
+from rollout_service.http.front import Front
+from rollout_service.http.serve import HttpServer
 from rollout_service.ops import metrics, tracing
 from rollout_service.ops.auth import AuthInterceptor, Tokens
 from rollout_service.ops.metrics import MetricsInterceptor
@@ -257,7 +259,17 @@ async def serve(config: ServerConfig, engine_args) -> int:
 
     engine = None
     app: App | None = None
+    http = None
     try:
+        if config.http_port is not None:
+            # Beside gRPC, on this loop; 503 (STARTING) until the engine is warm.
+            http = HttpServer(Front(lambda: serving.ready, tokens, config.tool_call_parser), config)
+            try:
+                http_port = await http.start()
+            except OSError as e:
+                log.error("cannot start: --http-port %d: %s", config.http_port, e)
+                return 1
+            log.info("OpenAI-compatible API on %s:%d (docs/openai.md)", config.host, http_port)
         if signals.stop.is_set():
             return 0
         began = time.monotonic()
@@ -309,7 +321,10 @@ async def serve(config: ServerConfig, engine_args) -> int:
         return 0
     finally:
         await _set_health(health_servicer, serving=False)
-        await server.stop(config.grace_seconds)
+        stopping = [server.stop(config.grace_seconds)]
+        if http is not None:
+            stopping.append(http.stop())
+        await asyncio.gather(*stopping)
         if engine is not None:
             engine.shutdown(timeout=10)
         # After the engine: its workers read the region and the adapters' folder.

@@ -102,7 +102,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 # client (`rollout_client`) is in no layer: the service never imports it.
 LAYERS = [
     {"cli", "server", "app", "config"},
-    {"rpc"},
+    {"rpc", "http"},
     {"pipeline"},
     {"sessions", "update", "fairness"},
     {"generation"},
@@ -154,7 +154,7 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
 
 # Packages a front other than gRPC calls: they import no gRPC module
 # themselves (their errors are RpcErrors, which each front maps to statuses).
-NO_GRPC = {"pipeline"}
+NO_GRPC = {"pipeline", "http"}
 
 
 def grpc_imports(path: Path) -> set[str]:

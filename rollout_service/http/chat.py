@@ -1,0 +1,122 @@
+"""POST /v1/chat/completions, up to the pipeline: the body parsed into vLLM's
+ChatCompletionRequest, the chat rendered to prompt token ids with vLLM's own
+renderer (the model's chat template, or --chat-template; OpenAI messages with
+tool calls and tool results, and `tools`, as `vllm serve` renders them),
+the settings mapped to a rollout.v1 GenerateRequest. All of it runs on the
+tokenizing thread (`prepare_chat` is handed to `off_loop`): it grows with
+the request. A session route can render its turns with `render_chat`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rollout.v1 import rollout_pb2 as pb
+from rollout_service.http import sampling, tools
+from rollout_service.http.body import check_lists, parse_json, validated
+from rollout_service.status.errors import InvalidArgument
+
+# The chat route's own fields, served beside sampling.COMMON.
+CHAT_FIELDS = sampling.COMMON | {
+    "messages",
+    "max_completion_tokens",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "add_generation_prompt",
+    "continue_final_message",
+    "chat_template_kwargs",
+    "include_reasoning",
+}
+MAX_VERSION_CHARS = 256
+
+
+@dataclass
+class ChatCall:
+    """A chat request ready for the pipeline: vLLM's parsed request (the
+    response is built from it), the GenerateRequest, the prompt's ids and
+    the tool parser's class (None: no parser, or none needed)."""
+
+    request: Any
+    generate: pb.GenerateRequest
+    prompt_ids: list[int]
+    parser_cls: Any
+
+
+def prepare_chat(raw: bytes, front, app) -> ChatCall:
+    """The body as a ChatCall, or InvalidArgument naming what is wrong."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    data = parse_json(raw)
+    check_lists(data)
+    request = validated(ChatCompletionRequest, data)
+    sampling.refuse_unsupported(request, CHAT_FIELDS)
+    parser_cls = front.parser_class(app) if tools.auto(request) else None
+    if tools.auto(request) and parser_cls is None:
+        raise InvalidArgument(
+            "tool_choice",
+            '"auto" needs a tool parser: start the server with --tool-call-parser, or send '
+            'tool_choice "required", "none" or a named function',
+        )
+    structured = tools.forced_structure(request) or request.extract_structured_outputs()
+    ids = render_chat(request, app)
+    max_tokens = (
+        request.max_completion_tokens
+        if request.max_completion_tokens is not None
+        else request.max_tokens
+    )
+    top = request.top_logprobs if request.logprobs else None
+    generate = pb.GenerateRequest(
+        request_id=request.request_id,
+        prompt_token_ids=ids,
+        sampling_params=sampling.sampling_params(request, max_tokens, top, structured),
+        lora_adapter=adapter_of(request.model, front, app),
+        required_weight_version=required_version(data),
+    )
+    return ChatCall(request, generate, ids, parser_cls)
+
+
+def render_chat(request, app) -> list[int]:
+    """The request's messages (and tools) rendered with the chat template and
+    tokenized, by vLLM's renderer for the served model."""
+    engine = app.engine
+    renderer = engine.renderer
+    tool_dicts = [t.model_dump() for t in request.tools] if request.tools else None
+    chat_params = request.build_chat_params(app.tokenizing.chat_template, "auto").with_defaults(
+        {"tools": tool_dicts, "tokenize": False}
+    )
+    try:
+        _, prompt = renderer.render_messages(request.messages, chat_params)
+    except (ValueError, TypeError, KeyError) as e:
+        # vLLM's message parsing, or the template refusing these messages.
+        raise InvalidArgument("messages", str(e)) from e
+    except Exception as e:  # jinja2's errors: the template failed on them
+        if type(e).__module__.startswith("jinja2"):
+            raise InvalidArgument("messages", f"the chat template failed: {e}") from e
+        raise
+    if prompt.get("multi_modal_data"):
+        raise InvalidArgument("messages", "images are served over gRPC only (docs/openai.md)")
+    if "prompt_token_ids" in prompt:
+        return list(prompt["prompt_token_ids"])
+    tokens = renderer.tokenize_prompt(prompt, request.build_tok_params(engine.model_config))
+    return list(tokens["prompt_token_ids"])
+
+
+def adapter_of(model: str | None, front, app) -> str:
+    """The LoRA adapter a request's `model` names ("" for the base model);
+    the pipeline refuses an adapter it does not know."""
+    if not model or model in front.model_names(app):
+        return ""
+    return model
+
+
+def required_version(data: dict) -> str:
+    """The `required_weight_version` extension (docs/openai.md)."""
+    value = data.get("required_weight_version", "")
+    if not isinstance(value, str) or len(value) > MAX_VERSION_CHARS:
+        raise InvalidArgument(
+            "required_weight_version", f"a string of at most {MAX_VERSION_CHARS} characters"
+        )
+    return value

@@ -1,0 +1,199 @@
+"""A stream's deltas (pb.GenerateStreamResponse, as GenerateStream sends
+them) as OpenAI's server-sent events: vLLM's chunk models, one `data:` line
+each, `data: [DONE]` at the end.
+
+Chat: each choice opens with its role; content follows as it comes, or, for
+an "auto" tool choice with a parser, as vLLM's parser streams it
+(`parse_delta`); a forced tool call is sent whole with the choice's last
+delta (its JSON only parses once complete). With stream_options.include_usage
+a last chunk carries the usage. Every chunk carries `weight_version` (the
+delta's: a PAUSE_MODE_KEEP update may move it on mid-stream).
+"""
+
+from __future__ import annotations
+
+import json
+
+from rollout.v1 import rollout_pb2 as pb
+from rollout_service.http import tools
+from rollout_service.http.completions import completion_logprobs
+from rollout_service.http.responses import FINISH, chat_logprobs, token_texts, usage_info
+
+
+def sse(model) -> str:
+    return f"data: {model.model_dump_json(exclude_unset=False, exclude_none=True)}\n\n"
+
+
+DONE = "data: [DONE]\n\n"
+
+
+def sse_error(body: dict) -> str:
+    """An error after the stream began (errors.py's body), then [DONE]."""
+    return f"data: {json.dumps(body)}\n\n{DONE}"
+
+
+class ChatStream:
+    """One chat request's chunks, built delta by delta (`step`); its state
+    (a parser per choice, a forced call's text so far) lives here."""
+
+    def __init__(self, call, model: str, app, request_id: str) -> None:
+        self.call, self.model, self.app = call, model, app
+        self.id = f"chatcmpl-{request_id}"
+        request = call.request
+        self.text = token_texts(app.tokenizing, bool(request.return_tokens_as_token_ids))
+        self.opened: set[int] = set()
+        self.forced_text: dict[int, str] = {}
+        self.parsers: dict[int, object] = {}
+        self.usage: pb.Usage | None = None
+
+    def _chunk(self, choices, version: str, **extra):
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionStreamResponse
+
+        return ChatCompletionStreamResponse(
+            id=self.id, model=self.model, choices=choices, weight_version=version, **extra
+        )
+
+    def _delta(self, d: pb.GenerateStreamResponse):
+        """The DeltaMessage for one delta's text (None: nothing to send yet)."""
+        from vllm.entrypoints.generate.base.protocol import (
+            DeltaFunctionCall,
+            DeltaMessage,
+            DeltaToolCall,
+        )
+
+        request, finished = self.call.request, bool(d.finish_reason)
+        if tools.forced(request):
+            self.forced_text[d.index] = self.forced_text.get(d.index, "") + d.text
+            if not finished:
+                return None
+            calls = tools.tool_calls(tools.forced_calls(request, self.forced_text[d.index]))
+            return DeltaMessage(
+                tool_calls=[
+                    DeltaToolCall(
+                        index=i,
+                        id=c.id,
+                        type="function",
+                        function=DeltaFunctionCall(
+                            name=c.function.name, arguments=c.function.arguments
+                        ),
+                    )
+                    for i, c in enumerate(calls)
+                ]
+            )
+        if self.call.parser_cls is not None:
+            parser = self.parsers.get(d.index)
+            if parser is None:
+                parser = self.parsers[d.index] = self.call.parser_cls(
+                    self.app.tokenizing.tokenizer,
+                    request.tools,
+                    model_config=self.app.engine.model_config,
+                )
+            return parser.parse_delta(
+                d.text, list(d.token_ids), request, self.call.prompt_ids, finished=finished
+            )
+        return DeltaMessage(content=d.text)
+
+    def step(self, d: pb.GenerateStreamResponse) -> list[str]:
+        """The events for one delta."""
+        from vllm.entrypoints.generate.base.protocol import DeltaMessage
+        from vllm.entrypoints.openai.chat_completion.protocol import (
+            ChatCompletionResponseStreamChoice,
+        )
+
+        request = self.call.request
+        events = []
+        if d.index not in self.opened:
+            self.opened.add(d.index)
+            first = {}
+            if request.return_token_ids and not self.opened - {d.index}:
+                first["prompt_token_ids"] = self.call.prompt_ids
+            choice = ChatCompletionResponseStreamChoice(
+                index=d.index, delta=DeltaMessage(role="assistant", content="")
+            )
+            events.append(sse(self._chunk([choice], d.weight_version, **first)))
+        delta = self._delta(d)
+        reason = FINISH.get(d.finish_reason)
+        if delta is None and reason is None and not request.logprobs:
+            return events
+        called = bool(delta is not None and delta.tool_calls)
+        if called and reason == "stop" and not tools.named(request):
+            reason = "tool_calls"
+        logprobs = (
+            chat_logprobs(d.token_ids, d.logprobs, d.top_logprobs, request.top_logprobs, self.text)
+            if request.logprobs
+            else None
+        )
+        choice = ChatCompletionResponseStreamChoice(
+            index=d.index,
+            delta=delta or DeltaMessage(),
+            logprobs=logprobs,
+            finish_reason=reason,
+            stop_reason=d.stop_reason or None,
+            token_ids=list(d.token_ids) if request.return_token_ids else None,
+        )
+        events.append(sse(self._chunk([choice], d.weight_version)))
+        if d.HasField("usage"):
+            self.usage = d.usage
+        return events
+
+    def end(self, version: str) -> list[str]:
+        """The usage chunk (when asked for) and [DONE]."""
+        options = self.call.request.stream_options
+        events = []
+        if options is not None and options.include_usage and self.usage is not None:
+            events.append(sse(self._chunk([], version, usage=usage_info(self.usage))))
+        return [*events, DONE]
+
+
+class CompletionStream:
+    """One completion request's chunks (vLLM's CompletionStreamResponse)."""
+
+    def __init__(self, call, model: str, app, request_id: str) -> None:
+        self.call, self.model = call, model
+        self.id = f"cmpl-{request_id}"
+        request = call.request
+        self.text = token_texts(app.tokenizing, bool(request.return_tokens_as_token_ids))
+        self.prompt_ids: list[int] = list(call.generate.prompt_token_ids)
+        self.offsets: dict[int, int] = {}
+        self.usage: pb.Usage | None = None
+
+    def _chunk(self, choices, version: str, **extra):
+        from vllm.entrypoints.openai.completion.protocol import CompletionStreamResponse
+
+        return CompletionStreamResponse(
+            id=self.id, model=self.model, choices=choices, weight_version=version, **extra
+        )
+
+    def step(self, d: pb.GenerateStreamResponse) -> list[str]:
+        from vllm.entrypoints.openai.completion.protocol import CompletionResponseStreamChoice
+
+        request = self.call.request
+        if d.prompt_token_ids and not self.prompt_ids:
+            self.prompt_ids = list(d.prompt_token_ids)
+        first = d.index not in self.offsets
+        offset = self.offsets.get(d.index, 0)
+        logprobs = (
+            completion_logprobs(d.token_ids, d.logprobs, d.top_logprobs, self.text, offset)
+            if request.logprobs is not None
+            else None
+        )
+        self.offsets[d.index] = offset + len(d.text)
+        choice = CompletionResponseStreamChoice(
+            index=d.index,
+            text=d.text,
+            logprobs=logprobs,
+            finish_reason=FINISH.get(d.finish_reason),
+            stop_reason=d.stop_reason or None,
+            token_ids=list(d.token_ids) if request.return_token_ids else None,
+            prompt_token_ids=self.prompt_ids if request.return_token_ids and first else None,
+        )
+        if d.HasField("usage"):
+            self.usage = d.usage
+        return [sse(self._chunk([choice], d.weight_version))]
+
+    def end(self, version: str) -> list[str]:
+        options = self.call.request.stream_options
+        events = []
+        if options is not None and options.include_usage and self.usage is not None:
+            events.append(sse(self._chunk([], version, usage=usage_info(self.usage))))
+        return [*events, DONE]
