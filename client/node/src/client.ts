@@ -172,7 +172,8 @@ export interface ClientOptions {
   timeoutMs?: number;
   /** grpc.max_send_message_length and grpc.max_receive_message_length. */
   maxMessageBytes?: number;
-  /** The rollout.proto to load; default the copy bundled in the package (DEFAULT_PROTO_PATH). */
+  /** The rollout.proto to load, in a proto tree with the files it imports
+   * (<root>/rollout/v1/); default the copy bundled in the package (DEFAULT_PROTO_PATH). */
   protoPath?: string;
   /** Sent as `authorization: Bearer <token>` metadata on every call (health checks too). */
   token?: string;
@@ -312,11 +313,16 @@ export class RolloutClient {
     const interceptors = opts.token ? [bearerTokenInterceptor(opts.token)] : [];
     if (opts.tenant) interceptors.push(metadataInterceptor("rollout-tenant", opts.tenant));
 
+    // Imports resolve against the root of the proto tree (buf style:
+    // "rollout/v1/..."; rollout.proto imports the files the package is split
+    // into): the bundled tree, or the one a protoPath sits in
+    // (<root>/rollout/v1/rollout.proto).
+    const protoRoot =
+      opts.protoPath === undefined ? PROTO_ROOT : path.resolve(path.dirname(protoPath), "..", "..");
     const rollout = grpc.loadPackageDefinition(
       protoLoader.loadSync(protoPath, {
         ...LOADER_OPTIONS,
-        // Imports resolve against the bundled tree (buf style: "rollout/v1/...").
-        includeDirs: opts.protoPath === undefined ? [PROTO_ROOT] : [],
+        includeDirs: [protoRoot],
       }),
     ) as unknown as ProtoGrpcType;
     this.stub = new rollout.rollout.v1.RolloutService(target, credentials, {
