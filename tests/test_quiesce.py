@@ -108,6 +108,7 @@ def test_the_sequence_in_order_with_the_gate_closed_throughout():
     async def go():
         async with quiescer.quiesced(installs="v1") as q:
             engine.log("work")
+            await quiescer.reset(q)
         waiting = gate.admit()
         ticket = await waiting.__aenter__()
         await waiting.__aexit__(None, None, None)
@@ -138,7 +139,7 @@ def test_keep_drains_nothing_pauses_in_keep_mode_and_preempts_on_reset():
     async def go():
         call = await _running_call(gate, engine, "r1")
         async with quiescer.quiesced(pb.PAUSE_MODE_KEEP) as q:
-            pass
+            await quiescer.reset(q)
         await call.__aexit__(None, None, None)
         return q
 
@@ -155,7 +156,7 @@ def test_a_running_call_is_drained_by_abort_past_the_deadline(mode):
     async def go():
         call = await _running_call(gate, engine, "r1")
         async with quiescer.quiesced(mode) as q:
-            pass
+            await quiescer.reset(q)
         await call.__aexit__(None, None, None)
         return q
 
@@ -180,6 +181,20 @@ def test_a_failed_load_degrades_while_paused_then_resumes_and_reopens():
     assert gate.is_open and gate.served.version == "" and quiescer.served.degraded
 
 
+def test_work_that_ends_without_the_reset_is_not_installed_and_raises():
+    quiescer, engine, gate = _quiescer()
+
+    async def go():
+        async with quiescer.quiesced(installs="v1"):
+            engine.log("work")
+
+    with pytest.raises(EngineFailure, match="'v1' failed inside the engine"):
+        asyncio.run(go())
+    # no cache reset, so no version claimed: degraded, as a failed load
+    assert "prefix" not in engine.names() and "install" not in engine.names()
+    assert gate.is_open and gate.served.version == "" and quiescer.served.degraded
+
+
 def test_without_a_hook_the_failure_itself_is_raised_and_a_refused_reset_too():
     quiescer, engine, gate = _quiescer()
 
@@ -194,8 +209,8 @@ def test_without_a_hook_the_failure_itself_is_raised_and_a_refused_reset_too():
     quiescer, engine, gate = _quiescer(prefix_resets=False)
 
     async def reset_only():
-        async with quiescer.quiesced():
-            pass
+        async with quiescer.quiesced() as q:
+            await quiescer.reset(q)
 
     with pytest.raises(RuntimeError, match="refused to reset the prefix cache"):
         asyncio.run(reset_only())
@@ -206,10 +221,11 @@ def test_one_quiesce_at_a_time():
     quiescer, engine, _ = _quiescer()
 
     async def one(name):
-        async with quiescer.quiesced():
+        async with quiescer.quiesced() as q:
             engine.log(name + " in")
             await asyncio.sleep(0.01)
             engine.log(name + " out")
+            await quiescer.reset(q)
 
     async def go():
         await asyncio.gather(one("a"), one("b"))

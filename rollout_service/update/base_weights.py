@@ -3,8 +3,8 @@
 Inside the one quiesce (quiesce.py: gate closed, calls drained, or kept with
 PAUSE_MODE_KEEP, engine paused), load the staged tensors through vLLM's
 weight-transfer API, reset every cache, resume, install the version, reopen.
-Only then is the update acknowledged. The sequence is shielded: once the
-engine is touched it runs to the end even if the call is cancelled, so the
+Only then is the update acknowledged. The sequence runs to its end even if
+the call is cancelled (the one shield is at the commit, transfers.py), so the
 engine is never left paused or half-updated by a client that went away.
 
 Deltas (UpdateWeightsBegin.base_version) are decoded into the staging
@@ -162,7 +162,7 @@ class BaseWeights:
         if update.weight_version in self.names:
             content = await asyncio.to_thread(update.content)
             self.names.check_bytes(update.weight_version, content)
-        return await asyncio.shield(self._decode_and_load(update, arrival))
+        return await self._decode_and_load(update, arrival)
 
     def _full(self, begin: pb.UpdateWeightsBegin) -> bool:
         """Every parameter, whole (not a delta)."""
@@ -222,6 +222,8 @@ class BaseWeights:
         # region is written again (region_free).
         content = asyncio.ensure_future(asyncio.to_thread(update.content))
         decode_s = 0.0
+        # Gate closed, admitted calls drained (WAIT, ABORT) or kept (KEEP),
+        # the engine paused:
         async with self.quiescer.quiesced(
             update.pause_mode, update.drain_timeout_seconds, installs=version
         ) as quiesced:
@@ -241,6 +243,11 @@ class BaseWeights:
                 # Kept calls' tokens now span two versions.
                 self.served.keep_across()
             await self.engine.finish_weight_update(weight_version=version)
+            # Every cache computed with the old weights: prefix/KV (kept
+            # requests preempted, their KV recomputed), multimodal, encoder.
+            await self.quiescer.reset(quiesced)
+        # The engine resumed, `version` installed, the gate reopened: only
+        # now is the update acknowledged.
         t_end = time.perf_counter()
         self.base.installed(version, update.names if not update.base_version else set())
         self.names.served_as(version, content if self._full(update.begin) else None)

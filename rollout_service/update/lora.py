@@ -23,7 +23,6 @@ temporary directory) and is removed at shutdown (`close`).
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import logging
@@ -241,8 +240,9 @@ class Adapters:
     async def apply(self, staged: ReceivedUpdate, arrival: Arrival) -> pb.UpdateWeightsResponse:
         """Loads (beside the old one), then switches inside the quiesce
         (quiesce.py): drained, the engine paused, every cache reset after.
-        Shielded: a cancelled call does not cut the switch in half."""
-        return await asyncio.shield(self._load_and_switch(staged, arrival))
+        A cancelled call does not cut the switch in half: the commit shields
+        it (transfers.py)."""
+        return await self._load_and_switch(staged, arrival)
 
     async def _load_and_switch(
         self, staged: ReceivedUpdate, arrival: Arrival
@@ -273,6 +273,7 @@ class Adapters:
             if old is not None:
                 await self.engine.remove_lora(old.int_id)
                 shutil.rmtree(old.path, ignore_errors=True)
+            await self.quiescer.reset(q)
         t_end = time.perf_counter()
         log.info(
             "adapter %r: %r -> %r (%d tensors)",

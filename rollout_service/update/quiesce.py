@@ -2,7 +2,10 @@
 
 Take the lock (one such step at a time), close the gate (new Generate calls
 wait there), drain the calls already admitted (gate.py), pause the engine,
-do the work, reset every cache, resume, reopen the gate. Base weight updates
+do the work, reset every cache, resume, reopen the gate. The work ends with
+the reset itself (`Quiescer.reset`), so that the promise is in the function
+a reader looks at (base_weights.py's `_load`); a block that ends without
+it raises instead of resuming on stale caches. Base weight updates
 (WAIT, ABORT and KEEP), LoRA adapter switches, ResetCaches and Sleep all
 enter `Quiescer.quiesced`; what differs between them is a parameter:
 
@@ -85,6 +88,8 @@ class Quiesced:
     # The engine's resume, after the reset.
     resume_s: float = 0.0
     results: list[pb.CacheResetResult] = field(default_factory=list)
+    # PAUSE_MODE_KEEP: the reset preempts the requests kept running.
+    keep: bool = False
 
 
 class Quiescer:
@@ -128,30 +133,31 @@ class Quiescer:
         sleep: bool = False,
     ) -> AsyncIterator[Quiesced]:
         """Runs the block with the gate closed, the admitted calls drained
-        and the engine paused; then resets every cache and resumes. The
-        yielded Quiesced is filled in as the sequence goes."""
+        and the engine paused; the block ends with `reset` (every cache);
+        then the engine resumes, `installs` is installed and the gate
+        reopens. The yielded Quiesced is filled in as the sequence goes."""
         keep = pause_mode == pb.PAUSE_MODE_KEEP
         async with self._lock:
-            quiet = Quiesced(t0=time.perf_counter())
+            quiesced = Quiesced(t0=time.perf_counter(), keep=keep)
             self.gate.close()
             held = False
             try:
                 if not keep:
-                    quiet.aborted = await self.drain(pause_mode, drain_timeout)
-                    quiet.drain_s = time.perf_counter() - quiet.t0
+                    quiesced.aborted = await self.drain(pause_mode, drain_timeout)
+                    quiesced.drain_s = time.perf_counter() - quiesced.t0
                 if sleep:
-                    yield quiet
+                    yield quiesced
                     self._asleep = held = True
                     return
                 t_pause = time.perf_counter()
                 await vllm_compat.pause_scheduler(self.engine, "keep" if keep else "abort")
-                quiet.t_paused = time.perf_counter()
-                quiet.pause_s = quiet.t_paused - t_pause
-                quiet.running = self.running_requests()
+                quiesced.t_paused = time.perf_counter()
+                quiesced.pause_s = quiesced.t_paused - t_pause
+                quiesced.running = self.running_requests()
                 try:
-                    yield quiet
-                    quiet.t_reset = time.perf_counter()
-                    quiet.results = await self.reset_all(preempt_running=keep)
+                    yield quiesced
+                    if not quiesced.results:
+                        raise RuntimeError("the work in the quiesce ended without the cache reset")
                 except EngineRestored as e:
                     raise e.error from None
                 except Exception as e:
@@ -163,7 +169,7 @@ class Quiescer:
                     # stay paused.
                     t_resume = time.perf_counter()
                     await self.engine.resume_generation()
-                    quiet.resume_s = time.perf_counter() - t_resume
+                    quiesced.resume_s = time.perf_counter() - t_resume
                 if installs is not None:
                     await self.served.install(installs)
             finally:
@@ -226,6 +232,12 @@ class Quiescer:
                 "drain deadline (%.1fs) passed: aborted %d in-flight requests", abort_after, aborted
             )
         return aborted
+
+    async def reset(self, quiesced: Quiesced) -> None:
+        """The last step of the work inside `quiesced` (the engine paused):
+        every cache reset, with what was reset recorded for the ack."""
+        quiesced.t_reset = time.perf_counter()
+        quiesced.results = await self.reset_all(preempt_running=quiesced.keep)
 
     async def reset_all(self, preempt_running: bool = False) -> list[pb.CacheResetResult]:
         """Resets every cache (engine paused); any failure raises.

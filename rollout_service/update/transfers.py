@@ -256,9 +256,9 @@ class WeightTransfers:
                 self._committed = (transfer.id, f.result())
 
         apply.add_done_callback(done)
-        # The apply is shielded inside; this shield keeps the transfer busy
-        # until it has finished even when the caller goes away.
-        return await asyncio.shield(apply)
+        # Runs inside the commit's shield: the caller going away does not
+        # cancel it, and the transfer stays busy until it has finished.
+        return await apply
 
     async def _expire_when_idle(self, transfer: WeightTransfer) -> None:
         while transfer.state in (State.OPEN, State.CHECKING) and self._current is transfer:

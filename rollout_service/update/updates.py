@@ -45,7 +45,8 @@ class Applier(Protocol):
         ...
 
     async def apply(self, update: ReceivedUpdate, arrival: Arrival) -> pb.UpdateWeightsResponse:
-        """Applies it inside the quiesce; shielded from cancellation."""
+        """Applies it inside the quiesce; its caller (the commit,
+        transfers.py) shields it from cancellation."""
         ...
 
 
@@ -111,7 +112,7 @@ class WeightUpdater:
 
     async def _reset_caches(self) -> pb.ResetCachesResponse:
         async with self.quiescer.quiesced() as quiesced:
-            pass
+            await self.quiescer.reset(quiesced)
         return pb.ResetCachesResponse(
             results=quiesced.results, duration_seconds=time.perf_counter() - quiesced.t0
         )
