@@ -137,18 +137,29 @@ def registrations() -> dict:
     }
 
 
-def trainer_config(target: str, model: str, response_length: int) -> Any:
+def trainer_config(
+    target: str,
+    model: str,
+    response_length: int,
+    backend: str = "naive",
+    custom: str = "",
+    extra: tuple[str, ...] = (),
+) -> Any:
+    """verl's ppo_trainer config with what a user sets for the plugin;
+    `custom`: more rollout.custom keys ('delta:true'), `extra`: more
+    overrides."""
     import verl
     from hydra import compose, initialize_config_dir
 
     config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    keys = f'target:"{target}"' + (f",{custom}" if custom else "")
     with initialize_config_dir(config_dir=config_dir, version_base=None):
         return compose(
             "ppo_trainer",
             overrides=[
                 # what a user sets (docs/verl.md) ...
                 "actor_rollout_ref.rollout.name=rollout_service",
-                f'+actor_rollout_ref.rollout.custom={{target:"{target}"}}',
+                f"+actor_rollout_ref.rollout.custom={{{keys}}}",
                 "actor_rollout_ref.rollout.calculate_log_probs=True",
                 f"actor_rollout_ref.rollout.response_length={response_length}",
                 f"actor_rollout_ref.model.path={model}",
@@ -156,10 +167,22 @@ def trainer_config(target: str, model: str, response_length: int) -> Any:
                 "actor_rollout_ref.rollout.nnodes=1",
                 "actor_rollout_ref.rollout.n_gpus_per_node=1",
                 "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-                "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
+                f"actor_rollout_ref.rollout.checkpoint_engine.backend={backend}",
                 "actor_rollout_ref.rollout.free_cache_engine=False",
+                *extra,
             ],
         )
+
+
+def load_state(checkpoint: str) -> dict:
+    """A checkpoint folder's state dict."""
+    from safetensors.torch import load_file
+
+    state = {}
+    for name in sorted(os.listdir(checkpoint)):
+        if name.endswith(".safetensors"):
+            state.update(load_file(os.path.join(checkpoint, name)))
+    return state
 
 
 def agent_sampling(config: Any) -> dict:
@@ -212,15 +235,11 @@ async def agent_loop(config: Any, client: Any, model: str, chat: str) -> dict:
 async def push(config: Any, checkpoint: str, step: int) -> dict:
     """verl's own hand-off function, the plugin's rollout under it."""
     import torch
-    from safetensors.torch import load_file
     from verl.utils.config import omega_conf_to_dataclass
     from verl.workers.engine_workers import ActorRolloutRefWorker
     from verl.workers.rollout.base import get_rollout_class
 
-    state = {}
-    for name in sorted(os.listdir(checkpoint)):
-        if name.endswith(".safetensors"):
-            state.update(load_file(os.path.join(checkpoint, name)))
+    state = load_state(checkpoint)
     iterated: list[str] = []
 
     class Engine:

@@ -1,7 +1,7 @@
 """verl (0.9.1) on the rollout service: a rollout backend that verl loads
 from outside its tree, through its `verl.plugins` entry-point group (or
 `VERL_USE_EXTERNAL_MODULES=rollout_client.verl`). Importing this package
-fills verl's two registries under the name `rollout_service`:
+fills verl's three registries under the name `rollout_service`:
 
 - `RolloutReplicaRegistry` (how rollouts are served): `ServiceReplica`
   starts no engine; its server (a Ray actor, `ServiceServer`) answers verl's
@@ -10,7 +10,10 @@ fills verl's two registries under the name `rollout_service`:
 - `_ROLLOUT_REGISTRY` (how each trainer rank hands its weights over):
   `ServiceRollout.update_weights` streams verl's per-tensor generator to the
   service from the leader rank under the version of verl's `global_steps`
-  (the other ranks iterate it too: FSDP's full_tensor() is a collective).
+  (the other ranks iterate it too: FSDP's full_tensor() is a collective);
+- `CheckpointEngineRegistry` (how the async trainers' CheckpointEngineManager
+  syncs): `ServiceCheckpointEngine` streams the same way from the master
+  trainer rank; the replicas' servers are its rollout side.
 
 The configuration is verl's own:
 
@@ -39,6 +42,9 @@ def register() -> None:
     base = extras.require("verl.workers.rollout.base", "rollout_client.verl", extra="verl")
     replica.RolloutReplicaRegistry.register(NAME, _load_replica)
     base._ROLLOUT_REGISTRY[(NAME, "async")] = ADAPTER
+    from rollout_client.verl import checkpoint_engine
+
+    checkpoint_engine.register()
 
 
 register()

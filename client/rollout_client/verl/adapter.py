@@ -13,31 +13,19 @@ every other rank iterates the generator too (FSDP's full_tensor() in it is a
 collective) and drops the tensors. After the acknowledgement (which lists
 the prefix, multimodal and encoder caches reset) the leader tells every
 ServiceServer of the job to pin its calls to that version; with a
-torch.distributed group, no rank returns before then (a barrier).
+torch.distributed group, no rank returns before then (a barrier). The
+hand-off itself (handoff.py) is the checkpoint-engine backend's too.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
-import uuid
 from typing import Any
 
-from rollout.v1 import rollout_pb2 as pb
-from rollout_client.client import RolloutClient
-from rollout_client.fleet import Fleet, FleetAck
-from rollout_client.verl.settings import SERVER_PREFIX, Settings
-from rollout_codecs import dtypes, extras
-
-log = logging.getLogger(__name__)
-
-# rollout.custom.pause_mode: what a push does to the calls running at the service.
-_PAUSE_MODES = {
-    "wait": pb.PAUSE_MODE_WAIT,
-    "abort": pb.PAUSE_MODE_ABORT,
-    "keep": pb.PAUSE_MODE_KEEP,
-}
+from rollout_client.verl.handoff import Pusher, drain
+from rollout_client.verl.settings import Settings
+from rollout_codecs import extras
 
 _base = extras.require("verl.workers.rollout.base", "rollout_client.verl", extra="verl")
 _BaseRollout: Any = _base.BaseRollout
@@ -58,52 +46,14 @@ class ServiceRollout(_BaseRollout):  # type: ignore[misc]
         super().__init__(config, model_config, device_mesh)
         self.settings = Settings.from_rollout_config(self.config)
         self.leader = _rank() == 0
-        prefix = self.settings.version_prefix
-        self.version_prefix = prefix if prefix is not None else f"verl-{uuid.uuid4().hex[:8]}-step-"
-        self.version: str | None = None  # pushed last
-        self.acks: list[pb.UpdateWeightsResponse | FleetAck] = []
-        self._client: RolloutClient | None = None
-        self._fleet: Fleet | None = None
-        self._served: dict[str, Any] | None = None  # the manifest: name -> dtype
+        self.pusher = Pusher(self.settings)
+        self.version_prefix = self.pusher.version_prefix
+        self.acks = self.pusher.acks
 
-    # -- the service -------------------------------------------------------
-
-    def _connect(self) -> RolloutClient:
-        s = self.settings
-        if self._client is None:
-            self._client = RolloutClient(s.targets[0], timeout=s.timeout, **s.client_options())
-            self._served = {p.name: p.dtype for p in self._client.server_info().parameters}
-            if len(s.targets) > 1:
-                self._fleet = Fleet(
-                    list(s.targets),
-                    timeout=s.timeout,
-                    probe_seconds=None,
-                    heal_from_source=False,
-                    **s.client_options(),
-                )
-        return self._client
-
-    def _push(self, tensors: list[tuple[str, Any]], version: str) -> Any:
-        client = self._connect()
-        s = self.settings
-        mode = _PAUSE_MODES[s.pause_mode]
-        if self._fleet is not None:
-            return self._fleet.update_weights(
-                tensors, version, timeout=s.timeout, delta=s.delta, pause_mode=mode
-            )
-        return client.update_weights(
-            tensors, version, streams=s.streams, delta=s.delta, pause_mode=mode
-        )
-
-    def _cast(self, name: str, tensor: Any) -> tuple[str, Any]:
-        torch = extras.require("torch", "rollout_client.verl", extra="verl")
-        assert self._served is not None
-        if name not in self._served:
-            raise KeyError(f"{name!r} is not a parameter of the served model")
-        dtype = getattr(torch, dtypes.torch_name(self._served[name]))
-        if hasattr(tensor, "full_tensor"):  # a DTensor the generator did not gather
-            tensor = tensor.full_tensor()
-        return name, tensor.detach().to(device="cpu", dtype=dtype).contiguous()
+    @property
+    def version(self) -> str | None:
+        """The version pushed last."""
+        return self.pusher.version
 
     # -- BaseRollout -------------------------------------------------------
 
@@ -124,25 +74,9 @@ class ServiceRollout(_BaseRollout):  # type: ignore[misc]
                 "rollout_service pushes full weights: set actor_rollout_ref.model.lora.merge=True"
             )
         if self.leader:
-            await asyncio.to_thread(self._connect)
-        tensors: list[tuple[str, Any]] = []
-        async for name, tensor in _items(weights):  # every rank: the collectives in it
-            if self.leader:
-                tensors.append(self._cast(name, tensor))
-        if self.leader:
-            step = global_steps
-            version = f"{self.version_prefix}{step if step is not None else uuid.uuid4().hex}"
-            await _tell_servers("begin_push", version)
-            try:
-                ack = await asyncio.to_thread(self._push, tensors, version)
-            except BaseException:
-                await _tell_servers("end_push")
-                raise
-            del tensors
-            self.acks.append(ack)
-            self.version = version
-            await _tell_servers("set_version", version, step)
-            log.info("rollout_service: pushed %s", version)
+            await self.pusher.hand_over(weights, global_steps)
+        else:
+            await drain(weights)
         await _barrier()
 
     async def resume(self, tags: list[str]) -> None:
@@ -152,28 +86,9 @@ class ServiceRollout(_BaseRollout):  # type: ignore[misc]
         """No-op (see resume)."""
 
 
-async def _items(weights: Any) -> Any:
-    if hasattr(weights, "__aiter__"):
-        async for item in weights:
-            yield item
-    else:
-        for item in weights:
-            yield item
-
-
-async def _tell_servers(method: str, *args: Any) -> None:
-    """Calls `method` on every ServiceServer of this Ray job: begin_push
-    before a push (calls the service refuses meanwhile wait for the new pin
-    instead of failing), set_version after its acknowledgement (the pin),
-    end_push if it failed."""
-    ray = extras.require("ray", "rollout_client.verl", extra="verl")
-    if not ray.is_initialized():
-        return
-    names = [n for n in ray.util.list_named_actors() if str(n).startswith(SERVER_PREFIX)]
-    await asyncio.gather(*(getattr(ray.get_actor(n), method).remote(*args) for n in names))
-
-
 async def _barrier() -> None:
+    """verl's naive path returns from each rank on its own: no rank leaves
+    before the leader's pin moved."""
     torch = extras.require("torch", "rollout_client.verl", extra="verl")
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:

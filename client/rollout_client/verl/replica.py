@@ -1,6 +1,8 @@
 """verl's RolloutReplica on the rollout service: it launches no engine, one
 ServiceServer actor per replica instead, in every mode (hybrid, colocated,
-standalone) and without GPUs of its own: the engine is the service's."""
+standalone) and without GPUs of its own: the engine is the service's.
+Outside hybrid mode the server is also the replica's one worker, the rollout
+side of verl's CheckpointEngineManager (checkpoint_engine.py)."""
 
 from __future__ import annotations
 
@@ -53,5 +55,7 @@ class ServiceReplica(_RolloutReplica):  # type: ignore[misc]
             full_determinism=bool(getattr(self.config, "full_determinism", False)),
         )
         self.servers = [server]
+        if not self.workers:  # standalone, colocated: the checkpoint engine's rollout side
+            self.workers = [server]
         self._server_handle = server
         self._server_address = await server.get_server_address.remote()

@@ -58,6 +58,7 @@ class Stats:
     calls: list[int] = field(default_factory=list)  # per service, routed
     refused_then_aborted: int = 0  # WRONG_WEIGHT_VERSION returned as aborted
     cancelled_in_transit: int = 0  # missed by an abort, cancelled
+    aborted: int = 0  # found at the service by verl's abort (returned their tokens)
     rerouted: int = 0  # moved off a service that did not answer
 
 
@@ -162,6 +163,24 @@ class ServiceServer:
 
     async def get_version(self) -> tuple[str | None, int | None]:
         return self.version, self.step
+
+    async def get_settings(self) -> Settings:
+        """rollout.custom as this replica read it (the checkpoint-engine
+        backend's master rank reads it here)."""
+        return self.settings
+
+    # -- the rollout side of checkpoint_engine.ServiceCheckpointEngine -----
+    # (verl's CheckpointEngineManager calls these on the replica's workers:
+    # this server is its replica's one worker)
+
+    async def execute_checkpoint_engine(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        from rollout_client.verl.checkpoint_engine import ServiceCheckpointEngine
+
+        return getattr(ServiceCheckpointEngine(), method)(*args, **kwargs)
+
+    async def update_weights(self, global_steps: int | None = None) -> None:
+        """Nothing to receive: the service loads the weights, and the master
+        trainer rank moves this server's pin after the acknowledgement."""
 
     async def _pin_moves_from(self, pin: str | None) -> bool:
         """After a WRONG_WEIGHT_VERSION refusal of a call pinned to `pin`:
@@ -304,6 +323,7 @@ class ServiceServer:
                 by_service.setdefault(f.service, []).append(rid)
         answers = await asyncio.gather(*(services[i].abort(r) for i, r in by_service.items()))
         found = {rid for a in answers for rid in a.request_ids}
+        self._stats.aborted += len(found)
         missed = []
         for rid in request_ids:
             f = self._running.get(rid)
