@@ -55,24 +55,29 @@ ERROR_TYPE = {
     429: "rate_limit_error",
 }
 
-# rollout.v1 field names (as the pipeline's errors say them) -> this front's.
+# rollout.v1 field names (as the pipeline's errors say them) -> this front's;
+# PROMPT stands for the route's prompt field (messages, or prompt).
+PROMPT = "{prompt}"
 _RENAMES = (
     ("sampling_params.structured_output", "response_format"),
     ("sampling_params.logprobs", "top_logprobs"),
     ("sampling_params.", ""),
-    ("prompt_token_ids/prompt_text/messages", "messages"),
-    ("prompt_token_ids", "messages"),
+    ("prompt_token_ids/prompt_text/messages", PROMPT),
+    ("prompt_token_ids", PROMPT),
+    ("prompt_text", PROMPT),
     ("lora_adapter", "model"),
 )
+# The field an error with no field of its own is about.
+_FIELD_OF_REASON = {pb.ERROR_REASON_WRONG_WEIGHT_VERSION: "required_weight_version"}
 
 
 def openai_field(field: str, prompt_field: str = "messages") -> str:
     """A pipeline's field name as the OpenAI request names it."""
     for ours, theirs in _RENAMES:
         if field.startswith(ours):
-            field = theirs + field[len(ours) :]
+            field = theirs.replace(PROMPT, prompt_field) + field[len(ours) :]
             break
-    return prompt_field if field == "messages" else field
+    return field
 
 
 class HttpError(RpcError):
@@ -96,7 +101,7 @@ def error_body(e: Exception, route: str, prompt_field: str = "messages"):
     docstring), logged as the gRPC front logs."""
     err = as_rpc_error(e, route)
     status = getattr(err, "status", None) or HTTP_STATUS.get(err.code.name, 500)
-    param = getattr(err, "field", None)
+    param = getattr(err, "field", None) or _FIELD_OF_REASON.get(err.reason)
     message = err.message
     if isinstance(err, InvalidArgument) and param is not None:
         named = openai_field(param, prompt_field)
@@ -107,7 +112,8 @@ def error_body(e: Exception, route: str, prompt_field: str = "messages"):
             "message": bounded(message),
             "type": ERROR_TYPE.get(int(status), "server_error"),
             "param": param,
-            "code": reason_name(err.reason),
+            # Our ErrorReason's name; none for HTTP's own (404, 405).
+            "code": reason_name(err.reason) if err.reason else None,
         }
     }
     headers = {}

@@ -35,7 +35,8 @@ def build_api(front: Front) -> FastAPI:
 
     @api.exception_handler(HTTPException)
     async def _no_route(request: Request, e: HTTPException):
-        return error_response(HttpError(e.status_code, str(e.detail)), request.url.path)
+        not_ours = HttpError(e.status_code, str(e.detail), reason=pb.ERROR_REASON_UNSPECIFIED)
+        return error_response(not_ours, request.url.path)
 
     @api.get("/health")
     async def health():

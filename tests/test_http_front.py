@@ -1,0 +1,369 @@
+"""The OpenAI-compatible HTTP front (rollout_service/http/, docs/openai.md)
+on a real engine, driven by the official `openai` SDK (sync, async,
+streaming): the same core as gRPC (greedy ids and logprobs equal to Generate
+on the same prompt ids, Abort over gRPC ends an HTTP call, the same weight
+version), tool calls forced by structured output from a random-weight model,
+response_format, n, seed, stop, bearer tokens, hostile bodies answered 4xx in
+OpenAI's error shape (never 500, the server healthy after), and the front's
+metrics. One server for the module, with tokens, a tool parser and JSON
+without free whitespace (the random model would otherwise pad its JSON to
+max_tokens)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from harness.serverproc import ServerProcess, free_port
+from rollout_client import RolloutClient
+from tests.support.tokens import ADMIN, GENERATE, GENERATE_B
+
+MESSAGES = [{"role": "user", "content": "Tell me about the mountains."}]
+# Bounded values only: a random model then ends the JSON within a few tokens.
+WEATHER = {
+    "type": "object",
+    "properties": {"unit": {"enum": ["c", "f"]}, "days": {"enum": [1, 2, 3]}},
+    "required": ["unit", "days"],
+    "additionalProperties": False,
+}
+TIME = {
+    "type": "object",
+    "properties": {"zone": {"enum": ["utc", "cet"]}},
+    "required": ["zone"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time", "parameters": TIME}},
+]
+
+
+class Served:
+    def __init__(self, proc: ServerProcess, http_port: int, metrics_port: int) -> None:
+        self.proc = proc
+        self.url = f"http://127.0.0.1:{http_port}"
+        self.metrics = f"http://127.0.0.1:{metrics_port}/metrics"
+
+    def sdk(self, token: str = GENERATE) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=token, max_retries=0, timeout=120)
+
+    def async_sdk(self, token: str = GENERATE) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(
+            base_url=self.url + "/v1", api_key=token, max_retries=0, timeout=120
+        )
+
+    def grpc(self, token: str = GENERATE) -> RolloutClient:
+        return RolloutClient(self.proc.target, token=token, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tokens = tmp_path_factory.mktemp("http") / "tokens"
+    tokens.write_text(f"admin:{ADMIN}\ngenerate:{GENERATE}\ngenerate:{GENERATE_B}\n")
+    http_port, metrics_port = free_port(), free_port()
+    proc = ServerProcess(
+        "--tokens-file", str(tokens),
+        "--http-port", str(http_port),
+        "--metrics-port", str(metrics_port),
+        "--tool-call-parser", "hermes",
+        "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
+    )  # fmt: skip
+    try:
+        proc.wait_ready()
+        yield Served(proc, http_port, metrics_port)
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def sdk(served):
+    with served.sdk() as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def grpc_client(served):
+    with served.grpc() as client:
+        yield client
+
+
+def test_models_lists_what_get_server_info_serves(sdk, grpc_client):
+    served_model = grpc_client.server_info().model
+    assert [m.id for m in sdk.models.list()] == [served_model]
+
+
+def test_chat_is_generate_on_the_rendered_ids(sdk, grpc_client):
+    """Greedy chat over HTTP equals a gRPC Generate of the prompt ids it
+    rendered (ids, logprobs, top alternatives, text, version): one core.
+    Its prompt ids are what gRPC's Tokenize renders for the same messages."""
+    raw = sdk.chat.completions.with_raw_response.create(
+        model="tiny-qwen2",
+        messages=MESSAGES,
+        max_tokens=8,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={"return_token_ids": True, "ignore_eos": True},
+    )
+    chat = raw.parse()
+    prompt_ids = chat.model_extra["prompt_token_ids"]
+    assert prompt_ids == list(grpc_client.tokenize(messages=MESSAGES).token_ids)
+    [choice] = chat.choices
+    want = grpc_client.generate(
+        prompt_token_ids=prompt_ids, max_tokens=8, temperature=0, ignore_eos=True, logprobs=2
+    )
+    [c] = want.completions
+    assert choice.model_extra["token_ids"] == list(c.token_ids)
+    assert choice.message.content == c.text
+    assert choice.finish_reason == "length"
+    got = [t.logprob for t in choice.logprobs.content]
+    assert got == pytest.approx(list(c.logprobs), abs=1e-5)
+    tops = [[a.logprob for a in t.top_logprobs] for t in choice.logprobs.content]
+    assert tops == [pytest.approx(list(t.logprobs), abs=1e-5) for t in c.top_logprobs]
+    assert chat.usage.prompt_tokens == len(prompt_ids) and chat.usage.completion_tokens == 8
+    version = grpc_client.server_info().weight_version
+    assert chat.model_extra["weight_version"] == version == want.weight_version
+    assert raw.headers["rollout-weight-version"] == version
+
+
+def test_chat_streamed_equals_chat_unary(sdk):
+    kw = dict(messages=MESSAGES, max_tokens=10, temperature=0, extra_body={"ignore_eos": True})
+    whole = sdk.chat.completions.create(model="tiny-qwen2", **kw)
+    chunks = list(
+        sdk.chat.completions.create(
+            model="tiny-qwen2", stream=True, stream_options={"include_usage": True}, **kw
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == 10
+    assert {c.model_extra["weight_version"] for c in chunks} == {
+        whole.model_extra["weight_version"]
+    }
+
+
+def test_completions_text_ids_async_and_streamed(served, grpc_client):
+    """/v1/completions with the async SDK: a text prompt and its token ids
+    complete alike, streamed or not, as gRPC's Generate of the text."""
+    text = "The old man told stories"
+    want = grpc_client.generate(prompt_text=text, max_tokens=6, temperature=0, ignore_eos=True)
+    ids = list(want.prompt_token_ids)
+
+    async def run():
+        async with served.async_sdk() as client:
+            kw = dict(
+                model="tiny-qwen2", max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
+            )
+            by_text = await client.completions.create(prompt=text, **kw)
+            by_ids = await client.completions.create(prompt=ids, **kw)
+            stream = await client.completions.create(prompt=text, stream=True, **kw)
+            streamed = "".join([c.choices[0].text async for c in stream])
+            return by_text, by_ids, streamed
+
+    by_text, by_ids, streamed = asyncio.run(run())
+    assert by_text.choices[0].text == by_ids.choices[0].text == streamed == want.completions[0].text
+    assert by_text.usage.prompt_tokens == len(ids)
+
+
+def test_n_seed_and_stop(sdk):
+    def chat(**kw):
+        return sdk.chat.completions.create(model="tiny-qwen2", messages=MESSAGES, **kw)
+
+    sampled = chat(n=3, seed=11, temperature=1.0, max_tokens=8)
+    assert sorted(c.index for c in sampled.choices) == [0, 1, 2]
+    again = chat(n=3, seed=11, temperature=1.0, max_tokens=8)
+    assert [c.message.content for c in again.choices] == [
+        c.message.content for c in sampled.choices
+    ]
+    greedy = chat(temperature=0, max_tokens=12, extra_body={"ignore_eos": True})
+    full = greedy.choices[0].message.content
+    stop = full[4:7]
+    stopped = chat(temperature=0, max_tokens=12, stop=[stop], extra_body={"ignore_eos": True})
+    assert stopped.choices[0].message.content == full[: full.index(stop)]
+    assert stopped.choices[0].finish_reason == "stop"
+
+
+def _call_of(message) -> tuple[str, dict]:
+    [call] = message.tool_calls
+    return call.function.name, json.loads(call.function.arguments)
+
+
+def _fits(name: str, arguments: dict) -> bool:
+    schema = {"get_weather": WEATHER, "get_time": TIME}[name]
+    props = schema["properties"]
+    return set(arguments) == set(schema["required"]) and all(
+        arguments[k] in props[k]["enum"] for k in arguments
+    )
+
+
+def test_tool_choice_forces_a_call_that_parses(sdk):
+    """tool_choice "required" and a named function make even a random model
+    call a tool (structured output), read back as OpenAI tool_calls."""
+    kw = dict(model="tiny-qwen2", messages=MESSAGES, tools=TOOLS, max_tokens=60)
+    required = sdk.chat.completions.create(tool_choice="required", parallel_tool_calls=False, **kw)
+    name, arguments = _call_of(required.choices[0].message)
+    assert _fits(name, arguments)
+    assert required.choices[0].finish_reason == "tool_calls"
+    named = sdk.chat.completions.create(
+        tool_choice={"type": "function", "function": {"name": "get_time"}}, **kw
+    )
+    assert _call_of(named.choices[0].message)[0] == "get_time"
+    assert _fits(*_call_of(named.choices[0].message))
+    assert named.choices[0].finish_reason == "stop"
+    stream = sdk.chat.completions.create(
+        tool_choice="required", parallel_tool_calls=False, stream=True, **kw
+    )
+    calls = [tc for c in stream if c.choices for tc in c.choices[0].delta.tool_calls or ()]
+    assert len(calls) == 1 and _fits(
+        calls[0].function.name, json.loads(calls[0].function.arguments)
+    )
+
+
+def test_response_format_json_schema(sdk):
+    answer = sdk.chat.completions.create(
+        model="tiny-qwen2",
+        messages=MESSAGES,
+        max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "t", "schema": TIME}},
+    )
+    assert _fits("get_time", json.loads(answer.choices[0].message.content))
+
+
+def test_required_weight_version_is_refused_before_any_token(sdk, grpc_client):
+    version = grpc_client.server_info().weight_version
+    ok = sdk.completions.create(
+        model="tiny-qwen2",
+        prompt="hello",
+        max_tokens=2,
+        extra_body={"required_weight_version": version},
+    )
+    assert ok.model_extra["weight_version"] == version
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.completions.create(
+            model="tiny-qwen2",
+            prompt="hello",
+            max_tokens=2,
+            extra_body={"required_weight_version": "not-" + version},
+        )
+    error = refused.value.body
+    assert error["code"] == "WRONG_WEIGHT_VERSION"
+    assert error["param"] == "required_weight_version"
+
+
+def test_grpc_abort_ends_an_http_generation(served, grpc_client):
+    """An HTTP call is a pipeline call: Abort over gRPC, by the request id
+    and with the same token, ends it with its tokens so far."""
+    result = {}
+
+    def run():
+        with served.sdk() as client:
+            result["chat"] = client.chat.completions.create(
+                model="tiny-qwen2",
+                messages=MESSAGES,
+                max_tokens=1500,
+                extra_body={"ignore_eos": True, "request_id": "http-abort-me"},
+            )
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not grpc_client.abort(["http-abort-me"]).request_ids:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    thread.join(60)
+    choice = result["chat"].choices[0]
+    assert choice.finish_reason == "abort"
+    assert result["chat"].usage.completion_tokens < 1500
+
+
+def test_a_client_gone_aborts_its_engine_request(served, grpc_client):
+    body = {"messages": MESSAGES, "max_tokens": 1500, "ignore_eos": True}
+    headers = {"Authorization": f"Bearer {GENERATE}"}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(served.url + "/v1/chat/completions", json=body, headers=headers, timeout=1.0)
+    deadline = time.monotonic() + 10
+    while grpc_client.server_info().engine_requests:
+        assert time.monotonic() < deadline, "the engine still runs the abandoned request"
+        time.sleep(0.1)
+
+
+def test_bearer_tokens_as_grpc(served):
+    with served.sdk("not-a-token") as wrong, pytest.raises(openai.AuthenticationError) as e:
+        wrong.models.list()
+    assert e.value.body["code"] == "AUTH_REQUIRED"
+    missing = httpx.post(served.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1})
+    assert missing.status_code == 401
+    assert missing.json()["error"]["code"] == "AUTH_REQUIRED"
+    with served.sdk(GENERATE_B) as other:
+        assert other.completions.create(model="tiny-qwen2", prompt="hi", max_tokens=1).choices
+    assert httpx.get(served.url + "/health").json() == {"status": "SERVING"}
+
+
+def _post(served, body: bytes | dict, route: str = "/v1/chat/completions"):
+    headers = {"Authorization": f"Bearer {GENERATE}", "Content-Type": "application/json"}
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return httpx.post(served.url + route, content=data, headers=headers, timeout=60)
+
+
+HOSTILE = [
+    # (body, the field the error names, status)
+    (b"x" * (17 << 20), None, 413),
+    (b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "body", 400),
+    (b"not json", "body", 400),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', "body", 400),
+    ({"messages": "hi"}, "messages", 400),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "ten"}, "max_tokens", 400),
+    ({"messages": [{"role": "user", "content": "hi"}], "bogus": 1}, "bogus", 400),
+    ({"messages": [{"role": "user", "content": "hi"}] * 5000}, "messages", 400),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 0}, "n", 400),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**6}, "max_tokens", 400),
+    (
+        {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 99},
+        "top_logprobs",
+        400,
+    ),
+    (
+        {"messages": [{"role": "user", "content": "hi"}], "use_beam_search": True},
+        "use_beam_search",
+        400,
+    ),
+    ({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "auto"}, "tool_choice", 400),
+    (
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": TOOLS,
+            "tool_choice": {"type": "function", "function": {"name": "nope"}},
+        },
+        "tool_choice",
+        400,
+    ),
+    ({"messages": [{"role": "user", "content": "hi"}], "model": "no-such-model"}, "model", 400),
+    ({"prompt": [10**6], "max_tokens": 2}, "prompt[0]", 400),
+]
+
+
+@pytest.mark.parametrize(("body", "field", "status"), HOSTILE, ids=range(len(HOSTILE)))
+def test_hostile_bodies_get_4xx_naming_the_field(served, body, field, status):
+    route = "/v1/completions" if isinstance(body, dict) and "prompt" in body else None
+    answer = _post(served, body, route or "/v1/chat/completions")
+    assert answer.status_code == status, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == field, error
+    assert error["type"] and error["message"]
+    assert httpx.get(served.url + "/health").status_code == 200
+
+
+def test_the_front_is_metered(served, sdk):
+    sdk.completions.create(model="tiny-qwen2", prompt="hi", max_tokens=1)
+    _post(served, {"messages": "hi"})
+    text = httpx.get(served.metrics).text
+    assert 'rollout_http_requests_total{route="/v1/completions",status="200"}' in text
+    assert 'rollout_http_requests_total{route="/v1/chat/completions",status="400"}' in text
+    assert 'rollout_http_request_duration_seconds_count{route="/v1/completions"}' in text
