@@ -295,6 +295,7 @@ async def serve(config: ServerConfig, engine_args) -> int:
             return 1
         serving.start(app)
         metrics.bind(app.gate, app.updater)
+        metrics.bind_sessions(app.session_store)
         settle()
         await _set_health(health_servicer, serving=True)
         log.info(

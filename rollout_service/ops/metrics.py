@@ -97,6 +97,26 @@ UPDATES = Counter(
 CACHE_RESETS = Counter(
     "rollout_cache_resets", "Cache resets by cache.", ("cache",), registry=REGISTRY
 )
+# Sessions (sessions/store.py), read at each scrape.
+SESSIONS_OPEN = Gauge("rollout_sessions_open", "Sessions open.", registry=REGISTRY)
+SESSION_HISTORY_BYTES = Gauge(
+    "rollout_session_history_bytes",
+    "Bytes the open sessions' histories hold (token ids, sources and logprobs, segments, "
+    "appended messages' text; trajectory.py's sizes).",
+    registry=REGISTRY,
+)
+SESSION_RESERVED_TOKENS = Gauge(
+    "rollout_session_reserved_tokens",
+    "Tokens the open sessions reserve: their whole budgets, at most --max-session-tokens.",
+    registry=REGISTRY,
+)
+REFUSALS = Counter(
+    "rollout_refusals",
+    "Calls that ended with an ErrorInfo reason (rollout.v1.ErrorReason without its prefix), "
+    "by method, status code and reason: every status of the error policy and of auth.",
+    ("grpc_method", "grpc_code", "reason"),
+    registry=REGISTRY,
+)
 
 _TYPES = {
     (False, False): "unary",
@@ -112,6 +132,14 @@ def bind(gate, updater) -> None:
     RUNNING.set_function(lambda: gate.admitted)
     PAUSED.set_function(lambda: 0 if gate.is_open else 1)
     WEIGHT_VERSION.info({"version": gate.served.version})
+
+
+def bind_sessions(store) -> None:
+    """Gauges read live from the session store (on the metrics thread: the
+    store's `held` reads without sweeping)."""
+    SESSIONS_OPEN.set_function(lambda: store.held()[0])
+    SESSION_HISTORY_BYTES.set_function(lambda: store.held()[1])
+    SESSION_RESERVED_TOKENS.set_function(lambda: store.reserved)
 
 
 def start_http(port: int, host: str = "127.0.0.1") -> int:
@@ -153,6 +181,22 @@ def call_code(context, cancelled: bool) -> grpc.StatusCode:
     return code
 
 
+def refusal_reason(context) -> str:
+    """The ErrorInfo reason in the trailers a call ended with ('' without one)."""
+    from google.rpc import error_details_pb2, status_pb2
+
+    for key, value in context.trailing_metadata() or ():
+        if key == "grpc-status-details-bin":
+            info = error_details_pb2.ErrorInfo()
+            for detail in status_pb2.Status.FromString(value).details:
+                if detail.Unpack(info):
+                    return info.reason
+    return ""
+
+
 def _finish(labels, context, t0: float, cancelled: bool) -> None:
-    HANDLED.labels(*labels, call_code(context, cancelled).name).inc()
+    code = call_code(context, cancelled)
+    HANDLED.labels(*labels, code.name).inc()
     HANDLING.labels(*labels).observe(time.perf_counter() - t0)
+    if code is not grpc.StatusCode.OK and (reason := refusal_reason(context)):
+        REFUSALS.labels(labels[2], code.name, reason).inc()

@@ -149,6 +149,19 @@ class SessionStore:
         self.sweep()
         return len(self._open)
 
+    def held(self) -> tuple[int, int]:
+        """Sessions open and the bytes their histories hold, for the metrics
+        (ops/metrics.py), whose thread reads it while the loop runs: no sweep,
+        and the sessions copied in one call (the dict cannot change under it)."""
+        sessions = list(self._open.values())
+        held = sum(
+            len(s.trajectory) * TOKEN_BYTES
+            + len(s.trajectory.segments) * SEGMENT_BYTES
+            + s.text_bytes
+            for s in sessions
+        )
+        return len(sessions), held
+
     def new(self, session_id: str, owner: str, budget: int, **options: Any) -> Session:
         """A new session (`session_id` from SessionIds.issue), counted against
         every limit (RESOURCE_EXHAUSTED, naming the flag, past one); `add`
