@@ -22,12 +22,13 @@ from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.rpc.handlers import Ending, streaming, unary
+from rollout_service.rpc.statuses import abort, grpc_code
 from rollout_service.status.errors import (
     Aborted,
+    Code,
     FailedPrecondition,
     InvalidArgument,
     ResourceExhausted,
-    abort,
     from_exception,
 )
 from tests.support.aborts import Context, aborted
@@ -105,7 +106,7 @@ def wrapped(cause: Exception) -> EngineGenerateError:
 def test_client_errors_are_invalid_argument_naming_the_field(error, field, message):
     err = from_exception(error)
     assert isinstance(err, InvalidArgument)
-    assert err.code == INV
+    assert err.code == Code.INVALID_ARGUMENT
     assert err.field == field
     assert err.message.startswith(f"{field}: {message}"), err.message
 
@@ -113,9 +114,9 @@ def test_client_errors_are_invalid_argument_naming_the_field(error, field, messa
 @pytest.mark.parametrize(
     ("error", "code"),
     [
-        (EngineDeadError(), grpc.StatusCode.UNAVAILABLE),
-        (QueueOverflowError(), grpc.StatusCode.RESOURCE_EXHAUSTED),
-        (MaxQueuedTokensError(), grpc.StatusCode.RESOURCE_EXHAUSTED),
+        (EngineDeadError(), Code.UNAVAILABLE),
+        (QueueOverflowError(), Code.RESOURCE_EXHAUSTED),
+        (MaxQueuedTokensError(), Code.RESOURCE_EXHAUSTED),
     ],
 )
 def test_engine_state_errors(error, code):
@@ -154,7 +155,8 @@ def test_abort_sends_a_field_violation_for_vllm_errors():
 )
 def test_our_errors_keep_their_status_and_reason(error, reason):
     code, details, status = aborted(error)
-    assert (code, details) == (error.code, error.message)
+    assert (code, details) == (grpc_code(error.code), error.message)
+    assert code.name == error.code.name  # the same status, named alike on both sides
     info = error_details_pb2.ErrorInfo()
     assert status.details[-1].Unpack(info)
     assert (info.reason, info.domain) == (reason, "rollout.v1")

@@ -78,7 +78,7 @@ def failure(request_id: str, e: Exception) -> pb.GenerateFailure:
     """The status a GenerateStream failing with `e` would have ended with."""
     err = as_rpc_error(e, "GenerateMany")
     return pb.GenerateFailure(
-        request_id=request_id, code=err.code.value[0], message=err.message, reason=err.reason
+        request_id=request_id, code=int(err.code), message=err.message, reason=err.reason
     )
 
 

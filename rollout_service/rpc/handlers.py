@@ -14,7 +14,8 @@ import grpc
 from rollout.v1 import rollout_pb2 as pb
 from rollout_codecs import wire
 from rollout_service.ops.shapes import make_handler
-from rollout_service.status.errors import InvalidArgument, abort
+from rollout_service.rpc.statuses import abort
+from rollout_service.status.errors import InvalidArgument
 
 
 class Malformed:
@@ -97,7 +98,7 @@ class Ending:
 @contextlib.asynccontextmanager
 async def _policy(ending: Ending, context, rpc: str) -> AsyncIterator[None]:
     """Runs a call's body as one of `ending`'s tasks, its errors answered by
-    the error policy (errors.abort); a cancellation passes (its client went
+    the error policy (rpc/statuses.py); a cancellation passes (its client went
     away) unless `ending.end_all` ended the call."""
     task = asyncio.current_task()
     assert task is not None

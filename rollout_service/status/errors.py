@@ -1,6 +1,10 @@
-"""One error policy for every RPC.
+"""One error policy for every front.
 
-Handlers only raise; `abort` turns what they raise into the call's status:
+Handlers and the pipeline only raise; `as_rpc_error` turns what they raise
+into one status (a `Code`, the numbers gRPC's status codes carry, and a
+documented ErrorReason), which each front sends its own way: the gRPC
+front's `abort` (rpc/statuses.py), the HTTP front's error body. Nothing
+here imports gRPC, so a front that is not gRPC imports none of it.
 
     raised                                   status
     RpcError subclasses (ours)               their own code (NotFound, PermissionDenied,
@@ -14,7 +18,7 @@ Handlers only raise; `abort` turns what they raise into the call's status:
       MaxQueuedTokensError                     --max-queued-generate
     EngineDeadError                          UNAVAILABLE
     anything else                            INTERNAL, logged with its traceback
-    grpc.aio.AbortError                      re-raised: the call has ended
+    grpc.aio.AbortError (rpc/statuses.py)    re-raised: the call has ended
     asyncio.CancelledError                   passes (it is a BaseException)
 
 Log lines carry the call's request id through `logs.request_id`.
@@ -31,11 +35,10 @@ message is cut to MAX_MESSAGE_BYTES here, whatever its sites did.
 
 from __future__ import annotations
 
+import enum
 import logging
 import re
 import reprlib
-
-import grpc
 
 from rollout.v1 import rollout_pb2 as pb
 
@@ -77,18 +80,41 @@ def bounded(text: str, max_bytes: int = MAX_MESSAGE_BYTES) -> str:
     return data[: max_bytes - len(note)].decode("utf-8", "ignore") + note
 
 
+class Code(enum.IntEnum):
+    """A status code: google.rpc.Code, the numbers (and names) of gRPC's
+    status codes, which the HTTP front maps to HTTP statuses."""
+
+    OK = 0
+    CANCELLED = 1
+    UNKNOWN = 2
+    INVALID_ARGUMENT = 3
+    DEADLINE_EXCEEDED = 4
+    NOT_FOUND = 5
+    ALREADY_EXISTS = 6
+    PERMISSION_DENIED = 7
+    RESOURCE_EXHAUSTED = 8
+    FAILED_PRECONDITION = 9
+    ABORTED = 10
+    OUT_OF_RANGE = 11
+    UNIMPLEMENTED = 12
+    INTERNAL = 13
+    UNAVAILABLE = 14
+    DATA_LOSS = 15
+    UNAUTHENTICATED = 16
+
+
 class RpcError(Exception):
-    """An error that maps to one gRPC status code and one documented
+    """An error that maps to one status code and one documented
     rollout.v1.ErrorReason (each class has a default; raise sites whose
     cause differs name theirs)."""
 
-    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    code: Code = Code.INTERNAL
     reason: pb.ErrorReason = pb.ERROR_REASON_INTERNAL_ERROR
 
     def __init__(
         self,
         message: str,
-        code: grpc.StatusCode | None = None,
+        code: Code | None = None,
         reason: pb.ErrorReason | None = None,
         retry_after: float | None = None,
     ) -> None:
@@ -106,7 +132,7 @@ class RpcError(Exception):
 class InvalidArgument(RpcError):
     """The request is malformed; the message names the field."""
 
-    code = grpc.StatusCode.INVALID_ARGUMENT
+    code = Code.INVALID_ARGUMENT
     reason = pb.ERROR_REASON_INVALID_FIELD
 
     def __init__(self, field: str, problem: str) -> None:
@@ -118,49 +144,49 @@ class InvalidArgument(RpcError):
 class FailedPrecondition(RpcError):
     """The request conflicts with the server's state (version, degraded, ...)."""
 
-    code = grpc.StatusCode.FAILED_PRECONDITION
+    code = Code.FAILED_PRECONDITION
     reason = pb.ERROR_REASON_DEGRADED
 
 
 class NotFound(RpcError):
     """What the request names does not exist here (a session)."""
 
-    code = grpc.StatusCode.NOT_FOUND
+    code = Code.NOT_FOUND
     reason = pb.ERROR_REASON_SESSION_NOT_FOUND
 
 
 class PermissionDenied(RpcError):
     """What the request names belongs to another caller (a session)."""
 
-    code = grpc.StatusCode.PERMISSION_DENIED
+    code = Code.PERMISSION_DENIED
     reason = pb.ERROR_REASON_SESSION_NOT_OWNED
 
 
 class Aborted(RpcError):
     """The request lost a race with another one (e.g. a concurrent update)."""
 
-    code = grpc.StatusCode.ABORTED
+    code = Code.ABORTED
     reason = pb.ERROR_REASON_UPDATE_IN_PROGRESS
 
 
 class ResourceExhausted(RpcError):
     """The request goes over a configured limit; the message names it."""
 
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    code = Code.RESOURCE_EXHAUSTED
     reason = pb.ERROR_REASON_LIMIT_EXCEEDED
 
 
 class DeadlineExceeded(RpcError):
     """Work that waited too long on the caller (a stalled update)."""
 
-    code = grpc.StatusCode.DEADLINE_EXCEEDED
+    code = Code.DEADLINE_EXCEEDED
     reason = pb.ERROR_REASON_UPDATE_IDLE_TIMEOUT
 
 
 class Unavailable(RpcError):
     """The server cannot serve right now (starting, engine dead)."""
 
-    code = grpc.StatusCode.UNAVAILABLE
+    code = Code.UNAVAILABLE
     reason = pb.ERROR_REASON_ENGINE_DEAD
 
 
@@ -175,7 +201,7 @@ def reason_name(reason: pb.ErrorReason) -> str:
 
 
 def details_trailer(
-    code: grpc.StatusCode,
+    code,
     message: str,
     reason: pb.ErrorReason,
     violation=None,
@@ -184,7 +210,8 @@ def details_trailer(
     """The `grpc-status-details-bin` trailer (grpcio-status packs it): a google.rpc.Status
     with an ErrorInfo (domain rollout.v1, the reason) and, for bad input, a
     BadRequest field violation; with `retry_after`, a RetryInfo. Clients in
-    any language read these with their gRPC status-details helpers."""
+    any language read these with their gRPC status-details helpers.
+    `code`: a Code or a grpc.StatusCode."""
     from google.protobuf import any_pb2, duration_pb2
     from google.rpc import error_details_pb2, status_pb2
     from grpc_status import rpc_status
@@ -212,7 +239,9 @@ def details_trailer(
     info = any_pb2.Any()
     info.Pack(error_details_pb2.ErrorInfo(reason=reason_name(reason), domain="rollout.v1"))
     details.append(info)
-    status = status_pb2.Status(code=code.value[0], message=message, details=details)
+    # A grpc.StatusCode's value is a pair: (3, "invalid argument").
+    number = code.value[0] if isinstance(code.value, tuple) else int(code)
+    status = status_pb2.Status(code=number, message=message, details=details)
     return rpc_status.to_status(status).trailing_metadata
 
 
@@ -279,24 +308,8 @@ def as_rpc_error(e: Exception, rpc: str) -> RpcError:
     if err is None:
         log.error("%s failed", rpc, exc_info=e)
         err = RpcError(f"{rpc} failed: {type(e).__name__}: {e}")
-    elif err.code == grpc.StatusCode.INTERNAL:
+    elif err.code == Code.INTERNAL:
         log.error("%s failed: %s", rpc, err.message)
     else:
         log.info("%s refused: %s %s", rpc, err.code.name, err.message)
     return err
-
-
-async def abort(context: grpc.aio.ServicerContext, e: Exception, rpc: str) -> None:
-    """Ends the call with the status for `e` (as_rpc_error). Always raises:
-    context.abort raises AbortError, which passes through."""
-    if isinstance(e, grpc.aio.AbortError):
-        raise e
-    err = as_rpc_error(e, rpc)
-    violation = (err.field, err.message) if isinstance(err, InvalidArgument) else None
-    await context.abort(
-        err.code,
-        err.message,
-        trailing_metadata=details_trailer(
-            err.code, err.message, err.reason, violation, err.retry_after
-        ),
-    )

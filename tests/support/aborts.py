@@ -9,7 +9,7 @@ import grpc
 import pytest
 from google.rpc import status_pb2
 
-from rollout_service.status.errors import abort
+from rollout_service.rpc.statuses import abort
 
 
 class Context:
