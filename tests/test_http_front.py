@@ -12,6 +12,7 @@ max_tokens)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import threading
 import time
@@ -360,10 +361,26 @@ def test_hostile_bodies_get_4xx_naming_the_field(served, body, field, status):
     assert httpx.get(served.url + "/health").status_code == 200
 
 
-def test_the_front_is_metered(served, sdk):
-    sdk.completions.create(model="tiny-qwen2", prompt="hi", max_tokens=1)
+def test_the_front_is_metered_and_shares_by_token(served, sdk):
+    """Requests counted by route and status; a generation's tokens counted
+    against its bearer token in the fair share, as a gRPC call's are."""
+    caller = f'caller="generate:{hashlib.sha256(GENERATE.encode()).hexdigest()[:12]}"'
+    before = _caller_tokens(httpx.get(served.metrics).text, caller)
+    sdk.completions.create(
+        model="tiny-qwen2", prompt="hi", max_tokens=3, extra_body={"ignore_eos": True}
+    )
     _post(served, {"messages": "hi"})
     text = httpx.get(served.metrics).text
+    assert _caller_tokens(text, caller) == before + 3
     assert 'rollout_http_requests_total{route="/v1/completions",status="200"}' in text
     assert 'rollout_http_requests_total{route="/v1/chat/completions",status="400"}' in text
     assert 'rollout_http_request_duration_seconds_count{route="/v1/completions"}' in text
+
+
+def _caller_tokens(metrics: str, caller: str) -> float:
+    """A caller's completion tokens in the fair share's counter."""
+    for line in metrics.splitlines():
+        if line.startswith("rollout_caller_tokens_total{") and caller in line:
+            if 'kind="completion"' in line:
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0

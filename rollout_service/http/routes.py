@@ -86,7 +86,7 @@ async def _generate(front: Front, request: Request, route: str):
         logged_request_id.set(call.generate.request_id)
         model = call.request.model or app.info.model
         if call.request.stream:
-            stream = pb.GenerateStreamRequest.FromString(call.generate.SerializeToString())
+            stream = await app.tokenizing.off_loop(_stream_request, call.generate)
             messages = ready.generations.stream(stream, who)
             builder = (ChatStream if chat else CompletionStream)(
                 call, model, app, call.generate.request_id
@@ -102,6 +102,12 @@ async def _generate(front: Front, request: Request, route: str):
         )
     except Exception as e:
         return error_response(e, route, prompt_field)
+
+
+def _stream_request(request: pb.GenerateRequest) -> pb.GenerateStreamRequest:
+    """The same request for GenerateStream (the proto keeps their fields'
+    numbers equal; the copy grows with the prompt: off the loop)."""
+    return pb.GenerateStreamRequest.FromString(request.SerializeToString())
 
 
 async def _until_disconnected(request: Request, generation):
