@@ -12,6 +12,7 @@ import inspect
 from concurrent import futures
 
 import grpc
+import numpy as np
 import pytest
 
 from harness.serverproc import free_port
@@ -165,3 +166,46 @@ def test_a_misspelled_option_raises_type_error_at_the_call(method):
         "got unexpected keyword arguments 'max_token' (did you mean 'max_tokens'?), "
         "'tempreture' (did you mean 'temperature'?)"
     )
+
+
+class Receiving(rollout_pb2_grpc.RolloutServiceServicer):
+    """GetServerInfo with a manifest of one float32 tensor; UpdateWeights
+    that keeps every message."""
+
+    def __init__(self) -> None:
+        self.streams: list[list[pb.UpdateWeightsRequest]] = []
+
+    def GetServerInfo(self, request, context):
+        spec = pb.TensorSpec(name="w", dtype=pb.D_TYPE_FLOAT32, shape=[64])
+        return pb.GetServerInfoResponse(weight_version="initial", parameters=[spec])
+
+    def UpdateWeights(self, request_iterator, context):
+        self.streams.append(list(request_iterator))
+        version = self.streams[-1][0].begin.weight_version
+        return pb.UpdateWeightsResponse(weight_version=version)
+
+
+def test_the_async_push_sends_the_sync_push_on_its_own_channel(monkeypatch):
+    stand_in = Receiving()
+    weights = {"w": np.arange(64, dtype=np.float32)}
+    with refusing(stand_in) as target:
+        with RolloutClient(target, timeout=30) as c:
+            sync_ack = c.update_weights(weights, "v1", chunk_bytes=64)
+
+        async def on_asyncio():
+            async with AsyncRolloutClient(target, timeout=30) as c:
+                return await c.update_weights(weights, "v1", chunk_bytes=64)
+
+        # The asyncio push opens no blocking channel (it used to push through
+        # a blocking client in a thread): grpc.aio's channel is all it has.
+        def no_blocking_channel(*args, **kwargs):
+            raise AssertionError("the asyncio push opened a blocking channel")
+
+        monkeypatch.setattr(grpc, "insecure_channel", no_blocking_channel)
+        async_ack = asyncio.run(on_asyncio())
+    assert sync_ack.weight_version == async_ack.weight_version == "v1"
+    sync, asyncio_ = stand_in.streams
+    assert asyncio_ == sync  # one builder: the same messages
+    kinds = [m.WhichOneof("kind") for m in sync]
+    assert kinds == ["begin", "chunk", "chunk", "chunk", "chunk", "commit"], kinds
+    assert b"".join(m.chunk.data for m in sync[1:-1]) == weights["w"].tobytes()

@@ -28,7 +28,7 @@ from grpc_health.v1 import health_pb2_grpc
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
-from rollout_client import core, interrupts, push, sessions, stubs
+from rollout_client import core, interrupts, push, push_async, sessions, stubs
 
 # Re-exported (`X as X`: the explicit form, for type checkers too).
 from rollout_client.connection import (
@@ -251,7 +251,7 @@ class RolloutClient(_Surface[stubs.RolloutStub]):
             u = core.prepare_update(
                 source,
                 version,
-                None if info is None else info.parameters,
+                info,
                 progress=progress,
                 timeout=timeout or self.timeout,
                 metadata=self.options.metadata(),
@@ -262,7 +262,6 @@ class RolloutClient(_Surface[stubs.RolloutStub]):
                 drain_timeout_seconds=drain_timeout_seconds,
                 adapter=target,
             )
-            u.batch_chunks = info is not None and info.accepts_chunk_batches
             return self._send(u, streams, same_host)
 
     def _update_delta(
@@ -289,14 +288,13 @@ class RolloutClient(_Surface[stubs.RolloutStub]):
         u = core.prepare_update(
             source,
             version,
-            info.parameters,
+            info,
             progress=False,
             timeout=timeout or self.timeout,
             metadata=self.options.metadata(),
             state=state,
             **begin,
         )
-        u.batch_chunks = info.accepts_chunk_batches
         has_base = bool(pushed.version) and pushed.version == info.delta_base_version
 
         def send(update: push.Update) -> pb.UpdateWeightsResponse:
@@ -373,7 +371,7 @@ class AsyncRolloutClient(_Surface[stubs.AsyncRolloutStub]):
     """asyncio client with the same methods as RolloutClient, awaited."""
 
     _aio = True
-    _blocking: RolloutClient | None = None  # for update_weights
+    _blocking: RolloutClient | None = None  # update_weights: streams, same_host, delta
 
     async def close(self) -> None:
         await self.channel.close()
@@ -475,33 +473,60 @@ class AsyncRolloutClient(_Surface[stubs.AsyncRolloutStub]):
         adapter_config: dict[str, Any] | None = None,
         delta: bool | Literal["always"] = False,
     ) -> pb.UpdateWeightsResponse:
-        """RolloutClient.update_weights, run in a thread on a blocking client
-        to the same target (the sending code is the same; its `pushed` is
-        this client's record of delta pushes). Cancelled (Ctrl-C under
-        asyncio.run, a timeout), the push stops and the CancelledError
-        carries a note: whether the update may have been applied, and how
-        to check (interrupts.py)."""
-        if self._blocking is None:
-            self._blocking = RolloutClient(self.target, timeout=self.timeout, options=self.options)
+        """RolloutClient.update_weights over this client's channel: the same
+        update (core.prepare_update) and messages (push.update_weights_steps),
+        each made in a worker thread, so the event loop is never blocked.
+        Parallel uploads (`streams` > 1), `same_host` and `delta` still run
+        the blocking client's push in a thread, on a channel of its own (its
+        `pushed` is this client's record of delta pushes). Cancelled (Ctrl-C
+        under asyncio.run, a timeout), the push stops and the CancelledError
+        carries a note: whether the update may have been applied, and how to
+        check (interrupts.py)."""
         state = interrupts.PushState()
-        push = functools.partial(
-            self._blocking.update_weights,
-            source,
-            version,
-            pause_mode=pause_mode,
-            chunk_bytes=chunk_bytes,
-            checksum=checksum,
-            progress=progress,
-            timeout=timeout,
-            drain_timeout_seconds=drain_timeout_seconds,
-            streams=streams,
-            same_host=same_host,
-            adapter=adapter,
-            adapter_config=adapter_config,
-            delta=delta,
-            _state=state,
-        )
-        return await interrupts.in_thread(state, version, push)
+        if streams > 1 or same_host or delta:
+            if self._blocking is None:
+                self._blocking = RolloutClient(
+                    self.target, timeout=self.timeout, options=self.options
+                )
+            blocking = functools.partial(
+                self._blocking.update_weights,
+                source,
+                version,
+                pause_mode=pause_mode,
+                chunk_bytes=chunk_bytes,
+                checksum=checksum,
+                progress=progress,
+                timeout=timeout,
+                drain_timeout_seconds=drain_timeout_seconds,
+                streams=streams,
+                same_host=same_host,
+                adapter=adapter,
+                adapter_config=adapter_config,
+                delta=delta,
+                _state=state,
+            )
+            return await interrupts.in_thread(state, version, blocking)
+        with interrupts.noted(state, version):
+            target = core.adapter_target(adapter, adapter_config)
+            info = None if target else await self.server_info(timeout)
+            prepare = functools.partial(
+                core.prepare_update,
+                source,
+                version,
+                info,
+                progress=progress,
+                timeout=timeout or self.timeout,
+                metadata=self.options.metadata(),
+                state=state,
+                pause_mode=pause_mode,
+                chunk_bytes=chunk_bytes,
+                checksum=checksum,
+                drain_timeout_seconds=drain_timeout_seconds,
+                adapter=target,
+            )
+            # Off the loop: opening a source reads headers, checksum=True every byte.
+            u = await asyncio.to_thread(prepare)
+            return await push_async.send(u, self.channel, self.options)
 
     async def remove_adapter(
         self, name: str, version: str, *, timeout: float | None = None

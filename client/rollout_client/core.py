@@ -174,7 +174,7 @@ class Readiness:
 def prepare_update(
     source: Any,
     version: str,
-    manifest: Sequence[pb.TensorSpec] | None,
+    info: pb.GetServerInfoResponse | None,
     *,
     progress: bool,
     timeout: float | None,
@@ -182,10 +182,14 @@ def prepare_update(
     state: PushState,
     **begin: Any,
 ) -> push.Update:
-    """The update of `source`, checked against the manifest (push.prepare
-    takes `begin`'s keywords), with its progress bar, deadline, metadata and
-    the state it shares with whoever may interrupt it (interrupts.py)."""
+    """The update of `source`, checked against the manifest of the server's
+    `info` (None: an adapter's, which the server checks) and batched when it
+    takes batches (push.prepare takes `begin`'s keywords), with its progress
+    bar, deadline, metadata and the state it shares with whoever may
+    interrupt it (interrupts.py). Both clients' update starts here."""
+    manifest = None if info is None else info.parameters
     u = push.prepare(source, version, manifest, **begin)
+    u.batch_chunks = info is not None and info.accepts_chunk_batches
     u.progress = _progress_bar(sum(t.nbytes for t in u.tensors), progress)
     u.timeout = timeout
     u.metadata = metadata
@@ -220,10 +224,17 @@ def send_update(
             try:
                 return send()
             except grpc.RpcError as e:
-                delay = next(delays, None)
-                if e.code() != grpc.StatusCode.UNAVAILABLE or delay is None:
-                    raise RolloutError.wrap(e) from None
-                time.sleep(delay)
+                time.sleep(retry_delay(e, delays))
     finally:
         if u.progress is not None:
             u.progress.close()
+
+
+def retry_delay(e: grpc.RpcError, delays: Iterator[float]) -> float:
+    """How long to wait before sending a whole update again after `e`
+    (UNAVAILABLE, while retries are left); raises `e` as a RolloutError
+    otherwise. Both clients' retry loops ask this."""
+    delay = next(delays, None)
+    if e.code() != grpc.StatusCode.UNAVAILABLE or delay is None:
+        raise RolloutError.wrap(e) from None
+    return delay

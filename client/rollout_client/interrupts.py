@@ -12,9 +12,9 @@ marked after the read is never sent.
 Ctrl-C reaches RolloutClient's push as KeyboardInterrupt in the caller's
 thread; it becomes UpdateInterrupted, still a KeyboardInterrupt, so that
 code that lets Ctrl-C end the program (and `except Exception` handlers that
-must not swallow it) behaves as before. AsyncRolloutClient pushes in a
-worker thread and is interrupted by cancellation (asyncio.run turns Ctrl-C
-into it): the CancelledError stays what it is, its type included (on
+must not swallow it) behaves as before. AsyncRolloutClient's push is
+interrupted by cancellation (asyncio.run turns Ctrl-C into it): the
+CancelledError stays what it is, its type included (on
 Python 3.11 asyncio.timeout() turns only that exact type into
 TimeoutError), and carries the same message as a note.
 """
@@ -133,18 +133,28 @@ def reported(state: PushState, version: str) -> Iterator[None]:
         raise UpdateInterrupted(version, state.commit_sent) from None
 
 
+@contextmanager
+def noted(state: PushState, version: str) -> Iterator[None]:
+    """Around an asyncio push: cancelled, the push is stopped and the
+    CancelledError is raised again with the update's fate as a note."""
+    try:
+        yield
+    except asyncio.CancelledError as e:
+        state.stop()  # first: no commit goes out after commit_sent is read
+        e.add_note(message(version, state.commit_sent))
+        raise
+
+
 async def in_thread(state: PushState, version: str, push: Callable[[], T]) -> T:
-    """`push()` in a worker thread; cancelled, the push is stopped and the
-    CancelledError is raised again with the update's fate as a note. The
-    thread is not waited for: the note is right without it, and a thread
-    stuck in a call would hold the cancellation up."""
+    """`push()` in a worker thread, noted when cancelled. The thread is not
+    waited for: the note is right without it, and a thread stuck in a call
+    would hold the cancellation up."""
     pushing = asyncio.ensure_future(asyncio.to_thread(push))
     try:
-        return await asyncio.shield(pushing)
-    except asyncio.CancelledError as e:
-        state.stop()
+        with noted(state, version):
+            return await asyncio.shield(pushing)
+    except asyncio.CancelledError:
         pushing.add_done_callback(_outcome_seen)
-        e.add_note(message(version, state.commit_sent))
         raise
 
 

@@ -9,12 +9,14 @@
 Chunk messages are serialized by hand (wire.py): the data is copied once,
 into the message, instead of into a protobuf message and out again. Sources
 are read lazily (sources.py). These are plain functions over sync channels;
-the asyncio client runs them in a thread. Each marks its commit just before
-sending it, and a push stopped before that sends no more (interrupts.py).
+push_async.py sends the same messages over the asyncio client's channel.
+Each marks its commit just before sending it, and a push stopped before
+that sends no more (interrupts.py).
 """
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import threading
@@ -112,19 +114,34 @@ def groups(u: Update, items: Iterator[Piece]) -> Iterator[list[Piece]]:
 UPDATE_WEIGHTS = _SERVICE + "UpdateWeights"
 
 
-def update_weights_requests(u: Update) -> Iterator[bytes]:
-    """The serialized messages of an UpdateWeights stream: begin, every
-    chunk in order, commit. Call the method with request_serializer=None.
-    A stopped push ends here, without its commit (interrupts.py)."""
-    yield pb.UpdateWeightsRequest(begin=u.begin).SerializeToString()
+def update_weights_steps(u: Update) -> Iterator[Callable[[], bytes]]:
+    """The UpdateWeights stream, the one builder of both clients': begin,
+    every chunk in order, commit, each as a step that makes its serialized
+    message (reading the chunk's bytes, then counting them and releasing a
+    tensor read to its end). The blocking push runs each step where it is,
+    the asyncio push in a worker thread (a read may block: a file, a device
+    copy). A stopped push ends here, without its commit (interrupts.py)."""
+    yield pb.UpdateWeightsRequest(begin=u.begin).SerializeToString
     for group in groups(u, pieces(u)):
         if u.state.stopped:
             return
-        yield update_weights_message(read(u, group))
-        u.advance(sum(n for _, _, n in group))
-        let_go(u, group)
+        yield functools.partial(_chunks_message, u, group)
     if u.state.committing():
-        yield _COMMIT
+        yield lambda: _COMMIT
+
+
+def _chunks_message(u: Update, group: list[Piece]) -> bytes:
+    message = update_weights_message(read(u, group))
+    u.advance(sum(n for _, _, n in group))
+    let_go(u, group)
+    return message
+
+
+def update_weights_requests(u: Update) -> Iterator[bytes]:
+    """The serialized messages of an UpdateWeights stream (update_weights_steps,
+    run in place). Call the method with request_serializer=None."""
+    for step in update_weights_steps(u):
+        yield step()
 
 
 def read(u: Update, group: list[Piece]) -> list[Chunk]:
