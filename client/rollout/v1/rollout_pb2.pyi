@@ -65,6 +65,7 @@ from rollout.v1.sessions_pb2 import GetSessionResponse as GetSessionResponse
 from rollout.v1.sessions_pb2 import CloseSessionRequest as CloseSessionRequest
 from rollout.v1.sessions_pb2 import CloseSessionResponse as CloseSessionResponse
 from rollout.v1.sessions_pb2 import AppendRender as AppendRender
+from rollout.v1.sessions_pb2 import HistoryRule as HistoryRule
 from rollout.v1.sessions_pb2 import TokenSource as TokenSource
 from rollout.v1.weights_pb2 import TensorSpec as TensorSpec
 from rollout.v1.weights_pb2 import AdapterTarget as AdapterTarget
@@ -124,6 +125,7 @@ ERROR_REASON_SESSION_BUDGET: _errors_pb2.ErrorReason
 ERROR_REASON_TEMPLATE_NOT_APPEND_ONLY: _errors_pb2.ErrorReason
 ERROR_REASON_CALLER_QUEUE_FULL: _errors_pb2.ErrorReason
 ERROR_REASON_VERSION_REUSED: _errors_pb2.ErrorReason
+ERROR_REASON_HISTORY_DIVERGED: _errors_pb2.ErrorReason
 FINISH_REASON_UNSPECIFIED: _generation_pb2.FinishReason
 FINISH_REASON_STOP: _generation_pb2.FinishReason
 FINISH_REASON_LENGTH: _generation_pb2.FinishReason
@@ -137,6 +139,9 @@ LOGPROBS_MODE_PROCESSED_LOGITS: _server_pb2.LogprobsMode
 APPEND_RENDER_UNSPECIFIED: _sessions_pb2.AppendRender
 APPEND_RENDER_WHOLE: _sessions_pb2.AppendRender
 APPEND_RENDER_ISOLATED: _sessions_pb2.AppendRender
+HISTORY_RULE_UNSPECIFIED: _sessions_pb2.HistoryRule
+HISTORY_RULE_REFUSE: _sessions_pb2.HistoryRule
+HISTORY_RULE_RESTART: _sessions_pb2.HistoryRule
 TOKEN_SOURCE_UNSPECIFIED: _sessions_pb2.TokenSource
 TOKEN_SOURCE_PROMPT: _sessions_pb2.TokenSource
 TOKEN_SOURCE_SAMPLED: _sessions_pb2.TokenSource

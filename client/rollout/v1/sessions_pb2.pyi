@@ -13,6 +13,12 @@ class AppendRender(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     APPEND_RENDER_WHOLE: _ClassVar[AppendRender]
     APPEND_RENDER_ISOLATED: _ClassVar[AppendRender]
 
+class HistoryRule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    HISTORY_RULE_UNSPECIFIED: _ClassVar[HistoryRule]
+    HISTORY_RULE_REFUSE: _ClassVar[HistoryRule]
+    HISTORY_RULE_RESTART: _ClassVar[HistoryRule]
+
 class TokenSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     TOKEN_SOURCE_UNSPECIFIED: _ClassVar[TokenSource]
@@ -22,13 +28,16 @@ class TokenSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 APPEND_RENDER_UNSPECIFIED: AppendRender
 APPEND_RENDER_WHOLE: AppendRender
 APPEND_RENDER_ISOLATED: AppendRender
+HISTORY_RULE_UNSPECIFIED: HistoryRule
+HISTORY_RULE_REFUSE: HistoryRule
+HISTORY_RULE_RESTART: HistoryRule
 TOKEN_SOURCE_UNSPECIFIED: TokenSource
 TOKEN_SOURCE_PROMPT: TokenSource
 TOKEN_SOURCE_SAMPLED: TokenSource
 TOKEN_SOURCE_APPENDED: TokenSource
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("prompt_token_ids", "prompt_text", "messages", "tools_json", "max_total_tokens", "lora_adapter", "pin_weight_version", "append_render", "resume")
+    __slots__ = ("prompt_token_ids", "prompt_text", "messages", "tools_json", "max_total_tokens", "lora_adapter", "pin_weight_version", "append_render", "resume", "history_rule")
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +47,7 @@ class OpenSessionRequest(_message.Message):
     PIN_WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     APPEND_RENDER_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_RULE_FIELD_NUMBER: _ClassVar[int]
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     prompt_text: str
     messages: _containers.RepeatedCompositeFieldContainer[_generation_pb2.ChatMessage]
@@ -47,7 +57,8 @@ class OpenSessionRequest(_message.Message):
     pin_weight_version: bool
     append_render: AppendRender
     resume: SessionHistory
-    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_text: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_generation_pb2.ChatMessage, _Mapping]]] = ..., tools_json: _Optional[_Iterable[str]] = ..., max_total_tokens: _Optional[int] = ..., lora_adapter: _Optional[str] = ..., pin_weight_version: bool = ..., append_render: _Optional[_Union[AppendRender, str]] = ..., resume: _Optional[_Union[SessionHistory, _Mapping]] = ...) -> None: ...
+    history_rule: HistoryRule
+    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_text: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_generation_pb2.ChatMessage, _Mapping]]] = ..., tools_json: _Optional[_Iterable[str]] = ..., max_total_tokens: _Optional[int] = ..., lora_adapter: _Optional[str] = ..., pin_weight_version: bool = ..., append_render: _Optional[_Union[AppendRender, str]] = ..., resume: _Optional[_Union[SessionHistory, _Mapping]] = ..., history_rule: _Optional[_Union[HistoryRule, str]] = ...) -> None: ...
 
 class SessionHistory(_message.Message):
     __slots__ = ("trajectory", "messages")
@@ -64,18 +75,20 @@ class SegmentMessages(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[_generation_pb2.ChatMessage, _Mapping]]] = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
-    __slots__ = ("session_id", "prompt_token_ids", "weight_version", "max_total_tokens", "idle_timeout_seconds")
+    __slots__ = ("session_id", "prompt_token_ids", "weight_version", "max_total_tokens", "idle_timeout_seconds", "base_url")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     MAX_TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     IDLE_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BASE_URL_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     weight_version: str
     max_total_tokens: int
     idle_timeout_seconds: float
-    def __init__(self, session_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., weight_version: _Optional[str] = ..., max_total_tokens: _Optional[int] = ..., idle_timeout_seconds: _Optional[float] = ...) -> None: ...
+    base_url: str
+    def __init__(self, session_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., weight_version: _Optional[str] = ..., max_total_tokens: _Optional[int] = ..., idle_timeout_seconds: _Optional[float] = ..., base_url: _Optional[str] = ...) -> None: ...
 
 class SessionGenerateRequest(_message.Message):
     __slots__ = ("session_id", "request_id", "sampling_params", "required_weight_version")
@@ -162,7 +175,7 @@ class AppendToSessionResponse(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., total_tokens: _Optional[int] = ..., budget_remaining: _Optional[int] = ...) -> None: ...
 
 class TrajectorySegment(_message.Message):
-    __slots__ = ("source", "start", "count", "finish_reason", "stop_reason", "resumed_at", "cached_prompt_tokens", "lora_adapter_version", "stop_token_id", "generation_prompt")
+    __slots__ = ("source", "start", "count", "finish_reason", "stop_reason", "resumed_at", "cached_prompt_tokens", "lora_adapter_version", "stop_token_id", "generation_prompt", "restarts_context")
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -173,6 +186,7 @@ class TrajectorySegment(_message.Message):
     LORA_ADAPTER_VERSION_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     source: TokenSource
     start: int
     count: int
@@ -183,7 +197,8 @@ class TrajectorySegment(_message.Message):
     lora_adapter_version: str
     stop_token_id: int
     generation_prompt: bool
-    def __init__(self, source: _Optional[_Union[TokenSource, str]] = ..., start: _Optional[int] = ..., count: _Optional[int] = ..., finish_reason: _Optional[_Union[_generation_pb2.FinishReason, str]] = ..., stop_reason: _Optional[str] = ..., resumed_at: _Optional[_Iterable[int]] = ..., cached_prompt_tokens: _Optional[int] = ..., lora_adapter_version: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., generation_prompt: bool = ...) -> None: ...
+    restarts_context: bool
+    def __init__(self, source: _Optional[_Union[TokenSource, str]] = ..., start: _Optional[int] = ..., count: _Optional[int] = ..., finish_reason: _Optional[_Union[_generation_pb2.FinishReason, str]] = ..., stop_reason: _Optional[str] = ..., resumed_at: _Optional[_Iterable[int]] = ..., cached_prompt_tokens: _Optional[int] = ..., lora_adapter_version: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., generation_prompt: bool = ..., restarts_context: bool = ...) -> None: ...
 
 class GetSessionRequest(_message.Message):
     __slots__ = ("session_id", "from_segment")
