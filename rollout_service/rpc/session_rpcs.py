@@ -11,26 +11,9 @@ from rollout_service.fairness.identity import caller_id
 from rollout_service.ops.auth import CALLER
 from rollout_service.rpc.handlers import streaming, unary
 from rollout_service.rpc.readiness import Serving
-from rollout_service.sessions import appends, resuming, trajectory
-from rollout_service.sessions.opening import budget_of, open_prompt
-from rollout_service.sessions.store import Session
+from rollout_service.sessions import appends, trajectory
+from rollout_service.sessions.open_call import open_session
 from rollout_service.status.errors import InvalidArgument
-
-_ISOLATED = pb.APPEND_RENDER_ISOLATED
-
-
-def _open(session: Session, request: pb.OpenSessionRequest, limits, tok) -> list[int]:
-    """On the tokenizing thread: the prompt (or the resumed history) into
-    the new session."""
-    if request.HasField("resume"):
-        if request.prompt_token_ids or request.prompt_text or request.messages:
-            raise InvalidArgument("resume", "re-opens a history: set no prompt field with it")
-        return resuming.resume(session, request, limits, request.append_render != _ISOLATED)
-    prompt = open_prompt(request, limits, tok, session.budget)
-    session.trajectory.append(pb.TOKEN_SOURCE_PROMPT, prompt.ids)
-    session.opened_with(prompt.conversation, request.append_render != _ISOLATED, prompt.text_bytes)
-    session.tools = prompt.tools
-    return prompt.ids
 
 
 class SessionRpcs:
@@ -44,33 +27,9 @@ class SessionRpcs:
     @unary
     async def OpenSession(self, request, context):
         ready = self.serving.ready
-        app = ready.app
-        app.served.check_serving()
-        if request.lora_adapter:
-            app.adapters.check_known(request.lora_adapter)
-        limits = app.info.limits
-        budget = budget_of(request, limits)
-        # Counted before any tokenizing: a caller at its limit costs nothing.
-        session = app.session_store.new(
-            ready.turns.ids.issue(),
-            CALLER.get().owner,
-            budget,
-            lora_adapter=request.lora_adapter,
-            pinned_version=app.served.version if request.pin_weight_version else "",
-        )
-        try:
-            ids = await app.tokenizing.off_loop(_open, session, request, limits, app.tokenizing)
-        except BaseException:
-            app.session_store.release(session)
-            raise
-        app.session_store.add(session)
-        return pb.OpenSessionResponse(
-            session_id=session.id,
-            prompt_token_ids=ids,
-            weight_version=app.served.version,
-            max_total_tokens=budget,
-            idle_timeout_seconds=app.session_store.limits.idle_timeout_seconds,
-        )
+        owner = CALLER.get().owner
+        _, response = await open_session(ready.app, ready.turns.ids.issue(), owner, request)
+        return response
 
     @unary
     async def SessionGenerate(self, request, context):

@@ -4,6 +4,8 @@ held for this call alone (store.using)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.engine.limits import ModelLimits
 from rollout_service.generation import convert
@@ -28,7 +30,14 @@ def append(
         t.append(pb.TOKEN_SOURCE_APPENDED, ids)
         session.appended_ids()
         return ids
-    new = text_conversation(request.messages, "messages")
+    return append_messages(session, text_conversation(request.messages, "messages"), limits, tok)
+
+
+def append_messages(session: Session, new: list[dict[str, Any]], limits: ModelLimits, tok):
+    """Appends messages (a Hugging Face conversation's, text content) as the
+    template renders them after the history (the session's base URL calls
+    this too); refused with nothing changed otherwise."""
+    t = session.trajectory
     held = session.text_bytes if session.conversation is not None else 0
     nbytes = check_text(new, "messages", held, session.budget)
     if (least := tok.min_tokens(text_chars(new))) > session.remaining:
@@ -43,4 +52,21 @@ def append(
     session.check_room(len(ids), "messages")
     t.append(pb.TOKEN_SOURCE_APPENDED, ids)
     session.appended_messages(new, nbytes)
+    return ids
+
+
+def restart(session: Session, conversation: list[dict[str, Any]], limits: ModelLimits, tok):
+    """A new context (HISTORY_RULE_RESTART): the whole conversation rendered
+    as a prompt is (opening.py) and appended as a segment that later turns
+    are conditioned on from its start; refused with nothing changed when it
+    does not fit."""
+    nbytes = check_text(conversation, "messages", 0, session.budget)
+    text = tok.render_conversation(conversation, "messages", False, tools=session.tools)
+    ids = tok.encode(text, "messages", add_special_tokens=False)
+    if not ids:
+        raise InvalidArgument("messages", "render to no tokens")
+    convert.check_prompt_length(len(ids), "messages", limits)
+    session.check_room(len(ids), "messages")
+    session.trajectory.restart(ids)
+    session.restarted_with(conversation, nbytes)
     return ids

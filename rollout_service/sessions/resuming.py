@@ -95,6 +95,8 @@ def _segment(t: pb.GetSessionResponse, i: int, at: int, has_messages: bool) -> S
     )
     if p.source != _SAMPLED and turn_fields:
         raise InvalidArgument(f, "a prompt or appended segment has no turn fields")
+    if p.restarts_context and (p.source != _APPENDED or not has_messages):
+        raise InvalidArgument(f + "restarts_context", "marks appended segments with messages")
     if p.generation_prompt and (p.source != _APPENDED or has_messages):
         raise InvalidArgument(f + "generation_prompt", "marks appended segments without messages")
     if has_messages and p.source == _SAMPLED:
@@ -128,6 +130,7 @@ def _segment(t: pb.GetSessionResponse, i: int, at: int, has_messages: bool) -> S
         lora_adapter_version=_name(p.lora_adapter_version, f + "lora_adapter_version"),
         stop_token=p.stop_token_id if p.HasField("stop_token_id") else None,
         generation_prompt=p.generation_prompt,
+        restarts_context=p.restarts_context,
     )
 
 
@@ -180,6 +183,9 @@ def resume(
             session.opened_with(messages, whole, nbytes)
         elif seg.source == _SAMPLED:
             session.add_turn_to_conversation(seg)
+        elif messages is not None and seg.restarts_context:
+            session.restarted_with(messages, nbytes)
+            trajectory.context_start = seg.start
         elif messages is not None:
             session.appended_messages(messages, nbytes)
         elif not seg.generation_prompt:

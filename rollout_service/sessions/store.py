@@ -73,6 +73,13 @@ class Session:
     pinned_version: str = ""
     # Renders chat: opened with messages, or messages were appended.
     chat: bool = False
+    # Opened with APPEND_RENDER_WHOLE (else isolated).
+    renders_whole: bool = True
+    # What its base URL does with a history that does not extend the held
+    # one (pb.HistoryRule), and the OpenAI messages it has seen there
+    # (http/session_history.py; None: it has none a chat could extend).
+    history_rule: int = pb.HISTORY_RULE_REFUSE
+    chat_history: Any = None
     # APPEND_RENDER_WHOLE's conversation: message dicts, and each model turn
     # as its Segment (its content decoded when rendered); None: isolated.
     conversation: list[Any] | None = None
@@ -110,6 +117,7 @@ class Session:
     def opened_with(self, conversation: list[Any] | None, whole: bool, text_bytes: int) -> None:
         """The prompt: chat messages (`conversation`) or ids and text (None)."""
         self.chat = conversation is not None
+        self.renders_whole = whole
         if conversation is not None and whole:
             self.conversation = list(conversation)
             self.text_bytes = text_bytes
@@ -125,6 +133,14 @@ class Session:
             self.conversation.extend(new)
             self.text_bytes += text_bytes
         self.chat = True
+
+    def restarted_with(self, conversation: list[Any], text_bytes: int) -> None:
+        """A new context rendered whole from `conversation` (HISTORY_RULE_RESTART):
+        later messages render after it, not after what came before."""
+        self.chat = True
+        if self.renders_whole:
+            self.conversation = list(conversation)
+            self.text_bytes = text_bytes
 
     def add_turn_to_conversation(self, seg: Segment) -> None:
         if self.conversation is not None and (

@@ -42,6 +42,8 @@ class Segment:
     stop_token: int | None = None
     # An appended segment holding the template's generation prompt.
     generation_prompt: bool = False
+    # An appended segment that starts a new context (HISTORY_RULE_RESTART).
+    restarts_context: bool = False
 
     @property
     def interrupted(self) -> bool:
@@ -61,6 +63,9 @@ class Trajectory:
         # adjacent runs of one version merged.
         self.spans: list[list] = []
         self.segments: list[Segment] = []
+        # Where the context the next turn is conditioned on starts: 0, or the
+        # start of the last segment that restarts_context.
+        self.context_start = 0
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -77,6 +82,18 @@ class Trajectory:
         self.logprobs.extend([0.0] * len(ids))
         self.segments.append(seg)
         return seg
+
+    def restart(self, ids: Sequence[int]) -> Segment:
+        """A new context: `ids` (a whole conversation rendered) appended as a
+        segment that later turns are conditioned on from its start."""
+        seg = self.append(pb.TOKEN_SOURCE_APPENDED, ids)
+        seg.restarts_context = True
+        self.context_start = seg.start
+        return seg
+
+    def context(self) -> list[int]:
+        """The ids the next turn is conditioned on."""
+        return self.ids[self.context_start :].tolist()
 
     def begin_turn(self, cached_prompt_tokens: int = 0, lora_adapter_version: str = "") -> Segment:
         """A new model turn, or the interrupted one to resume (its
@@ -143,6 +160,7 @@ def segment_to_proto(seg: Segment) -> pb.TrajectorySegment:
         lora_adapter_version=seg.lora_adapter_version,
         stop_token_id=seg.stop_token,
         generation_prompt=seg.generation_prompt,
+        restarts_context=seg.restarts_context,
     )
 
 

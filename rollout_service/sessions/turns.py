@@ -86,7 +86,7 @@ def plan_turn(
     turn.max_tokens = room if want is None else min(want, room)
     if sp.HasField("min_tokens"):
         turn.min_tokens = max(0, sp.min_tokens - already)
-    prompt = t.ids.tolist() + gen
+    prompt = t.context() + gen
     if len(prompt) >= limits.max_model_len:
         raise FailedPrecondition(
             f"session_id: the history is {len(prompt)} tokens; the model's context "
