@@ -209,3 +209,66 @@ def test_the_async_push_sends_the_sync_push_on_its_own_channel(monkeypatch):
     kinds = [m.WhichOneof("kind") for m in sync]
     assert kinds == ["begin", "chunk", "chunk", "chunk", "chunk", "commit"], kinds
     assert b"".join(m.chunk.data for m in sync[1:-1]) == weights["w"].tobytes()
+
+
+class Staging(Receiving):
+    """The staged calls: BeginUpdate (same_host: a staging file under `root`),
+    UploadChunks into a buffer (counting the streams), GetUpdateStatus with
+    nothing missing, CommitUpdate keeping the bytes received."""
+
+    def __init__(self, root) -> None:
+        super().__init__()
+        self.root = root
+        self.updates: dict[str, tuple[list[int], bytearray | None]] = {}
+        self.upload_streams = 0
+        self.committed: list[bytes] = []
+
+    def BeginUpdate(self, request, context):
+        sizes = [4 * int(np.prod(t.shape)) for t in request.begin.tensors]
+        offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+        uid = f"u{len(self.updates)}"
+        if not request.same_host:
+            self.updates[uid] = (offsets, bytearray(sum(sizes)))
+            return pb.BeginUpdateResponse(update_id=uid, total_bytes=sum(sizes))
+        path = self.root / uid
+        path.write_bytes(bytes(sum(sizes)))
+        self.updates[uid] = (offsets, None)
+        staging = pb.SharedStaging(path=str(path), tensor_offsets=offsets)
+        return pb.BeginUpdateResponse(update_id=uid, total_bytes=sum(sizes), shared_staging=staging)
+
+    def UploadChunks(self, request_iterator, context):
+        self.upload_streams += 1
+        for m in request_iterator:
+            offsets, buf = self.updates[m.update_id]
+            for c in m.chunks.chunks if m.HasField("chunks") else [m.chunk]:
+                at = offsets[c.tensor_index] + c.offset
+                buf[at : at + len(c.data)] = c.data
+        return pb.UploadChunksResponse()
+
+    def GetUpdateStatus(self, request, context):
+        return pb.GetUpdateStatusResponse()
+
+    def CommitUpdate(self, request, context):
+        _, buf = self.updates[request.update_id]
+        data = bytes(buf) if buf is not None else (self.root / request.update_id).read_bytes()
+        self.committed.append(data)
+        return pb.CommitUpdateResponse(result=pb.UpdateWeightsResponse(weight_version="v1"))
+
+
+@pytest.mark.parametrize("way", [{"streams": 3}, {"same_host": True}], ids=["streams", "same_host"])
+def test_staged_pushes_of_both_clients_deliver_the_same_bytes(way, tmp_path, monkeypatch):
+    stand_in = Staging(tmp_path)
+    weights = {"w": np.arange(64, dtype=np.float32)}
+    with refusing(stand_in) as target:
+        with RolloutClient(target, timeout=30) as c:
+            c.update_weights(weights, "v1", chunk_bytes=32, **way)
+
+        async def on_asyncio():
+            async with AsyncRolloutClient(target, timeout=30) as c:
+                return await c.update_weights(weights, "v1", chunk_bytes=32, **way)
+
+        monkeypatch.setattr(grpc, "insecure_channel", None)  # no blocking channel
+        ack = asyncio.run(on_asyncio())
+    assert ack.weight_version == "v1"
+    assert stand_in.committed == [weights["w"].tobytes()] * 2
+    assert stand_in.upload_streams == (6 if "streams" in way else 0)

@@ -371,12 +371,15 @@ class AsyncRolloutClient(_Surface[stubs.AsyncRolloutStub]):
     """asyncio client with the same methods as RolloutClient, awaited."""
 
     _aio = True
-    _blocking: RolloutClient | None = None  # update_weights: streams, same_host, delta
+    _blocking: RolloutClient | None = None  # update_weights(delta=...)
+    _regions: push.Regions | None = None  # same-host updates' mappings, kept
 
     async def close(self) -> None:
         await self.channel.close()
         if self._blocking is not None:
             self._blocking.close()
+        if self._regions is not None:
+            self._regions.close()
 
     async def __aenter__(self) -> AsyncRolloutClient:
         return self
@@ -473,17 +476,17 @@ class AsyncRolloutClient(_Surface[stubs.AsyncRolloutStub]):
         adapter_config: dict[str, Any] | None = None,
         delta: bool | Literal["always"] = False,
     ) -> pb.UpdateWeightsResponse:
-        """RolloutClient.update_weights over this client's channel: the same
-        update (core.prepare_update) and messages (push.update_weights_steps),
-        each made in a worker thread, so the event loop is never blocked.
-        Parallel uploads (`streams` > 1), `same_host` and `delta` still run
-        the blocking client's push in a thread, on a channel of its own (its
-        `pushed` is this client's record of delta pushes). Cancelled (Ctrl-C
+        """RolloutClient.update_weights over this client's grpc.aio channel
+        (and, with `streams` > 1, as many more): the same update
+        (core.prepare_update) and messages (push.py), each made in a worker
+        thread, so the event loop is never blocked (push_async.py). `delta`
+        still runs the blocking client's push in a thread, on a channel of its
+        own (its `pushed` is this client's record of delta pushes). Cancelled (Ctrl-C
         under asyncio.run, a timeout), the push stops and the CancelledError
         carries a note: whether the update may have been applied, and how to
         check (interrupts.py)."""
         state = interrupts.PushState()
-        if streams > 1 or same_host or delta:
+        if delta:
             if self._blocking is None:
                 self._blocking = RolloutClient(
                     self.target, timeout=self.timeout, options=self.options
@@ -526,7 +529,15 @@ class AsyncRolloutClient(_Surface[stubs.AsyncRolloutStub]):
             )
             # Off the loop: opening a source reads headers, checksum=True every byte.
             u = await asyncio.to_thread(prepare)
-            return await push_async.send(u, self.channel, self.options)
+            if same_host and self._regions is None:
+                self._regions = push.Regions()
+
+            def new_channel() -> grpc.aio.Channel:
+                return self.options.channel(self.target, aio=True, own_connection=True)
+
+            return await push_async.send(
+                u, self.channel, self.options, new_channel, streams, same_host, self._regions
+            )
 
     async def remove_adapter(
         self, name: str, version: str, *, timeout: float | None = None

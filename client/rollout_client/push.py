@@ -221,14 +221,7 @@ def parallel(
                 break
             if attempt == resume_attempts:
                 raise errors[0] if errors else RuntimeError("upload incomplete")
-            todo = groups(
-                u,
-                (
-                    (r.tensor_index, off, min(u.chunk_bytes, r.offset + r.length - off))
-                    for r in status.missing
-                    for off in range(r.offset, r.offset + r.length, u.chunk_bytes)
-                ),
-            )
+            todo = missing_groups(u, status)
         if not u.state.committing():
             raise Stopped
         return stub.CommitUpdate(
@@ -239,6 +232,29 @@ def parallel(
             u.state.stop()  # the upload threads end before the abort
         _abort(stub, uid, u)
         raise
+
+
+def missing_groups(u: Update, status: pb.GetUpdateStatusResponse) -> Iterator[list[Piece]]:
+    """The chunks of the byte ranges the server reports missing, as messages."""
+    return groups(
+        u,
+        (
+            (r.tensor_index, off, min(u.chunk_bytes, r.offset + r.length - off))
+            for r in status.missing
+            for off in range(r.offset, r.offset + r.length, u.chunk_bytes)
+        ),
+    )
+
+
+def upload_step(u: Update, uid: str, group: list[Piece]) -> bytes:
+    """One UploadChunks message (both clients'; the asyncio one makes it in
+    a worker thread), its bytes counted."""
+    message = upload_message(uid, read(u, group))
+    u.advance(sum(n for _, _, n in group))
+    return message
+
+
+UPLOAD_CHUNKS = _SERVICE + "UploadChunks"
 
 
 def _upload(
@@ -254,12 +270,11 @@ def _upload(
                 group = None if u.state.stopped else next(todo, None)
             if group is None:
                 return
-            yield upload_message(uid, read(u, group))
-            u.advance(sum(n for _, _, n in group))
+            yield upload_step(u, uid, group)
 
     def run(channel: grpc.Channel) -> None:
         call: stubs.StreamUnary[bytes, pb.UploadChunksResponse] = channel.stream_unary(
-            _SERVICE + "UploadChunks",
+            UPLOAD_CHUNKS,
             request_serializer=None,
             response_deserializer=pb.UploadChunksResponse.FromString,
         )
@@ -322,23 +337,8 @@ def same_host(
         timeout=u.timeout,
         metadata=u.metadata,
     )
-    own = regions is None
-    regions = regions or Regions()
     try:
-        view = regions.view(opened.shared_staging.path)
-        try:
-            step = u.chunk_bytes << 4
-            for t, at in zip(u.tensors, opened.shared_staging.tensor_offsets):
-                for off in range(0, t.nbytes, step):
-                    u.state.check()
-                    n = min(step, t.nbytes - off)
-                    t.read_into(off, view[at + off : at + off + n])
-                    u.advance(n)
-                t.release()
-        finally:
-            view.release()
-            if own:
-                regions.close()
+        fill_region(u, opened.shared_staging, regions)
         if not u.state.committing():
             raise Stopped
         return stub.CommitUpdate(
@@ -349,6 +349,28 @@ def same_host(
     except BaseException:
         _abort(stub, opened.update_id, u)
         raise
+
+
+def fill_region(u: Update, staging: pb.SharedStaging, regions: Regions | None = None) -> None:
+    """Each tensor read straight into the server's staging region (both
+    clients' same-host push; the asyncio one runs it in a worker thread).
+    Raises Stopped once the push is stopped."""
+    own = regions is None
+    regions = regions or Regions()
+    view = regions.view(staging.path)
+    try:
+        step = u.chunk_bytes << 4
+        for t, at in zip(u.tensors, staging.tensor_offsets):
+            for off in range(0, t.nbytes, step):
+                u.state.check()
+                n = min(step, t.nbytes - off)
+                t.read_into(off, view[at + off : at + off + n])
+                u.advance(n)
+            t.release()
+    finally:
+        view.release()
+        if own:
+            regions.close()
 
 
 def _stub(channel: grpc.Channel) -> stubs.RolloutStub:
