@@ -88,6 +88,10 @@ KEEP_HELD = Counter(
     ("phase",),
     registry=REGISTRY,
 )
+# Every phase exported from the start, at 0: a healthy run shows no hold
+# (the dashboard's panel, deploy/grafana), not "no data".
+for _phase in ("check", "wait", "drain", "pause"):
+    KEEP_HELD.labels(_phase)
 UPDATES = Counter(
     "rollout_updates",
     "UpdateWeights calls by outcome (status code).",
