@@ -6,12 +6,10 @@ do not exist."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from rollout.v1 import rollout_pb2 as pb
@@ -22,11 +20,11 @@ from rollout_service.http.chat import prepare_chat
 from rollout_service.http.completions import completion_response, prepare_completion
 from rollout_service.http.errors import HttpError, error_body, error_response
 from rollout_service.http.front import Front
+from rollout_service.http.replies import VERSION_HEADER, streamed, until_disconnected
 from rollout_service.http.responses import chat_response
-from rollout_service.http.streaming import ChatStream, CompletionStream, sse_error
+from rollout_service.http.session_routes import add_session_routes
+from rollout_service.http.streaming import ChatStream, CompletionStream
 from rollout_service.ops.logs import request_id as logged_request_id
-
-VERSION_HEADER = "rollout-weight-version"
 
 
 def build_api(front: Front) -> FastAPI:
@@ -70,6 +68,7 @@ def build_api(front: Front) -> FastAPI:
     async def completions(request: Request):
         return await _generate(front, request, "/v1/completions")
 
+    add_session_routes(api, front)
     return Measured(api)
 
 
@@ -91,8 +90,8 @@ async def _generate(front: Front, request: Request, route: str):
             builder = (ChatStream if chat else CompletionStream)(
                 call, model, app, call.generate.request_id
             )
-            return await _streamed(messages, builder, app, route)
-        answer = await _until_disconnected(request, ready.generations.generate(call.generate, who))
+            return await streamed(messages, builder, app, route)
+        answer = await until_disconnected(request, ready.generations.generate(call.generate, who))
         build = chat_response if chat else completion_response
         body = await app.tokenizing.off_loop(
             lambda: build(call, answer, model, app).model_dump_json()
@@ -108,59 +107,6 @@ def _stream_request(request: pb.GenerateRequest) -> pb.GenerateStreamRequest:
     """The same request for GenerateStream (the proto keeps their fields'
     numbers equal; the copy grows with the prompt: off the loop)."""
     return pb.GenerateStreamRequest.FromString(request.SerializeToString())
-
-
-async def _until_disconnected(request: Request, generation):
-    """The generation's result; cancelled (its engine request aborted) if
-    the client goes away first, as a gRPC call's cancellation does."""
-    task = asyncio.ensure_future(generation)
-
-    async def gone() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watch = asyncio.ensure_future(gone())
-    try:
-        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    if task.cancelled():
-        raise HttpError(499, "the client closed the request")
-    return task.result()
-
-
-async def _streamed(messages, builder, app, route: str):
-    """Server-sent events of the pipeline's stream. Its first message is
-    awaited here, before the response starts: a request the pipeline refuses
-    (the caller's cap, a wrong weight version, bad input) gets its HTTP
-    status, not a 200 whose stream says so."""
-    try:
-        first = await anext(messages)
-    except StopAsyncIteration:
-        first = None
-
-    async def events():
-        version = first.weight_version if first is not None else ""
-        try:
-            if first is not None:
-                yield "".join(await app.tokenizing.off_loop(builder.step, first))
-            async for message in messages:
-                version = message.weight_version or version
-                yield "".join(await app.tokenizing.off_loop(builder.step, message))
-            yield "".join(builder.end(version))
-        except Exception as e:  # after the headers: an error event, as vLLM sends
-            status, body, _ = error_body(e, route)
-            yield sse_error(body)
-        finally:
-            with contextlib.suppress(Exception):
-                await messages.aclose()
-
-    headers = {VERSION_HEADER: first.weight_version if first is not None else ""}
-    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
 
 
 class Measured:

@@ -1,0 +1,137 @@
+"""Which of a chat's messages a session already holds (its base URL,
+session_routes.py). Pure: tested without an engine.
+
+A session keeps the OpenAI messages its base URL has seen, as Hugging Face
+conversation entries (`Session.chat_history`): the messages it opened with,
+each message appended, each assistant message it answered with as it was
+returned. A request's `messages` extend them when they start with them,
+compared by position on what a harness keeps of a message (`normal`): the
+role, the content's text, the tool calls' names and arguments (as JSON
+values: a harness may re-serialize them) and a tool result's tool_call_id.
+Tool call ids the server made, and fields a harness adds or drops
+(`refusal`, `annotations`, `name`), are not compared. The messages after the
+held ones are new: the session appends them by its template rule, then
+samples the turn. Anything else diverges at its first differing message.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from rollout.v1 import rollout_pb2 as pb
+from rollout_service.status.errors import FailedPrecondition, InvalidArgument
+
+Message = dict[str, Any]
+
+
+def text_of(content: Any, field: str) -> str:
+    """A message's content as text: a string, parts of text, or none."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise InvalidArgument(f"{field}.content[{j}]", "sessions take text parts only")
+            texts.append(str(part.get("text", "")))
+        return "".join(texts)
+    raise InvalidArgument(f"{field}.content", "a string or a list of text parts")
+
+
+def _arguments(value: Any) -> Any:
+    """Tool call arguments as a JSON value (a string that does not parse as
+    JSON stays a string)."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def conversation_entry(m: Any, field: str) -> Message:
+    """An OpenAI chat message (a dict, as vLLM's request holds it) as the
+    Hugging Face conversation entry the session's template renders."""
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not m["role"]:
+        raise InvalidArgument(f"{field}.role", "every message has a role")
+    entry: Message = {"role": m["role"], "content": text_of(m.get("content"), field)}
+    calls = []
+    for k, call in enumerate(m.get("tool_calls") or ()):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise InvalidArgument(f"{field}.tool_calls[{k}].function", "a name and arguments")
+        calls.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": function["name"],
+                    "arguments": _arguments(function.get("arguments", "")),
+                },
+            }
+        )
+    if calls:
+        entry["tool_calls"] = calls
+    if m.get("tool_call_id"):
+        entry["tool_call_id"] = str(m["tool_call_id"])
+    return entry
+
+
+def normal(entry: Message) -> tuple:
+    """What two messages must share to be the same message (module docstring)."""
+    calls = tuple(
+        (c["function"]["name"], json.dumps(c["function"]["arguments"], sort_keys=True))
+        for c in entry.get("tool_calls") or ()
+    )
+    return entry["role"], entry["content"], calls, entry.get("tool_call_id", "")
+
+
+class HistoryDiverged(FailedPrecondition):
+    """A history that does not extend the held one, refused (HTTP 400, its
+    param the first differing message)."""
+
+    reason = pb.ERROR_REASON_HISTORY_DIVERGED
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class Extension:
+    """A request's messages against the held ones: the new ones to append,
+    or the index of the first that differs (`diverged`, new then empty)."""
+
+    new: list[Message]
+    diverged: int | None = None
+
+
+def extend(held: list[Message], messages: list[Message]) -> Extension:
+    """How `messages` (conversation entries) extend `held`."""
+    for i, h in enumerate(held):
+        if i >= len(messages) or normal(messages[i]) != normal(h):
+            return Extension([], i)
+    return Extension(messages[len(held) :])
+
+
+def diverged(at: int, held: list[Message], messages: list[Message]) -> HistoryDiverged:
+    """HISTORY_RULE_REFUSE's answer: the first differing message, named."""
+    if at >= len(messages):
+        why = f"is missing: the session holds {len(held)} messages, the request has {len(messages)}"
+    else:
+        want, got = held[at], messages[at]
+        if want["role"] != got["role"]:
+            why = f"has role {got['role']!r:.40}; the session holds a {want['role']!r:.40} message"
+        elif want["content"] != got["content"]:
+            why = "has other content than the message the session holds there"
+        else:
+            why = "has other tool calls or tool_call_id than the message the session holds there"
+    return HistoryDiverged(
+        f"messages[{at}] {why}. A session's messages must extend the conversation it holds "
+        "(the assistant messages as it returned them); it was opened to refuse other "
+        "histories (history_rule), and nothing changed",
+        f"messages[{at}]",
+    )
