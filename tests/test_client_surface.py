@@ -272,3 +272,23 @@ def test_staged_pushes_of_both_clients_deliver_the_same_bytes(way, tmp_path, mon
     assert ack.weight_version == "v1"
     assert stand_in.committed == [weights["w"].tobytes()] * 2
     assert stand_in.upload_streams == (6 if "streams" in way else 0)
+
+
+def test_a_misspelled_update_option_raises_type_error_at_the_call():
+    target = f"127.0.0.1:{free_port()}"  # nothing listens: no call may be made
+    weights = {"w": np.zeros(4, np.float32)}
+    with RolloutClient(target) as c, pytest.raises(TypeError) as sync:
+        c.update_weights(weights, "v1", stream=2)
+
+    async def on_asyncio():
+        async with AsyncRolloutClient(target) as c:
+            with pytest.raises(TypeError) as e:
+                await c.update_weights(weights, "v1", same_hots=True)
+            return e.value
+
+    assert (
+        str(sync.value) == "got an unexpected keyword argument 'stream' (did you mean 'streams'?)"
+    )
+    assert str(asyncio.run(on_asyncio())) == (
+        "got an unexpected keyword argument 'same_hots' (did you mean 'same_host'?)"
+    )

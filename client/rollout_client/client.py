@@ -21,14 +21,14 @@ import asyncio
 import functools
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, Unpack
 
 import grpc
 from grpc_health.v1 import health_pb2_grpc
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
-from rollout_client import core, interrupts, push, push_async, sessions, stubs
+from rollout_client import core, interrupts, push, push_async, sessions, stubs, update_options
 
 # Re-exported (`X as X`: the explicit form, for type checkers too).
 from rollout_client.connection import (
@@ -42,7 +42,7 @@ from rollout_client.generate_request import (
     build_generate_stream_request,
 )
 from rollout_client.generate_request import build_generate_request as build_generate_request
-from rollout_client.push import DEFAULT_CHUNK_BYTES
+from rollout_client.update_options import UpdateOptions
 
 if TYPE_CHECKING:  # numpy: imported by delta pushes only
     from rollout_client.delta_push import PushedWeights
@@ -189,18 +189,8 @@ class RolloutClient(_Surface[stubs.RolloutStub]):
         source: Any,
         version: str,
         *,
-        pause_mode: pb.PauseMode = pb.PAUSE_MODE_WAIT,
-        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-        checksum: bool = False,
-        progress: bool = False,
-        timeout: float | None = None,
-        drain_timeout_seconds: float | None = None,
-        streams: int = 1,
-        same_host: bool = False,
-        adapter: str | None = None,
-        adapter_config: dict[str, Any] | None = None,
-        delta: bool | Literal["always"] = False,
         _state: interrupts.PushState | None = None,  # AsyncRolloutClient's handle on the push
+        **options: Unpack[UpdateOptions],
     ) -> pb.UpdateWeightsResponse:
         """Sends `source` (a safetensors file or folder, a state_dict, a
         module or an iterable of (name, tensor)), read tensor by tensor,
@@ -228,53 +218,37 @@ class RolloutClient(_Surface[stubs.RolloutStub]):
 
         Ctrl-C raises rollout_client.UpdateInterrupted (a KeyboardInterrupt): it
         says whether the commit had been sent, so whether the update may
-        have been applied, and how to check."""
+        have been applied, and how to check.
+
+        The options (update_options.UpdateOptions, typed there with their
+        defaults; an unknown name raises TypeError): `pause_mode`,
+        `chunk_bytes`, `checksum`, `progress`, `timeout`,
+        `drain_timeout_seconds`, `streams`, `same_host`, `adapter`,
+        `adapter_config`, `delta`."""
+        update_options.check(options)
         state = _state or interrupts.PushState()
         with interrupts.reported(state, version):
-            target = core.adapter_target(adapter, adapter_config)
-            if delta:
+            target = core.adapter_target(options.get("adapter"), options.get("adapter_config"))
+            if options.get("delta"):
                 if target is not None:
                     raise ValueError("delta=True applies to the base weights, not to an adapter")
-                return self._update_delta(
-                    source,
-                    version,
-                    always=delta == "always",
-                    pause_mode=pause_mode,
-                    chunk_bytes=chunk_bytes,
-                    timeout=timeout,
-                    drain_timeout_seconds=drain_timeout_seconds,
-                    streams=streams,
-                    same_host=same_host,
-                    state=state,
-                )
+                return self._update_delta(source, version, options, state)
+            timeout = options.get("timeout")
             info = None if target else self.server_info(timeout)
             u = core.prepare_update(
                 source,
                 version,
                 info,
-                progress=progress,
+                options,
+                adapter=target,
                 timeout=timeout or self.timeout,
                 metadata=self.options.metadata(),
                 state=state,
-                pause_mode=pause_mode,
-                chunk_bytes=chunk_bytes,
-                checksum=checksum,
-                drain_timeout_seconds=drain_timeout_seconds,
-                adapter=target,
             )
-            return self._send(u, streams, same_host)
+            return self._send(u, options.get("streams", 1), options.get("same_host", False))
 
     def _update_delta(
-        self,
-        source: Any,
-        version: str,
-        *,
-        timeout: float | None,
-        streams: int,
-        same_host: bool,
-        always: bool,
-        state: interrupts.PushState,
-        **begin: Any,
+        self, source: Any, version: str, options: UpdateOptions, state: interrupts.PushState
     ) -> pb.UpdateWeightsResponse:
         """update_weights(delta=...): the cheaper of a delta against
         `self.pushed` (when the server's base is its version) and a full
@@ -284,17 +258,20 @@ class RolloutClient(_Surface[stubs.RolloutStub]):
         if self.pushed is None:
             self.pushed = delta_push.PushedWeights()
         pushed = self.pushed
+        timeout = options.get("timeout")
         info = self.server_info(timeout)
         u = core.prepare_update(
             source,
             version,
             info,
-            progress=False,
+            options,
+            adapter=None,
             timeout=timeout or self.timeout,
             metadata=self.options.metadata(),
             state=state,
-            **begin,
         )
+        streams, same_host = options.get("streams", 1), options.get("same_host", False)
+        always = options.get("delta") == "always"
         has_base = bool(pushed.version) and pushed.version == info.delta_base_version
 
         def send(update: push.Update) -> pb.UpdateWeightsResponse:
@@ -460,21 +437,7 @@ class AsyncRolloutClient(_Surface[stubs.AsyncRolloutStub]):
         return await self._unary(self.stub.ResetCaches, pb.ResetCachesRequest(), timeout)
 
     async def update_weights(
-        self,
-        source: Any,
-        version: str,
-        *,
-        pause_mode: pb.PauseMode = pb.PAUSE_MODE_WAIT,
-        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-        checksum: bool = False,
-        progress: bool = False,
-        timeout: float | None = None,
-        drain_timeout_seconds: float | None = None,
-        streams: int = 1,
-        same_host: bool = False,
-        adapter: str | None = None,
-        adapter_config: dict[str, Any] | None = None,
-        delta: bool | Literal["always"] = False,
+        self, source: Any, version: str, **options: Unpack[UpdateOptions]
     ) -> pb.UpdateWeightsResponse:
         """RolloutClient.update_weights over this client's grpc.aio channel
         (and, with `streams` > 1, as many more): the same update
@@ -485,50 +448,37 @@ class AsyncRolloutClient(_Surface[stubs.AsyncRolloutStub]):
         under asyncio.run, a timeout), the push stops and the CancelledError
         carries a note: whether the update may have been applied, and how to
         check (interrupts.py)."""
+        update_options.check(options)
         state = interrupts.PushState()
-        if delta:
+        if options.get("delta"):
             if self._blocking is None:
                 self._blocking = RolloutClient(
                     self.target, timeout=self.timeout, options=self.options
                 )
-            blocking = functools.partial(
-                self._blocking.update_weights,
-                source,
-                version,
-                pause_mode=pause_mode,
-                chunk_bytes=chunk_bytes,
-                checksum=checksum,
-                progress=progress,
-                timeout=timeout,
-                drain_timeout_seconds=drain_timeout_seconds,
-                streams=streams,
-                same_host=same_host,
-                adapter=adapter,
-                adapter_config=adapter_config,
-                delta=delta,
-                _state=state,
-            )
-            return await interrupts.in_thread(state, version, blocking)
+            blocking = self._blocking
+
+            def push_delta() -> pb.UpdateWeightsResponse:
+                return blocking.update_weights(source, version, _state=state, **options)
+
+            return await interrupts.in_thread(state, version, push_delta)
         with interrupts.noted(state, version):
-            target = core.adapter_target(adapter, adapter_config)
+            target = core.adapter_target(options.get("adapter"), options.get("adapter_config"))
+            timeout = options.get("timeout")
             info = None if target else await self.server_info(timeout)
             prepare = functools.partial(
                 core.prepare_update,
                 source,
                 version,
                 info,
-                progress=progress,
+                options,
+                adapter=target,
                 timeout=timeout or self.timeout,
                 metadata=self.options.metadata(),
                 state=state,
-                pause_mode=pause_mode,
-                chunk_bytes=chunk_bytes,
-                checksum=checksum,
-                drain_timeout_seconds=drain_timeout_seconds,
-                adapter=target,
             )
             # Off the loop: opening a source reads headers, checksum=True every byte.
             u = await asyncio.to_thread(prepare)
+            streams, same_host = options.get("streams", 1), options.get("same_host", False)
             if same_host and self._regions is None:
                 self._regions = push.Regions()
 

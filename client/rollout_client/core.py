@@ -19,7 +19,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client import push, stubs
+from rollout_client import push, stubs, update_options
 from rollout_client.connection import ConnectionOptions, RolloutError
 
 # Re-exported (`X as X`): the generate requests' builders live in generate_request.py.
@@ -32,6 +32,7 @@ from rollout_client.generate_request import (
 from rollout_client.generate_request import chat_messages as chat_messages
 from rollout_client.generate_request import sampling_params as sampling_params
 from rollout_client.interrupts import PushState
+from rollout_client.update_options import UpdateOptions
 from rollout_codecs import extras
 
 
@@ -175,21 +176,24 @@ def prepare_update(
     source: Any,
     version: str,
     info: pb.GetServerInfoResponse | None,
+    options: UpdateOptions,
     *,
-    progress: bool,
+    adapter: pb.AdapterTarget | None,
     timeout: float | None,
     metadata: stubs.Metadata,
     state: PushState,
-    **begin: Any,
 ) -> push.Update:
-    """The update of `source`, checked against the manifest of the server's
-    `info` (None: an adapter's, which the server checks) and batched when it
-    takes batches (push.prepare takes `begin`'s keywords), with its progress
-    bar, deadline, metadata and the state it shares with whoever may
-    interrupt it (interrupts.py). Both clients' update starts here."""
+    """The update of `source` with update_weights' `options`, checked
+    against the manifest of the server's `info` (None: an adapter's, which
+    the server checks) and batched when it takes batches, with its progress
+    bar (none for a delta push), deadline, metadata and the state it shares
+    with whoever may interrupt it (interrupts.py). Both clients' update
+    starts here."""
     manifest = None if info is None else info.parameters
-    u = push.prepare(source, version, manifest, **begin)
+    begin = update_options.begin(options)
+    u = push.prepare(source, version, manifest, adapter=adapter, **begin)
     u.batch_chunks = info is not None and info.accepts_chunk_batches
+    progress = options.get("progress", False) and not options.get("delta")
     u.progress = _progress_bar(sum(t.nbytes for t in u.tensors), progress)
     u.timeout = timeout
     u.metadata = metadata
