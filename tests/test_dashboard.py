@@ -155,8 +155,9 @@ def test_every_panel_query_returns_data_from_a_server_under_load(dashboard, scra
             empty.append(target)
         elif max(values) <= 0 and (target.panel, target.ref) not in MAY_BE_ZERO:
             zero.append(target)
-    assert not empty, "no data for:\n" + _listing(empty)
-    assert not zero, "only zeros under load for:\n" + _listing(zero)
+    assert not empty and not zero, (
+        f"no data for:\n{_listing(empty)}\nonly zeros under load for:\n{_listing(zero)}"
+    )
     # The dashboard's server picker lists the server.
     assert prometheus.api("label/instance/values", **{"match[]": "rollout_weight_info"})
 
