@@ -79,6 +79,29 @@ class _Surface(Generic[_Stub]):
         """A call's deadline (the client's unless given) and metadata."""
         return {"timeout": timeout or self.timeout, "metadata": self.options.metadata()}
 
+    def _preparing(
+        self,
+        source: Any,
+        version: str,
+        info: pb.GetServerInfoResponse | None,
+        options: UpdateOptions,
+        target: pb.AdapterTarget | None,
+        state: interrupts.PushState,
+    ) -> functools.partial[push.Update]:
+        """core.prepare_update of an update_weights call, to run (the asyncio
+        client runs it in a worker thread)."""
+        return functools.partial(
+            core.prepare_update,
+            source,
+            version,
+            info,
+            options,
+            adapter=target,
+            timeout=options.get("timeout") or self.timeout,
+            metadata=self.options.metadata(),
+            state=state,
+        )
+
 
 class RolloutClient(_Surface[stubs.RolloutStub]):
     """Blocking client. Every call takes `timeout` (seconds, the deadline)."""
@@ -233,18 +256,8 @@ class RolloutClient(_Surface[stubs.RolloutStub]):
                 if target is not None:
                     raise ValueError("delta=True applies to the base weights, not to an adapter")
                 return self._update_delta(source, version, options, state)
-            timeout = options.get("timeout")
-            info = None if target else self.server_info(timeout)
-            u = core.prepare_update(
-                source,
-                version,
-                info,
-                options,
-                adapter=target,
-                timeout=timeout or self.timeout,
-                metadata=self.options.metadata(),
-                state=state,
-            )
+            info = None if target else self.server_info(options.get("timeout"))
+            u = self._preparing(source, version, info, options, target, state)()
             return self._send(u, options.get("streams", 1), options.get("same_host", False))
 
     def _update_delta(
@@ -258,18 +271,8 @@ class RolloutClient(_Surface[stubs.RolloutStub]):
         if self.pushed is None:
             self.pushed = delta_push.PushedWeights()
         pushed = self.pushed
-        timeout = options.get("timeout")
-        info = self.server_info(timeout)
-        u = core.prepare_update(
-            source,
-            version,
-            info,
-            options,
-            adapter=None,
-            timeout=timeout or self.timeout,
-            metadata=self.options.metadata(),
-            state=state,
-        )
+        info = self.server_info(options.get("timeout"))
+        u = self._preparing(source, version, info, options, None, state)()
         streams, same_host = options.get("streams", 1), options.get("same_host", False)
         always = options.get("delta") == "always"
         has_base = bool(pushed.version) and pushed.version == info.delta_base_version
@@ -463,19 +466,8 @@ class AsyncRolloutClient(_Surface[stubs.AsyncRolloutStub]):
             return await interrupts.in_thread(state, version, push_delta)
         with interrupts.noted(state, version):
             target = core.adapter_target(options.get("adapter"), options.get("adapter_config"))
-            timeout = options.get("timeout")
-            info = None if target else await self.server_info(timeout)
-            prepare = functools.partial(
-                core.prepare_update,
-                source,
-                version,
-                info,
-                options,
-                adapter=target,
-                timeout=timeout or self.timeout,
-                metadata=self.options.metadata(),
-                state=state,
-            )
+            info = None if target else await self.server_info(options.get("timeout"))
+            prepare = self._preparing(source, version, info, options, target, state)
             # Off the loop: opening a source reads headers, checksum=True every byte.
             u = await asyncio.to_thread(prepare)
             streams, same_host = options.get("streams", 1), options.get("same_host", False)
