@@ -270,6 +270,7 @@ async def serve(config: ServerConfig, engine_args) -> int:
                 log.error("cannot start: --http-port %d: %s", config.http_port, e)
                 return 1
             log.info("OpenAI-compatible API on %s:%d (docs/openai.md)", config.host, http_port)
+            serving.http_url = http.url(http_port)
         if signals.stop.is_set():
             return 0
         began = time.monotonic()

@@ -311,6 +311,32 @@ def test_a_session_url_serves_only_its_owners_token(served):
             other.models.list()
 
 
+def test_a_grpc_session_is_a_base_url_with_its_budget_and_close(served, grpc_client):
+    """OpenSession over gRPC answers the base URL; a turn there that fills the
+    budget ends "length" (GetSession: BUDGET), the next is refused
+    SESSION_BUDGET; once CloseSession ran, the URL answers 404."""
+    room = 40
+    with grpc_client.open_session(messages=[USER]) as probe:
+        budget = len(probe.opened.prompt_token_ids) + room
+    with grpc_client.open_session(messages=[USER], max_total_tokens=budget) as s:
+        assert s.opened.base_url == f"{served.url}/sessions/{s.id}/v1"
+        with served.sdk(s.opened.base_url) as sdk:
+            full = sdk.chat.completions.create(
+                model="tiny-qwen2", messages=[USER], max_tokens=500, extra_body={"ignore_eos": True}
+            )
+            assert full.choices[0].finish_reason == "length"
+            t = s.trajectory()
+            assert len(t.token_ids) == budget
+            assert t.segments[-1].finish_reason == pb.FINISH_REASON_BUDGET
+            more = [USER, full.choices[0].message, {"role": "user", "content": "More."}]
+            with pytest.raises(openai.BadRequestError) as e:
+                sdk.chat.completions.create(model="tiny-qwen2", messages=more, max_tokens=4)
+            assert e.value.body["code"] == "SESSION_BUDGET"
+    with served.sdk(s.opened.base_url) as sdk, pytest.raises(openai.NotFoundError) as gone:
+        sdk.chat.completions.create(model="tiny-qwen2", messages=[USER], max_tokens=4)
+    assert "closed" in gone.value.body["message"]
+
+
 HOSTILE = [
     # (route under the server, body, status, the field the error names)
     ("/sessions/not-a-session/v1/chat/completions", {"messages": [USER]}, 404, None),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import ssl
 
 import uvicorn
@@ -59,6 +60,19 @@ class HttpServer:
         )
         self._server = _Server(uv_config)
         self._task: asyncio.Task | None = None
+        self._scheme = "https" if config.tls_cert else "http"
+        self._host = config.host
+
+    def url(self, port: int) -> str:
+        """The root URL other machines reach it at (a session's base URL is
+        under it): --host, or the machine's host name when --host is a
+        wildcard address."""
+        host = self._host
+        if host in ("", "0.0.0.0", "::", "[::]"):
+            host = socket.gethostname()
+        elif ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        return f"{self._scheme}://{host}:{port}"
 
     async def start(self) -> int:
         """Listens; returns the port (a free one for port 0). Raises OSError

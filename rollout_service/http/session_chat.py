@@ -135,6 +135,12 @@ def interrupted(session: Session) -> Partial | None:
     return Partial(t.turn_tokens(last), t.logprobs[last.start : end].tolist())
 
 
+def finish_reason(reason: int) -> int:
+    """A turn's finish reason as OpenAI's can say it: the session's budget
+    ending the turn is "length" (GetSession's segment says BUDGET)."""
+    return pb.FINISH_REASON_LENGTH if reason == pb.FINISH_REASON_BUDGET else reason
+
+
 def whole_turn(
     chat: SessionChat,
     answer: pb.SessionGenerateResponse,
@@ -149,6 +155,7 @@ def whole_turn(
     earlier tokens not)."""
     c = pb.Completion()
     c.CopyFrom(answer.completion)
+    c.finish_reason = finish_reason(c.finish_reason)  # type: ignore[assignment]
     if partial is not None and partial.ids:
         ids = partial.ids + list(c.token_ids)
         del c.token_ids[:], c.logprobs[:], c.top_logprobs[:]

@@ -156,7 +156,7 @@ async def _deltas(
                     ids.extend(partial.ids)
                     yield earlier
             if step.state is not None:
-                d.finish_reason = step.turn.finish_reason()
+                d.finish_reason = session_chat.finish_reason(step.turn.finish_reason())
                 d.usage.CopyFrom(step.turn.usage())
             texts.append(d.text)
             ids.extend(d.token_ids)

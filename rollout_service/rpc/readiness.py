@@ -45,6 +45,9 @@ class Serving:
         self.calls = RunningCalls()
         # Every running call (handlers.py), for ending them if the engine dies.
         self.ending = Ending()
+        # The HTTP front's root URL once it listens (server.py; "" without
+        # --http-port): OpenSession answers each session's base URL under it.
+        self.http_url = ""
         self._ready: Ready | None = None
 
     def start(self, app: App) -> None:

@@ -29,6 +29,8 @@ class SessionRpcs:
         ready = self.serving.ready
         owner = CALLER.get().owner
         _, response = await open_session(ready.app, ready.turns.ids.issue(), owner, request)
+        if root := self.serving.http_url:
+            response.base_url = f"{root}/sessions/{response.session_id}/v1"
         return response
 
     @unary
