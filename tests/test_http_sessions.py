@@ -21,6 +21,7 @@ import pytest
 from harness.serverproc import ServerProcess, free_port
 from harness.weights_util import random_weights, version
 from rollout_client import RolloutClient, pb
+from rollout_service.http.session_history import conversation_entry, extend
 from tests.support.tokens import ADMIN, GENERATE, GENERATE_B
 
 SYSTEM = {"role": "system", "content": "You check the weather."}
@@ -117,6 +118,30 @@ def _trajectory(grpc_client, session_id: str) -> pb.GetSessionResponse:
 def _turn_segment(t: pb.GetSessionResponse, start: int) -> pb.TrajectorySegment:
     [seg] = [s for s in t.segments if s.start == start and s.source == pb.TOKEN_SOURCE_SAMPLED]
     return seg
+
+
+def test_what_a_harness_changes_in_a_message_and_what_diverges():
+    """Engine-free: a returned message sent back re-serialized (arguments
+    without spaces, content None, fields the SDK adds, the call's id) still
+    extends the held history; other arguments or a dropped message diverge
+    at their index."""
+    call = {"name": "get_weather", "arguments": '{"unit": "c"}'}
+    answered = {"role": "assistant", "content": "", "tool_calls": [{"function": call}]}
+    held = [conversation_entry(m, "m") for m in (USER, answered)]
+    sent = {
+        "role": "assistant",
+        "content": None,
+        "refusal": None,
+        "tool_calls": [
+            {"id": "call-1", "type": "function", "function": {**call, "arguments": '{"unit":"c"}'}}
+        ],
+    }
+    tool = {"role": "tool", "tool_call_id": "call-1", "content": "3"}
+    ext = extend(held, [conversation_entry(m, "m") for m in (USER, sent, tool)])
+    assert ext.diverged is None and ext.new == [conversation_entry(tool, "m")]
+    other = {**sent, "tool_calls": [{"function": {**call, "arguments": '{"unit":"f"}'}}]}
+    assert extend(held, [conversation_entry(m, "m") for m in (USER, other, tool)]).diverged == 1
+    assert extend(held, [conversation_entry(m, "m") for m in (USER, tool)]).diverged == 1
 
 
 def test_a_tool_episode_is_exactly_the_trajectory_get_session_reads(served, grpc_client):
