@@ -174,7 +174,8 @@ def test_a_tool_episode_is_exactly_the_trajectory_get_session_reads(served, grpc
             assert call.function.name in ("get_weather", "get_time")
             responses.append(r)
             # The harness's loop: the message as the SDK returned it, then the tool's result.
-            messages += [message, {"role": "tool", "tool_call_id": call.id, "content": "3"}]
+            result = f"result-{len(responses)}"
+            messages += [message, {"role": "tool", "tool_call_id": call.id, "content": result}]
         assert responses[0].choices[0].finish_reason == "tool_calls"
         assert responses[1].choices[0].message.tool_calls[0].function.name == "get_time"
         last = sdk.chat.completions.create(
@@ -201,6 +202,11 @@ def test_a_tool_episode_is_exactly_the_trajectory_get_session_reads(served, grpc
     # What lies between the turns (tool results, generation prompts) was appended.
     sampled = sum(len(_ids(r)[1]) for r in responses)
     assert list(t.sources).count(pb.TOKEN_SOURCE_SAMPLED) == sampled
+    for k, (r, after) in enumerate(zip(responses, responses[1:])):
+        end = sum(map(len, _ids(r)))
+        between = list(t.token_ids)[end : len(_ids(after)[0])]
+        assert set(t.sources[end : len(_ids(after)[0])]) == {pb.TOKEN_SOURCE_APPENDED}
+        assert f"result-{k + 1}" in grpc_client.detokenize(between).text
 
 
 def test_sampled_ids_whose_text_encodes_otherwise_are_kept(served, grpc_client):
