@@ -336,8 +336,14 @@ async def main(args: dict) -> dict:
     return out
 
 
-if __name__ == "__main__":
+def run(main: Any) -> None:
+    """A drive script's entry: its arguments from stdin, `main`'s answer to
+    the file `out` names (stdout carries verl's and Ray's prints)."""
     args = json.load(sys.stdin)
     result = asyncio.run(main(args))
-    with open(args["out"], "w") as f:  # stdout carries verl's and Ray's prints
+    with open(args["out"], "w") as f:
         json.dump(result, f)
+
+
+if __name__ == "__main__":
+    run(main)

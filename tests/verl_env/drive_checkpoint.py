@@ -23,14 +23,13 @@ get_per_tensor_param yields a checkpoint's tensors.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import sys
 import time
 from types import SimpleNamespace
 from typing import Any
 
-from drive import cpu_platform, load_state, log, trainer_config
+from drive import cpu_platform, load_state, log, run, trainer_config
+from drive_async import _call
 
 RANKS = 2
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -108,24 +107,6 @@ def trainer_ranks(config: Any, checkpoint: str) -> Any:
         worker_handles=actors,
         ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(DetachActorWorker)),
     )
-
-
-async def _call(client: Any, rid: str, ids: list[int], t0: float) -> dict:
-    sampling = dict(temperature=1.0, top_p=1.0, top_k=-1, logprobs=True, ignore_eos=True)
-    try:
-        o = await client.generate(rid, prompt_ids=ids, sampling_params=sampling)
-    except Exception as e:  # what verl's batch would die of
-        return {"error": repr(e)}
-    e = o.extra_fields
-    return {
-        "n": len(o.token_ids),
-        "logprobs": len(o.log_probs or []),
-        "stop_reason": o.stop_reason,
-        "min_global_steps": e.get("min_global_steps"),
-        "max_global_steps": e.get("max_global_steps"),
-        "weight_version": e.get("weight_version"),
-        "done_at": time.monotonic() - t0,
-    }
 
 
 async def _greedy(c: Any, prompt: list[int]) -> list[float]:
@@ -215,7 +196,4 @@ async def main(args: dict) -> dict:
 
 
 if __name__ == "__main__":
-    args = json.load(sys.stdin)
-    result = asyncio.run(main(args))
-    with open(args["out"], "w") as f:  # stdout carries verl's and Ray's prints
-        json.dump(result, f)
+    run(main)

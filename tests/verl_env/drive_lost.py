@@ -12,14 +12,12 @@ test has stopped `first`).
 from __future__ import annotations
 
 import asyncio
-import json
 import random
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from drive import cpu_platform, log, trainer_config
+from drive import cpu_platform, log, run, trainer_config
 
 
 def _turn(o: Any) -> dict:
@@ -69,7 +67,4 @@ async def main(args: dict) -> dict:
 
 
 if __name__ == "__main__":
-    args = json.load(sys.stdin)
-    result = asyncio.run(main(args))
-    with open(args["out"], "w") as f:  # stdout carries verl's and Ray's prints
-        json.dump(result, f)
+    run(main)
