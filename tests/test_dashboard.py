@@ -4,7 +4,8 @@ scripts/setup-prometheus) scraping a real server's --metrics-port while the
 Locust load test (rollout_client.load) runs generations, sessions and a
 trainer's KEEP and WAIT pushes, and a caller makes refused calls. Grafana is
 not installable here; its import format and variables are checked on the file.
-Engine-free: the refusal counter's reading of a status's ErrorInfo reason.
+Engine-free: the refusal counter's reading of a status's ErrorInfo reason,
+and the session store's count of what its histories hold.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from harness.serverproc import free_port, running
 from rollout.v1 import rollout_pb2 as pb
 from rollout_client import RolloutClient, RolloutError
 from rollout_service.ops.metrics import refusal_reason
+from rollout_service.sessions.store import SessionLimits, SessionStore
+from rollout_service.sessions.trajectory import SEGMENT_BYTES, TOKEN_BYTES
 from rollout_service.status.errors import details_trailer
 from tests.support.load import Run, locust_cmd, read_stats
 from tests.support.prometheus import (
@@ -88,6 +91,27 @@ def test_a_refusal_is_counted_by_its_error_info_reason():
     assert refusal_reason(_Ended(trailer)) == "WRONG_WEIGHT_VERSION"
     assert refusal_reason(_Ended(())) == ""
     assert refusal_reason(_Ended(None)) == ""
+
+
+def test_session_memory_grows_with_a_history_and_goes_when_it_closes():
+    """What the sessions panels read (SessionStore.held): sessions open and the
+    bytes their histories hold, by trajectory.py's sizes."""
+    limits = SessionLimits(
+        max_sessions=4,
+        max_sessions_per_caller=4,
+        max_session_tokens=1000,
+        idle_timeout_seconds=60,
+        max_model_len=100,
+    )
+    store = SessionStore(limits)
+    assert store.held() == (0, 0)
+    session = store.new("s1", owner="", budget=100)
+    store.add(session)
+    session.trajectory.append(pb.TOKEN_SOURCE_PROMPT, [11, 12, 13, 14])
+    assert store.held() == (1, 4 * TOKEN_BYTES + SEGMENT_BYTES)
+    assert store.reserved == 100
+    store.close(session)
+    assert store.held() == (0, 0) and store.reserved == 0
 
 
 def _refuse(target: str, rounds: int, every: float, done: list[str]) -> None:
