@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import threading
 from concurrent import futures
 
 import grpc
@@ -292,3 +293,92 @@ def test_a_misspelled_update_option_raises_type_error_at_the_call():
     assert str(asyncio.run(on_asyncio())) == (
         "got an unexpected keyword argument 'same_hots' (did you mean 'same_host'?)"
     )
+
+
+class Serving(Receiving):
+    """Receiving that serves each update it receives and reports it as its
+    delta base, as the server does after a full update or a delta."""
+
+    served = ""
+
+    def GetServerInfo(self, request, context):
+        info = super().GetServerInfo(request, context)
+        info.delta_base_version = self.served
+        return info
+
+    def UpdateWeights(self, request_iterator, context):
+        ack = super().UpdateWeights(request_iterator, context)
+        self.served = ack.weight_version
+        return ack
+
+
+def test_delta_pushes_of_both_clients_send_the_same_delta(monkeypatch):
+    first = np.arange(64, dtype=np.float32)
+    second = first.copy()
+    second[5] = -1.0  # one changed element: the second push is a delta
+    streams = {}
+    for way in ("sync", "async"):
+        stand_in = Serving()
+        with refusing(stand_in) as target:
+            if way == "sync":
+                with RolloutClient(target, timeout=30) as c:
+                    for v, w in (("v1", first), ("v2", second)):
+                        c.update_weights({"w": w}, v, delta="always")
+                    history = c.pushed.costs.history
+            else:
+
+                async def on_asyncio():
+                    async with AsyncRolloutClient(target, timeout=30) as c:
+                        for v, w in (("v1", first), ("v2", second)):
+                            await c.update_weights({"w": w}, v, delta="always")
+                        return c.pushed.costs.history
+
+                monkeypatch.setattr(grpc, "insecure_channel", None)  # no blocking channel
+                history = asyncio.run(on_asyncio())
+        assert [(r.version, r.way) for r in history] == [("v1", "full"), ("v2", "delta")], way
+        streams[way] = stand_in.streams
+    assert streams["async"] == streams["sync"]
+    delta = streams["sync"][1]
+    assert delta[0].begin.base_version == "v1"
+    assert delta[0].begin.tensors[0].encoding != pb.TENSOR_ENCODING_RAW
+
+
+class Holding(Serving):
+    """Serving whose UpdateWeights, once the commit is in, holds its answer
+    until the client goes away."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.committed = threading.Event()
+        self.gone = threading.Event()
+
+    def UpdateWeights(self, request_iterator, context):
+        context.add_callback(self.gone.set)
+        for m in request_iterator:
+            if m.HasField("commit"):
+                self.committed.set()
+                self.gone.wait(30)
+        return pb.UpdateWeightsResponse()
+
+
+def test_a_cancelled_async_delta_push_stops_its_call_and_says_what_happened():
+    stand_in = Holding()
+
+    async def main(target):
+        async with AsyncRolloutClient(target, timeout=30) as c:
+            weights = {"w": np.arange(64, dtype=np.float32)}
+            push = asyncio.create_task(c.update_weights(weights, "v1", delta=True))
+            await asyncio.to_thread(stand_in.committed.wait, 30)
+            push.cancel()
+            with pytest.raises(asyncio.CancelledError) as e:
+                await push
+            # the call ends with the push, not when the client closes
+            gone = await asyncio.to_thread(stand_in.gone.wait, 10)
+            return e.value, gone
+
+    with refusing(stand_in) as target:
+        cancelled, gone = asyncio.run(main(target))
+    assert type(cancelled) is asyncio.CancelledError
+    notes = getattr(cancelled, "__notes__", [])
+    assert any("may have been applied" in n for n in notes), notes
+    assert gone

@@ -351,13 +351,12 @@ class AsyncRolloutClient(_Surface[stubs.AsyncRolloutStub]):
     """asyncio client with the same methods as RolloutClient, awaited."""
 
     _aio = True
-    _blocking: RolloutClient | None = None  # update_weights(delta=...)
     _regions: push.Regions | None = None  # same-host updates' mappings, kept
+    # What update_weights(delta=True) pushed last (RolloutClient.pushed).
+    pushed: PushedWeights | None = None
 
     async def close(self) -> None:
         await self.channel.close()
-        if self._blocking is not None:
-            self._blocking.close()
         if self._regions is not None:
             self._regions.close()
 
@@ -445,41 +444,69 @@ class AsyncRolloutClient(_Surface[stubs.AsyncRolloutStub]):
         """RolloutClient.update_weights over this client's grpc.aio channel
         (and, with `streams` > 1, as many more): the same update
         (core.prepare_update) and messages (push.py), each made in a worker
-        thread, so the event loop is never blocked (push_async.py). `delta`
-        still runs the blocking client's push in a thread, on a channel of its
-        own (its `pushed` is this client's record of delta pushes). Cancelled (Ctrl-C
-        under asyncio.run, a timeout), the push stops and the CancelledError
+        thread, so the event loop is never blocked (push_async.py); with
+        `delta`, the blocking client's choice and record (delta_push.py, CPU
+        work) run in a worker thread and each send on this channel (its
+        `pushed` is this client's record). Cancelled (Ctrl-C under
+        asyncio.run, a timeout), the push stops and the CancelledError
         carries a note: whether the update may have been applied, and how to
         check (interrupts.py)."""
         update_options.check(options)
         state = interrupts.PushState()
+        target = core.adapter_target(options.get("adapter"), options.get("adapter_config"))
         if options.get("delta"):
-            if self._blocking is None:
-                self._blocking = RolloutClient(
-                    self.target, timeout=self.timeout, options=self.options
-                )
-            blocking = self._blocking
-
-            def push_delta() -> pb.UpdateWeightsResponse:
-                return blocking.update_weights(source, version, _state=state, **options)
-
-            return await interrupts.in_thread(state, version, push_delta)
+            if target is not None:
+                raise ValueError("delta=True applies to the base weights, not to an adapter")
+            return await self._update_delta(source, version, options, state)
         with interrupts.noted(state, version):
-            target = core.adapter_target(options.get("adapter"), options.get("adapter_config"))
             info = None if target else await self.server_info(options.get("timeout"))
             prepare = self._preparing(source, version, info, options, target, state)
             # Off the loop: opening a source reads headers, checksum=True every byte.
             u = await asyncio.to_thread(prepare)
-            streams, same_host = options.get("streams", 1), options.get("same_host", False)
-            if same_host and self._regions is None:
-                self._regions = push.Regions()
+            return await self._send(u, options.get("streams", 1), options.get("same_host", False))
 
-            def new_channel() -> grpc.aio.Channel:
-                return self.options.channel(self.target, aio=True, own_connection=True)
+    async def _update_delta(
+        self, source: Any, version: str, options: UpdateOptions, state: interrupts.PushState
+    ) -> pb.UpdateWeightsResponse:
+        """RolloutClient._update_delta's push (delta_push.push_cheaper) in a
+        worker thread, each of its sends run on this client's channel in the
+        event loop (and cancelled when the push is stopped)."""
+        from rollout_client import delta_push
 
-            return await push_async.send(
-                u, self.channel, self.options, new_channel, streams, same_host, self._regions
-            )
+        if self.pushed is None:
+            self.pushed = delta_push.PushedWeights()
+        pushed = self.pushed
+        with interrupts.noted(state, version):
+            info = await self.server_info(options.get("timeout"))
+        prepare = self._preparing(source, version, info, options, None, state)
+        has_base = bool(pushed.version) and pushed.version == info.delta_base_version
+        transport = (options.get("streams", 1), options.get("same_host", False))
+        always = options.get("delta") == "always"
+        loop = asyncio.get_running_loop()
+
+        def send(update: push.Update) -> pb.UpdateWeightsResponse:
+            sending = asyncio.run_coroutine_threadsafe(self._send(update, *transport), loop)
+            state.on_stop(sending.cancel)
+            return sending.result()
+
+        def push_delta() -> pb.UpdateWeightsResponse:
+            u = prepare()
+            return delta_push.push_cheaper(pushed, u, has_base, transport, send, always)
+
+        return await interrupts.in_thread(state, version, push_delta)
+
+    async def _send(
+        self, u: push.Update, streams: int, same_host: bool
+    ) -> pb.UpdateWeightsResponse:
+        if same_host and self._regions is None:
+            self._regions = push.Regions()
+
+        def new_channel() -> grpc.aio.Channel:
+            return self.options.channel(self.target, aio=True, own_connection=True)
+
+        return await push_async.send(
+            u, self.channel, self.options, new_channel, streams, same_host, self._regions
+        )
 
     async def remove_adapter(
         self, name: str, version: str, *, timeout: float | None = None
