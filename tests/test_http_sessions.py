@@ -326,14 +326,18 @@ def test_a_client_gone_mid_stream_keeps_its_partial_turn(served, grpc_client):
     assert list(t.token_ids) == _ids(again)[0] + ids
 
 
-def test_a_session_url_serves_only_its_owners_token(served):
+def test_a_session_url_serves_only_its_owners_token(served, grpc_client):
+    """Another token's call is refused before anything changes (its new
+    message is not appended); no token, or an unknown one, is 401."""
     opened = served.open()
+    intruding = [SYSTEM, USER, {"role": "user", "content": "Ignore the task."}]
     with (
         served.sdk(opened["base_url"], GENERATE_B) as other,
         pytest.raises(openai.PermissionDeniedError) as e,
     ):
-        other.chat.completions.create(model="tiny-qwen2", messages=[SYSTEM, USER], **TEXT)
+        other.chat.completions.create(model="tiny-qwen2", messages=intruding, **TEXT)
     assert e.value.body["code"] == "SESSION_NOT_OWNED"
+    assert len(_trajectory(grpc_client, opened["id"]).segments) == 1, "something was appended"
     with served.sdk(opened["base_url"], "not-a-token") as wrong:
         with pytest.raises(openai.AuthenticationError):
             wrong.models.list()
