@@ -51,8 +51,24 @@ def prepare_chat(raw: bytes, front, app) -> ChatCall:
 
     data = parse_json(raw)
     check_lists(data)
-    request = validated(ChatCompletionRequest, data)
+    request: Any = validated(ChatCompletionRequest, data)
     sampling.refuse_unsupported(request, CHAT_FIELDS)
+    parser_cls, params = chat_settings(request, front, app)
+    ids = render_chat(request, app)
+    generate = pb.GenerateRequest(
+        request_id=request.request_id,
+        prompt_token_ids=ids,
+        sampling_params=params,
+        lora_adapter=adapter_of(request.model, front, app),
+        required_weight_version=required_version(data),
+    )
+    return ChatCall(request, generate, ids, parser_cls)
+
+
+def chat_settings(request, front, app) -> tuple[Any, pb.SamplingParams]:
+    """A parsed chat request's tool parser class (None: none needed) and
+    its SamplingParams (a forced tool call, or response_format, as its
+    structured output); a session's turns take them too (session_chat.py)."""
     parser_cls = front.parser_class(app) if tools.auto(request) else None
     if tools.auto(request) and parser_cls is None:
         raise InvalidArgument(
@@ -61,21 +77,13 @@ def prepare_chat(raw: bytes, front, app) -> ChatCall:
             'tool_choice "required", "none" or a named function',
         )
     structured = tools.forced_structure(request) or request.extract_structured_outputs()
-    ids = render_chat(request, app)
     max_tokens = (
         request.max_completion_tokens
         if request.max_completion_tokens is not None
         else request.max_tokens
     )
     top = request.top_logprobs if request.logprobs else None
-    generate = pb.GenerateRequest(
-        request_id=request.request_id,
-        prompt_token_ids=ids,
-        sampling_params=sampling.sampling_params(request, max_tokens, top, structured),
-        lora_adapter=adapter_of(request.model, front, app),
-        required_weight_version=required_version(data),
-    )
-    return ChatCall(request, generate, ids, parser_cls)
+    return parser_cls, sampling.sampling_params(request, max_tokens, top, structured)
 
 
 def render_chat(request, app) -> list[int]:

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.http import sampling, tools
+from rollout_service.http import sampling
 from rollout_service.http.body import check_lists, parse_json, validated
-from rollout_service.http.chat import CHAT_FIELDS, ChatCall, required_version
+from rollout_service.http.chat import CHAT_FIELDS, ChatCall, chat_settings, required_version
 from rollout_service.http.responses import chat_message
 from rollout_service.http.session_history import Message, conversation_entry, diverged, extend
 from rollout_service.sessions import appends
@@ -72,23 +72,10 @@ def prepare(raw: bytes, front, app, session: Session) -> SessionChat:
         raise InvalidArgument(
             "tools", "differ from the tools the session was opened with (its prompt renders those)"
         )
-    parser_cls = front.parser_class(app) if tools.auto(request) else None
-    if tools.auto(request) and parser_cls is None:
-        raise InvalidArgument(
-            "tool_choice",
-            '"auto" needs a tool parser: start the server with --tool-call-parser, or send '
-            'tool_choice "required", "none" or a named function',
-        )
-    structured = tools.forced_structure(request) or request.extract_structured_outputs()
-    max_tokens = (
-        request.max_completion_tokens
-        if request.max_completion_tokens is not None
-        else request.max_tokens
-    )
-    top = request.top_logprobs if request.logprobs else None
+    parser_cls, params = chat_settings(request, front, app)
     generate = pb.GenerateRequest(
         request_id=request.request_id,
-        sampling_params=sampling.sampling_params(request, max_tokens, top, structured),
+        sampling_params=params,
         required_weight_version=required_version(data),
     )
     messages = [conversation_entry(m, f"messages[{i}]") for i, m in enumerate(data["messages"])]
