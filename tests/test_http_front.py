@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import socket
 import threading
 import time
 
@@ -358,7 +359,48 @@ def test_hostile_bodies_get_4xx_naming_the_field(served, body, field, status):
     error = answer.json()["error"]
     assert error["param"] == field, error
     assert error["type"] and error["message"]
+    if isinstance(body, dict) and len(body.get("messages", ())) > 4096:  # before rendering
+        assert "at most 4096 entries" in error["message"]
     assert httpx.get(served.url + "/health").status_code == 200
+
+
+def test_a_body_over_the_limit_is_refused_unread(served):
+    """413 for a body sent in chunks past 16 MiB (no length declared), and
+    for a declared length past it before a byte of the body is read."""
+    headers = {"Authorization": f"Bearer {GENERATE}", "Content-Type": "application/json"}
+
+    def chunks():
+        for _ in range(17):
+            yield b" " * (1 << 20)
+
+    sent = httpx.post(
+        served.url + "/v1/chat/completions", content=chunks(), headers=headers, timeout=60
+    )
+    assert sent.status_code == 413 and sent.json()["error"]["message"].startswith("the body")
+    host, port = served.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Authorization: Bearer {GENERATE}\r\nContent-Length: {20 << 20}\r\n\r\n{{".encode()
+        )
+        assert s.recv(4096).startswith(b"HTTP/1.1 413")
+    assert httpx.get(served.url + "/health").status_code == 200
+
+
+def test_auto_tool_choice_needs_a_parser():
+    """Engine-free: without --tool-call-parser, tools with tool_choice
+    "auto" (the SDK's default) are refused naming tool_choice, before any
+    rendering."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    from rollout_service.http.chat import chat_settings
+    from rollout_service.http.front import Front
+    from rollout_service.status.errors import InvalidArgument
+
+    request = ChatCompletionRequest.model_validate({"messages": MESSAGES, "tools": TOOLS})
+    with pytest.raises(InvalidArgument) as refused:
+        chat_settings(request, Front(ready=lambda: None, tokens=None), app=None)
+    assert refused.value.field == "tool_choice"
 
 
 def test_the_front_is_metered_and_shares_by_token(served, sdk):
