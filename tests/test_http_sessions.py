@@ -20,8 +20,13 @@ import pytest
 
 from harness.serverproc import ServerProcess, free_port
 from harness.weights_util import random_weights, version
-from rollout_client import RolloutClient, pb
+from rollout_client import RolloutClient, core, pb
+from rollout_service.engine.limits import ModelLimits
 from rollout_service.http.session_history import conversation_entry, extend
+from rollout_service.sessions import resuming
+from rollout_service.sessions.store import Session
+from rollout_service.sessions.trajectory import snapshot, tokens_to_proto
+from rollout_service.status.errors import InvalidArgument
 from tests.support.tokens import ADMIN, GENERATE, GENERATE_B
 
 SYSTEM = {"role": "system", "content": "You check the weather."}
@@ -142,6 +147,41 @@ def test_what_a_harness_changes_in_a_message_and_what_diverges():
     other = {**sent, "tool_calls": [{"function": {**call, "arguments": '{"unit":"f"}'}}]}
     assert extend(held, [conversation_entry(m, "m") for m in (USER, other, tool)]).diverged == 1
     assert extend(held, [conversation_entry(m, "m") for m in (USER, tool)]).diverged == 1
+
+
+def test_a_restarted_context_survives_a_resume():
+    """Engine-free: a trajectory whose context restarted, read as GetSession
+    reads it and re-opened elsewhere (OpenSessionRequest.resume), conditions
+    its next turn on the same ids and renders after the same conversation;
+    the mark on a segment without its messages is refused."""
+    limits = ModelLimits(vocab_size=512, max_model_len=2048, max_logprobs=20, supports_images=False)
+    summary = {"role": "user", "content": "Summary: Oslo."}
+    held = Session(id="s0", owner="", budget=100)
+    t = held.trajectory
+    t.append(pb.TOKEN_SOURCE_PROMPT, [1, 2, 3])
+    held.opened_with([USER], True, 8)
+    turn = t.begin_turn()
+    t.sampled(turn, [7, 8], [-0.5, -0.25], [("v0", 0, 2)])
+    t.end_turn(turn, pb.FINISH_REASON_STOP)
+    held.add_turn_to_conversation(turn)
+    t.restart([20, 21, 22])
+    held.restarted_with([summary], 20)
+    snap, first = snapshot(t)
+    history = pb.SessionHistory(trajectory=tokens_to_proto(t, first, len(t), snap))
+    for entry in ([USER], [], [summary]):
+        history.messages.add(messages=core.chat_messages(entry))
+    again = Session(id="s1", owner="", budget=100)
+    resuming.resume(again, pb.OpenSessionRequest(resume=history), limits, True)
+    assert again.trajectory.context() == t.context() == [20, 21, 22]
+    assert again.conversation == held.conversation == [summary]
+    del history.messages[:]
+    with pytest.raises(InvalidArgument, match="restarts_context"):
+        resuming.resume(
+            Session(id="s2", owner="", budget=100),
+            pb.OpenSessionRequest(resume=history),
+            limits,
+            True,
+        )
 
 
 def test_a_tool_episode_is_exactly_the_trajectory_get_session_reads(served, grpc_client):
