@@ -275,6 +275,33 @@ def test_sampled_ids_whose_text_encodes_otherwise_are_kept(served, grpc_client):
     assert list(t.token_ids)[len(prompt) : len(prompt) + 4] == ids
 
 
+def test_a_streamed_turn_is_held_as_its_stream_said(served, grpc_client):
+    """A harness that streams rebuilds the assistant message from the chunks;
+    the next call with it extends the history (it is not appended again):
+    only the new user message lies between the two turns."""
+    opened = served.open(messages=[USER])
+    with served.sdk(opened["base_url"]) as sdk:
+        chunks = list(
+            sdk.chat.completions.create(model="tiny-qwen2", messages=[USER], stream=True, **TEXT)
+        )
+        content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        ids = [
+            i for c in chunks if c.choices for i in c.choices[0].model_extra.get("token_ids") or []
+        ]
+        prompt = chunks[0].model_extra["prompt_token_ids"]
+        assert content.strip() and len(ids) == 6
+        more = {"role": "user", "content": "More."}
+        answer = {"role": "assistant", "content": content}
+        after = sdk.chat.completions.create(
+            model="tiny-qwen2", messages=[USER, answer, more], **TEXT
+        )
+    t = _trajectory(grpc_client, opened["id"])
+    assert list(t.token_ids) == sum(_ids(after), [])
+    assert _ids(after)[0][: len(prompt) + 6] == prompt + ids
+    between = grpc_client.detokenize(_ids(after)[0][len(prompt) + 6 :]).text
+    assert "More." in between and content not in between
+
+
 def test_a_history_that_does_not_extend_the_held_one_is_refused(served, grpc_client):
     opened = served.open(messages=[USER], history_rule="refuse")
     with served.sdk(opened["base_url"]) as sdk:
