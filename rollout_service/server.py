@@ -30,9 +30,10 @@ from rollout_service.engine.startup import WARM_UP_USUALLY, settle, start_engine
 from rollout_service.handoff.region import StagingRegion, StagingSpaceError, remove_stale_segments
 from rollout_service.http.front import Front
 from rollout_service.http.serve import HttpServer
-from rollout_service.ops import metrics, tracing
-from rollout_service.ops.auth import AuthInterceptor, Tokens
-from rollout_service.ops.metrics import MetricsInterceptor
+from rollout_service.ops import grpc_tracing, metrics
+from rollout_service.ops.auth import Tokens
+from rollout_service.ops.grpc_auth import AuthInterceptor
+from rollout_service.ops.grpc_metrics import MetricsInterceptor
 from rollout_service.pipeline.serving import App
 from rollout_service.rpc.readiness import Serving
 from rollout_service.rpc.servicer import add_to_server
@@ -212,7 +213,7 @@ async def serve(config: ServerConfig, engine_args) -> int:
     tokens = Tokens.load(config.tokens_file)
     interceptors = [MetricsInterceptor()]
     # vLLM's --otlp-traces-endpoint; outermost, so refused calls get a span too.
-    if (traced := tracing.setup(engine_args.otlp_traces_endpoint)) is not None:
+    if (traced := grpc_tracing.setup(engine_args.otlp_traces_endpoint)) is not None:
         interceptors.insert(0, traced)
     if tokens is not None:
         interceptors.append(AuthInterceptor(tokens, config.protect_health))

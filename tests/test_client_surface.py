@@ -20,7 +20,7 @@ from harness.serverproc import free_port
 from rollout.v1 import rollout_pb2_grpc
 from rollout_client import AsyncRolloutClient, RolloutClient, RolloutError, pb
 from rollout_client.generate_request import GenerateOptions, Sampling, StreamOptions
-from rollout_service.status import errors
+from rollout_service.status.trailers import details_trailer
 
 REFUSAL = "weight version 'step-2' required, 'step-1' served"
 
@@ -37,7 +37,7 @@ class Refusing(rollout_pb2_grpc.RolloutServiceServicer):
         self.requests.append(request)
         code = grpc.StatusCode.FAILED_PRECONDITION
         reason = pb.ERROR_REASON_WRONG_WEIGHT_VERSION
-        context.set_trailing_metadata(errors.details_trailer(code, REFUSAL, reason))
+        context.set_trailing_metadata(details_trailer(code, REFUSAL, reason))
         context.abort(code, REFUSAL)
 
     def Tokenize(self, request, context):

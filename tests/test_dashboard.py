@@ -21,10 +21,10 @@ import pytest
 from harness.serverproc import free_port, running
 from rollout.v1 import rollout_pb2 as pb
 from rollout_client import RolloutClient, RolloutError
-from rollout_service.ops.metrics import refusal_reason
+from rollout_service.ops.grpc_metrics import refusal_reason
 from rollout_service.sessions.store import SessionLimits, SessionStore
 from rollout_service.sessions.trajectory import SEGMENT_BYTES, TOKEN_BYTES
-from rollout_service.status.errors import details_trailer
+from rollout_service.status.trailers import details_trailer
 from tests.support.load import Run, locust_cmd, read_stats
 from tests.support.prometheus import (
     DASHBOARD,

@@ -14,7 +14,8 @@ from rollout_client.connection import ConnectionOptions
 from rollout_service.fairness.identity import CallerId, caller_id, tenant_of
 from rollout_service.fairness.share import FairShare, parse_shares
 from rollout_service.ops.auth import CALLER, Caller
-from rollout_service.status.errors import InvalidArgument, ResourceExhausted, details_trailer
+from rollout_service.status.errors import InvalidArgument, ResourceExhausted
+from rollout_service.status.trailers import details_trailer
 
 A = CallerId("token:a", "generate", "generate:a")
 B = CallerId("token:b", "generate", "generate:b")

@@ -18,7 +18,7 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 
 from harness.serverproc import free_port, running
 from rollout_client import RolloutClient, pb
-from rollout_service.ops import tracing
+from rollout_service.ops import grpc_tracing, tracing
 
 GENERATE = "rollout.v1.RolloutService/Generate"
 
@@ -208,7 +208,9 @@ def test_the_interceptor_records_status_stays_current_and_skips_excluded_service
     handlers = _Handlers()
 
     async def main():
-        interceptor = tracing.TracingInterceptor(provider.get_tracer("t"), frozenset({"t.Quiet"}))
+        interceptor = grpc_tracing.TracingInterceptor(
+            provider.get_tracer("t"), frozenset({"t.Quiet"})
+        )
         server = grpc.aio.server(interceptors=[interceptor])
         methods = {
             "Fail": grpc.unary_unary_rpc_method_handler(handlers.fail),
@@ -242,5 +244,5 @@ def test_the_interceptor_records_status_stays_current_and_skips_excluded_service
 
 
 def test_no_trace_headers_without_an_endpoint():
-    # This process never called tracing.setup: the hot path passes None.
+    # This process never called grpc_tracing.setup: the hot path passes None.
     assert tracing.headers() is None

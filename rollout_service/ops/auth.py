@@ -1,4 +1,6 @@
-"""Bearer-token authentication with two roles, as a server interceptor.
+"""Bearer-token authentication with two roles: the tokens, the role each RPC
+needs and the caller of the running call (the gRPC front's interceptor that
+checks them is grpc_auth.py; the HTTP front checks the same tokens and roles).
 
 `ROLE_OF` says which role may call each RPC, read from the one place that
 declares it: the RPC's `(rollout.v1.role)` option in the proto
@@ -27,13 +29,10 @@ from collections.abc import Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-import grpc
 from google.protobuf.descriptor import ServiceDescriptor
 
 from rollout.v1 import options_pb2
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.ops.shapes import around, like
-from rollout_service.status.errors import details_trailer
 
 ROLES = ("generate", "admin")
 TOKENS_ENV = "ROLLOUT_SERVICE_TOKENS"
@@ -124,64 +123,3 @@ def required_role(method: str) -> str | None:
 
 def _owner(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()[:16]
-
-
-def _denied(handler, code: grpc.StatusCode, message: str):
-    """A handler of the same shape as `handler` that fails the call, with
-    the ErrorInfo reason of its code (AUTH_REQUIRED, ROLE_DENIED)."""
-    reason = (
-        pb.ERROR_REASON_AUTH_REQUIRED
-        if code == grpc.StatusCode.UNAUTHENTICATED
-        else pb.ERROR_REASON_ROLE_DENIED
-    )
-    trailer = details_trailer(code, message, reason)
-
-    async def unary(request, context):
-        await context.abort(code, message, trailing_metadata=trailer)
-
-    async def streaming(request, context):
-        await context.abort(code, message, trailing_metadata=trailer)
-        yield  # pragma: no cover - makes this an async generator
-
-    return like(handler, streaming if handler.response_streaming else unary)
-
-
-class AuthInterceptor(grpc.aio.ServerInterceptor):
-    """Checks `authorization: Bearer <token>` against the role a method needs."""
-
-    def __init__(self, tokens: Tokens, protect_health: bool = False) -> None:
-        self.tokens = tokens
-        self.protect_health = protect_health
-
-    async def intercept_service(self, continuation, details):
-        handler = await continuation(details)
-        if handler is None:
-            return None
-        method = details.method
-        need = required_role(method)
-        if need is None:
-            if not (self.protect_health and method.startswith(_OPEN_SERVICES)):
-                return handler
-            need = "generate"
-        header = dict(details.invocation_metadata or ()).get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token:
-            return _denied(
-                handler,
-                grpc.StatusCode.UNAUTHENTICATED,
-                "missing credentials: send 'authorization: Bearer <token>' metadata",
-            )
-        role = self.tokens.role_of(token.strip())
-        if role is None:
-            return _denied(handler, grpc.StatusCode.UNAUTHENTICATED, "unknown token")
-        if need == "admin" and role != "admin":
-            return _denied(
-                handler,
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"{method.rsplit('/', 1)[1]} needs the admin role; this token has '{role}'",
-            )
-        if need is None or method.startswith(_OPEN_SERVICES):
-            return handler
-        caller = Caller(owner=_owner(token.strip()), admin=role == "admin")
-        # Set inside the call's own task (the handler runs there, not here).
-        return around(handler, lambda: CALLER.set(caller), lambda *_: None)

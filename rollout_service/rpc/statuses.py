@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import grpc
 
-from rollout_service.status.errors import Code, InvalidArgument, as_rpc_error, details_trailer
+from rollout_service.status.errors import Code, InvalidArgument, as_rpc_error
+from rollout_service.status.trailers import details_trailer
 
 _GRPC = {c.value[0]: c for c in grpc.StatusCode}
 
