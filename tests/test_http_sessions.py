@@ -437,6 +437,12 @@ def test_a_grpc_session_is_a_base_url_with_its_budget_and_close(served, grpc_cli
     with served.sdk(s.opened.base_url) as sdk, pytest.raises(openai.NotFoundError) as gone:
         sdk.chat.completions.create(model="tiny-qwen2", messages=[USER], max_tokens=4)
     assert "closed" in gone.value.body["message"]
+    # The client's open_session chooses the history rule.
+    with grpc_client.open_session(messages=[USER], history_rule="restart") as s:
+        with served.sdk(s.opened.base_url) as sdk:
+            sdk.chat.completions.create(model="tiny-qwen2", messages=[USER], **TEXT)
+            sdk.chat.completions.create(model="tiny-qwen2", messages=[SYSTEM, USER], **TEXT)
+        assert any(seg.restarts_context for seg in s.trajectory().segments)
 
 
 HOSTILE = [

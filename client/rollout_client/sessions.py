@@ -16,7 +16,7 @@ requests here and differ only in how the call is made.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from typing import Any, Protocol, TypeVar, Unpack
+from typing import Any, Literal, Protocol, TypeVar, Unpack
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_client import core, stubs
@@ -53,6 +53,9 @@ class AsyncCalls(Protocol):
     def _call_args(self, timeout: float | None) -> dict[str, Any]: ...
 
 
+_HISTORY_RULES = {"refuse": pb.HISTORY_RULE_REFUSE, "restart": pb.HISTORY_RULE_RESTART}
+
+
 def build_open_request(
     prompt_token_ids: Sequence[int] | None = None,
     prompt_text: str | None = None,
@@ -62,9 +65,15 @@ def build_open_request(
     lora_adapter: str = "",
     pin_weight_version: bool = False,
     isolated_render: bool = False,
+    history_rule: Literal["refuse", "restart"] = "refuse",
 ) -> pb.OpenSessionRequest:
     """An OpenSessionRequest; `messages` as core.chat_messages takes them,
-    `isolated_render` for templates that rewrite history (APPEND_RENDER_ISOLATED)."""
+    `isolated_render` for templates that rewrite history (APPEND_RENDER_ISOLATED),
+    `history_rule` what the session's base URL (`opened.base_url`, with the
+    server's --http-port) does with a chat whose messages do not extend the
+    held ones: refuse it, or restart the context from it (HistoryRule)."""
+    if history_rule not in _HISTORY_RULES:
+        raise ValueError(f"history_rule: {history_rule!r} is not one of {sorted(_HISTORY_RULES)}")
     request = pb.OpenSessionRequest(
         prompt_token_ids=list(prompt_token_ids or []),
         prompt_text=prompt_text or "",
@@ -73,6 +82,7 @@ def build_open_request(
         lora_adapter=lora_adapter,
         pin_weight_version=pin_weight_version,
         append_render=pb.APPEND_RENDER_ISOLATED if isolated_render else pb.APPEND_RENDER_WHOLE,
+        history_rule=_HISTORY_RULES[history_rule],
     )
     if max_total_tokens is not None:
         request.max_total_tokens = max_total_tokens
