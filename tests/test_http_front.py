@@ -286,14 +286,21 @@ def test_grpc_abort_ends_an_http_generation(served, grpc_client):
 
 
 def test_a_client_gone_aborts_its_engine_request(served, grpc_client):
-    body = {"messages": MESSAGES, "max_tokens": 1500, "ignore_eos": True}
-    headers = {"Authorization": f"Bearer {GENERATE}"}
+    """A client that disconnects before its answer cancels the generation:
+    the engine request ends at once, short of the tokens asked for (its
+    caller's token count does not grow by them)."""
+    caller = f'caller="generate:{hashlib.sha256(GENERATE_B.encode()).hexdigest()[:12]}"'
+    before = _caller_tokens(httpx.get(served.metrics).text, caller)
+    body = {"messages": MESSAGES, "max_tokens": 2000, "ignore_eos": True}
+    headers = {"Authorization": f"Bearer {GENERATE_B}"}
     with pytest.raises(httpx.TimeoutException):
-        httpx.post(served.url + "/v1/chat/completions", json=body, headers=headers, timeout=1.0)
+        httpx.post(served.url + "/v1/chat/completions", json=body, headers=headers, timeout=0.5)
     deadline = time.monotonic() + 10
     while grpc_client.server_info().engine_requests:
         assert time.monotonic() < deadline, "the engine still runs the abandoned request"
-        time.sleep(0.1)
+        time.sleep(0.05)
+    made = _caller_tokens(httpx.get(served.metrics).text, caller) - before
+    assert made < 2000  # a cancelled call counts none (the pipeline counts at its end)
 
 
 def test_bearer_tokens_as_grpc(served):
