@@ -63,9 +63,10 @@ TEXT = {"max_tokens": 6, "temperature": 0, "extra_body": {**IDS, "ignore_eos": T
 
 
 class Served:
-    def __init__(self, proc: ServerProcess, http_port: int) -> None:
+    def __init__(self, proc: ServerProcess, http_port: int, metrics_port: int) -> None:
         self.proc = proc
         self.url = f"http://127.0.0.1:{http_port}"
+        self.metrics = f"http://127.0.0.1:{metrics_port}/metrics"
 
     def open(self, token: str = GENERATE, **body) -> dict:
         body = {"messages": [SYSTEM, USER], "tools": TOOLS, **body}
@@ -88,15 +89,16 @@ def _auth(token: str) -> dict[str, str]:
 def served(tmp_path_factory):
     tokens = tmp_path_factory.mktemp("http-sessions") / "tokens"
     tokens.write_text(f"admin:{ADMIN}\ngenerate:{GENERATE}\ngenerate:{GENERATE_B}\n")
-    http_port = free_port()
+    http_port, metrics_port = free_port(), free_port()
     proc = ServerProcess(
         "--tokens-file", str(tokens),
         "--http-port", str(http_port),
+        "--metrics-port", str(metrics_port),
         "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
     )  # fmt: skip
     try:
         proc.wait_ready()
-        yield Served(proc, http_port)
+        yield Served(proc, http_port, metrics_port)
     finally:
         proc.stop()
 
@@ -518,3 +520,15 @@ def test_an_update_between_turns_moves_the_next_turn_on(served, grpc_client):
     spans = [(v.weight_version, v.start, v.count) for v in t.version_spans]
     first_prompt, first_ids = _ids(first)
     assert spans == [(old, len(first_prompt), len(first_ids)), (new, len(prompt), len(ids))]
+
+
+def test_session_routes_are_metered_under_their_template(served):
+    """Every session's calls count under one route label, not one per id."""
+    opened = served.open(messages=[USER])
+    with served.sdk(opened["base_url"]) as sdk:
+        sdk.chat.completions.create(model="tiny-qwen2", messages=[USER], **TEXT)
+    text = httpx.get(served.metrics).text
+    chat = 'rollout_http_requests_total{route="/sessions/{id}/v1/chat/completions",status="200"}'
+    assert chat in text
+    assert 'rollout_http_requests_total{route="/sessions",status="200"}' in text
+    assert opened["id"] not in text

@@ -4,6 +4,8 @@ time to the response's end (a stream's last event)."""
 
 from __future__ import annotations
 
+import re
+
 from prometheus_client import REGISTRY, Counter, Histogram
 
 REQUESTS = Counter(
@@ -19,8 +21,15 @@ DURATION = Histogram(
     registry=REGISTRY,
 )
 # Routes by path: anything else counts as "other" (paths are unbounded).
-ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/health"})
+ROUTES = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/sessions"}
+)
+# A session's routes, counted under their template (one label for every id).
+SESSION_ROUTE = re.compile(r"/sessions/[^/]+/v1/(chat/completions|models)")
 
 
 def route_label(path: str) -> str:
-    return path if path in ROUTES else "other"
+    if path in ROUTES:
+        return path
+    session = SESSION_ROUTE.fullmatch(path)
+    return f"/sessions/{{id}}/v1/{session.group(1)}" if session else "other"
