@@ -109,7 +109,7 @@ async def _turn(front: Front, request: Request, session_id: str):
             return await streamed(deltas, builder, app, CHAT_ROUTE)
         answer = await until_disconnected(request, ready.turns.generate(turn, who))
 
-        def build() -> tuple[bytes, session_chat.Message]:
+        def build() -> tuple[str, session_chat.Message]:
             response = session_chat.whole_turn(chat, answer, partial, session, app)
             [c] = response.completions
             entry = session_chat.held_message(chat, c.text, list(c.token_ids), app)
