@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import signal
 import socket
 import threading
 import time
@@ -74,6 +75,8 @@ def served(tmp_path_factory):
         "--http-port", str(http_port),
         "--metrics-port", str(metrics_port),
         "--tool-call-parser", "hermes",
+        # The last test stops the server under a running stream.
+        "--grace-seconds", "60",
         "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
     )  # fmt: skip
     try:
@@ -433,3 +436,29 @@ def _caller_tokens(metrics: str, caller: str) -> float:
             if 'kind="completion"' in line:
                 return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+def test_sigterm_lets_a_running_stream_finish(served):
+    """Last (it stops the module's server): on SIGTERM the HTTP front stops
+    with gRPC, and a stream running then is served to its end within the
+    grace, not cut; the process exits 0."""
+    body = {
+        "prompt": "hello",
+        "max_tokens": 1500,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    headers = {"Authorization": f"Bearer {GENERATE}"}
+    events = []
+    with httpx.stream(
+        "POST", served.url + "/v1/completions", json=body, headers=headers, timeout=120
+    ) as answer:
+        lines = answer.iter_lines()
+        events.append(next(line for line in lines if line.startswith("data:")))
+        served.proc.proc.send_signal(signal.SIGTERM)
+        events += [line for line in lines if line.startswith("data:")]
+    assert events[-1] == "data: [DONE]"
+    usage = json.loads(events[-2].removeprefix("data: "))["usage"]
+    assert usage["completion_tokens"] == 1500
+    assert served.proc.proc.wait(60) == 0
