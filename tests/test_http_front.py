@@ -23,9 +23,9 @@ import httpx
 import openai
 import pytest
 
-from harness.serverproc import ServerProcess, free_port
-from rollout_client import RolloutClient
-from tests.support.tokens import ADMIN, GENERATE, GENERATE_B
+from harness.serverproc import running
+from tests.support.http_front import HttpServed, http_flags
+from tests.support.tokens import GENERATE, GENERATE_B
 
 MESSAGES = [{"role": "user", "content": "Tell me about the mountains."}]
 # Bounded values only: a random model then ends the JSON within a few tokens.
@@ -47,43 +47,13 @@ TOOLS = [
 ]
 
 
-class Served:
-    def __init__(self, proc: ServerProcess, http_port: int, metrics_port: int) -> None:
-        self.proc = proc
-        self.url = f"http://127.0.0.1:{http_port}"
-        self.metrics = f"http://127.0.0.1:{metrics_port}/metrics"
-
-    def sdk(self, token: str = GENERATE) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=token, max_retries=0, timeout=120)
-
-    def async_sdk(self, token: str = GENERATE) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(
-            base_url=self.url + "/v1", api_key=token, max_retries=0, timeout=120
-        )
-
-    def grpc(self, token: str = GENERATE) -> RolloutClient:
-        return RolloutClient(self.proc.target, token=token, timeout=120)
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    tokens = tmp_path_factory.mktemp("http") / "tokens"
-    tokens.write_text(f"admin:{ADMIN}\ngenerate:{GENERATE}\ngenerate:{GENERATE_B}\n")
-    http_port, metrics_port = free_port(), free_port()
-    proc = ServerProcess(
-        "--tokens-file", str(tokens),
-        "--http-port", str(http_port),
-        "--metrics-port", str(metrics_port),
-        "--tool-call-parser", "hermes",
-        # The last test stops the server under a running stream.
-        "--grace-seconds", "60",
-        "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
-    )  # fmt: skip
-    try:
-        proc.wait_ready()
-        yield Served(proc, http_port, metrics_port)
-    finally:
-        proc.stop()
+    # The last test stops the server under a running stream: a grace for it.
+    flags = ("--tool-call-parser", "hermes", "--grace-seconds", "60")
+    args, http_port, metrics_port = http_flags(tmp_path_factory.mktemp("http"), *flags)
+    with running(*args) as proc:
+        yield HttpServed(proc, http_port, metrics_port)
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ delta's: a PAUSE_MODE_KEEP update may move it on mid-stream).
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.http import tools
@@ -32,7 +33,31 @@ def sse_error(body: dict) -> str:
     return f"data: {json.dumps(body)}\n\n{DONE}"
 
 
-class ChatStream:
+class _Events:
+    """What both streams share: the usage the last delta carries, and the
+    end (the usage chunk when stream_options.include_usage asks, then
+    [DONE]). A subclass makes its route's chunk (`_chunk`)."""
+
+    call: Any
+    usage: pb.Usage | None = None
+
+    def _chunk(self, choices, version: str, **extra):
+        raise NotImplementedError
+
+    def _keep_usage(self, d: pb.GenerateStreamResponse) -> None:
+        if d.HasField("usage"):
+            self.usage = d.usage
+
+    def end(self, version: str) -> list[str]:
+        """The usage chunk (when asked for) and [DONE]."""
+        options = self.call.request.stream_options
+        events = []
+        if options is not None and options.include_usage and self.usage is not None:
+            events.append(sse(self._chunk([], version, usage=usage_info(self.usage))))
+        return [*events, DONE]
+
+
+class ChatStream(_Events):
     """One chat request's chunks, built delta by delta (`step`); its state
     (a parser per choice, a forced call's text so far) lives here."""
 
@@ -44,7 +69,6 @@ class ChatStream:
         self.opened: set[int] = set()
         self.forced_text: dict[int, str] = {}
         self.parsers: dict[int, object] = {}
-        self.usage: pb.Usage | None = None
 
     def _chunk(self, choices, version: str, **extra):
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionStreamResponse
@@ -132,20 +156,11 @@ class ChatStream:
             token_ids=list(d.token_ids) if request.return_token_ids else None,
         )
         events.append(sse(self._chunk([choice], d.weight_version)))
-        if d.HasField("usage"):
-            self.usage = d.usage
+        self._keep_usage(d)
         return events
 
-    def end(self, version: str) -> list[str]:
-        """The usage chunk (when asked for) and [DONE]."""
-        options = self.call.request.stream_options
-        events = []
-        if options is not None and options.include_usage and self.usage is not None:
-            events.append(sse(self._chunk([], version, usage=usage_info(self.usage))))
-        return [*events, DONE]
 
-
-class CompletionStream:
+class CompletionStream(_Events):
     """One completion request's chunks (vLLM's CompletionStreamResponse)."""
 
     def __init__(self, call, model: str, app, request_id: str) -> None:
@@ -155,7 +170,6 @@ class CompletionStream:
         self.text = token_texts(app.tokenizing, bool(request.return_tokens_as_token_ids))
         self.prompt_ids: list[int] = list(call.generate.prompt_token_ids)
         self.offsets: dict[int, int] = {}
-        self.usage: pb.Usage | None = None
 
     def _chunk(self, choices, version: str, **extra):
         from vllm.entrypoints.openai.completion.protocol import CompletionStreamResponse
@@ -187,13 +201,5 @@ class CompletionStream:
             token_ids=list(d.token_ids) if request.return_token_ids else None,
             prompt_token_ids=self.prompt_ids if request.return_token_ids and first else None,
         )
-        if d.HasField("usage"):
-            self.usage = d.usage
+        self._keep_usage(d)
         return [sse(self._chunk([choice], d.weight_version))]
-
-    def end(self, version: str) -> list[str]:
-        options = self.call.request.stream_options
-        events = []
-        if options is not None and options.include_usage and self.usage is not None:
-            events.append(sse(self._chunk([], version, usage=usage_info(self.usage))))
-        return [*events, DONE]
