@@ -84,14 +84,19 @@ def test_chat_is_generate_on_the_rendered_ids(sdk, grpc_client):
         temperature=0,
         logprobs=True,
         top_logprobs=2,
-        extra_body={"return_token_ids": True, "ignore_eos": True},
+        extra_body={"return_token_ids": True, "ignore_eos": True, "prompt_logprobs": 1},
     )
     chat = raw.parse()
     prompt_ids = chat.model_extra["prompt_token_ids"]
     assert prompt_ids == list(grpc_client.tokenize(messages=MESSAGES).token_ids)
     [choice] = chat.choices
     want = grpc_client.generate(
-        prompt_token_ids=prompt_ids, max_tokens=8, temperature=0, ignore_eos=True, logprobs=2
+        prompt_token_ids=prompt_ids,
+        max_tokens=8,
+        temperature=0,
+        ignore_eos=True,
+        logprobs=2,
+        prompt_logprobs=1,
     )
     [c] = want.completions
     assert choice.model_extra["token_ids"] == list(c.token_ids)
@@ -102,6 +107,11 @@ def test_chat_is_generate_on_the_rendered_ids(sdk, grpc_client):
     tops = [[a.logprob for a in t.top_logprobs] for t in choice.logprobs.content]
     assert tops == [pytest.approx(list(t.logprobs), abs=1e-5) for t in c.top_logprobs]
     assert chat.usage.prompt_tokens == len(prompt_ids) and chat.usage.completion_tokens == 8
+    # vLLM's shape: None for the first token, then {token id: {logprob, ...}}.
+    first, *rest = chat.model_extra["prompt_logprobs"]
+    assert first is None
+    got = [entry[str(i)]["logprob"] for entry, i in zip(rest, prompt_ids[1:])]
+    assert got == pytest.approx(list(want.prompt_logprobs), abs=1e-5)
     version = grpc_client.server_info().weight_version
     assert chat.model_extra["weight_version"] == version == want.weight_version
     assert raw.headers["rollout-weight-version"] == version
@@ -147,7 +157,7 @@ def test_completions_text_ids_async_and_streamed(served, grpc_client):
     assert by_text.usage.prompt_tokens == len(ids)
 
 
-def test_n_seed_and_stop(sdk):
+def test_n_seed_stop_and_max_completion_tokens(sdk):
     def chat(**kw):
         return sdk.chat.completions.create(model="tiny-qwen2", messages=MESSAGES, **kw)
 
@@ -157,6 +167,8 @@ def test_n_seed_and_stop(sdk):
     assert [c.message.content for c in again.choices] == [
         c.message.content for c in sampled.choices
     ]
+    capped = chat(max_completion_tokens=3, max_tokens=9, extra_body={"ignore_eos": True})
+    assert capped.usage.completion_tokens == 3  # max_completion_tokens over max_tokens
     greedy = chat(temperature=0, max_tokens=12, extra_body={"ignore_eos": True})
     full = greedy.choices[0].message.content
     stop = full[4:7]
@@ -199,6 +211,37 @@ def test_tool_choice_forces_a_call_that_parses(sdk):
     assert len(calls) == 1 and _fits(
         calls[0].function.name, json.loads(calls[0].function.arguments)
     )
+
+
+def test_auto_tool_calls_are_found_by_the_tool_parser():
+    """Engine-free: with tool_choice "auto", vLLM's parser named by
+    --tool-call-parser (hermes here) finds the call in the output text; the
+    answer is OpenAI's tool_calls and finish_reason "tool_calls"."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    from rollout.v1 import rollout_pb2 as pb
+    from rollout_service.engine.tiny_models import ensure_model
+    from rollout_service.http.chat import ChatCall
+    from rollout_service.http.front import Front
+    from rollout_service.http.responses import chat_message, finish_reason
+
+    tokenizer = AutoTokenizer.from_pretrained(ensure_model("tiny-qwen2"))
+    app = SimpleNamespace(
+        tokenizing=SimpleNamespace(tokenizer=tokenizer),
+        engine=SimpleNamespace(model_config=SimpleNamespace(model="tiny-qwen2")),
+    )
+    request = ChatCompletionRequest.model_validate({"messages": MESSAGES, "tools": TOOLS})
+    parser = Front(ready=lambda: None, tokens=None, tool_parser="hermes").parser_class(app)
+    call = ChatCall(request, pb.GenerateRequest(), [], parser)
+    text = 'Sure. <tool_call>\n{"name": "get_time", "arguments": {"zone": "utc"}}\n</tool_call>'
+    out = pb.Completion(text=text, finish_reason=pb.FINISH_REASON_STOP)
+    message, called = chat_message(call, out, app)
+    assert message.content == "Sure. "
+    assert _call_of(message) == ("get_time", {"zone": "utc"})
+    assert finish_reason(request, out, called) == "tool_calls"
 
 
 def test_response_format_json_schema(sdk):
