@@ -244,6 +244,33 @@ def test_auto_tool_calls_are_found_by_the_tool_parser():
     assert finish_reason(request, out, called) == "tool_calls"
 
 
+def test_the_fair_share_caller_is_grpcs(tmp_path):
+    """Engine-free: an HTTP request's caller is its token's (as a gRPC
+    call's: the same key), else its rollout-tenant header, else its
+    connection; a missing or unknown token is 401 before anything runs."""
+    import contextvars
+    from types import SimpleNamespace
+
+    from rollout_service.http.callers import authorize
+    from rollout_service.http.errors import HttpError
+    from rollout_service.ops.auth import Tokens
+
+    def caller(tokens, **headers):
+        request = SimpleNamespace(headers=headers, client=SimpleNamespace(host="h", port=7))
+        return contextvars.copy_context().run(authorize, tokens, request)
+
+    digest = hashlib.sha256(GENERATE.encode()).hexdigest()[:16]
+    tokens = Tokens.parse([f"generate:{GENERATE}"], "test")
+    by_token = caller(tokens, authorization=f"Bearer {GENERATE}", **{"rollout-tenant": "x"})
+    assert by_token.key == f"token:{digest}"
+    assert caller(None, **{"rollout-tenant": "team-a"}).key == "tenant:team-a"
+    assert caller(None).label == "connection"
+    for headers in ({}, {"authorization": "Bearer nope"}, {"authorization": GENERATE}):
+        with pytest.raises(HttpError) as refused:
+            caller(tokens, **headers)
+        assert refused.value.status == 401
+
+
 def test_response_format_json_schema(sdk):
     answer = sdk.chat.completions.create(
         model="tiny-qwen2",
