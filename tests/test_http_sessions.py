@@ -12,6 +12,7 @@ would otherwise pad its forced calls to max_tokens)."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import httpx
@@ -520,6 +521,49 @@ def test_an_update_between_turns_moves_the_next_turn_on(served, grpc_client):
     spans = [(v.weight_version, v.start, v.count) for v in t.version_spans]
     first_prompt, first_ids = _ids(first)
     assert spans == [(old, len(first_prompt), len(first_ids)), (new, len(prompt), len(ids))]
+
+
+def test_a_keep_update_inside_a_streamed_turn_tags_each_token(served, grpc_client):
+    """A PAUSE_MODE_KEEP update while a turn streams: the chunks after it
+    carry the new version, and GetSession's spans split the one turn where
+    the stream's versions changed."""
+    opened = served.open(messages=[USER])
+    chunks: list = []
+    with served.sdk(opened["base_url"]) as sdk, served.grpc(ADMIN) as admin:
+        stream = sdk.chat.completions.create(
+            model="tiny-qwen2",
+            messages=[USER],
+            stream=True,
+            max_tokens=1500,
+            temperature=0,
+            extra_body={**IDS, "ignore_eos": True},
+        )
+        info = admin.server_info()
+        new = version()
+        for chunk in stream:
+            chunks.append(chunk)
+            if len(chunks) == 6:
+                updating = threading.Thread(
+                    target=admin.update_weights,
+                    args=(random_weights(info.parameters, seed=54), new),
+                    kwargs={"pause_mode": pb.PAUSE_MODE_KEEP},
+                )
+                updating.start()
+        updating.join(120)
+        old = chunks[0].model_extra["weight_version"]
+    per_chunk = [
+        (c.model_extra["weight_version"], len(c.choices[0].model_extra.get("token_ids") or []))
+        for c in chunks
+        if c.choices
+    ]
+    assert sum(n for _, n in per_chunk) == 1500
+    t = _trajectory(grpc_client, opened["id"])
+    turn = t.segments[-1]
+    spans = [(v.weight_version, v.start, v.count) for v in t.version_spans]
+    assert [v for v, _, _ in spans] == [old, new] != [old, old]
+    assert spans[0][1] == turn.start and spans[0][2] + spans[1][2] == 1500 == turn.count
+    first_new = next(i for i, (v, n) in enumerate(per_chunk) if v == new and n)
+    assert sum(n for _, n in per_chunk[:first_new]) == spans[0][2]
 
 
 def test_session_routes_are_metered_under_their_template(served):
