@@ -265,7 +265,8 @@ def test_the_fair_share_caller_is_grpcs(tmp_path):
     assert by_token.key == f"token:{digest}"
     assert caller(None, **{"rollout-tenant": "team-a"}).key == "tenant:team-a"
     assert caller(None).label == "connection"
-    for headers in ({}, {"authorization": "Bearer nope"}, {"authorization": GENERATE}):
+    for header in ("", "Bearer nope", GENERATE, f"Basic {GENERATE}"):
+        headers = {"authorization": header} if header else {}
         with pytest.raises(HttpError) as refused:
             caller(tokens, **headers)
         assert refused.value.status == 401
