@@ -50,7 +50,9 @@ TOOLS = [
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     # The last test stops the server under a running stream: a grace for it.
+    # Two generations in flight a caller: the cap test holds two streams.
     flags = ("--tool-call-parser", "hermes", "--grace-seconds", "60")
+    flags += ("--max-requests-per-caller", "2")
     args, http_port, metrics_port = http_flags(tmp_path_factory.mktemp("http"), *flags)
     with running(*args) as proc:
         yield HttpServed(proc, http_port, metrics_port)
@@ -345,6 +347,31 @@ def test_a_client_gone_aborts_its_engine_request(served, grpc_client):
         time.sleep(0.05)
     made = _caller_tokens(httpx.get(served.metrics).text, caller) - before
     assert made < 2000  # a cancelled call counts none (the pipeline counts at its end)
+
+
+def test_a_callers_cap_is_429_with_a_retry_hint(served):
+    """Past --max-requests-per-caller generations in flight (two streams
+    held open), the same token's next request is 429 CALLER_QUEUE_FULL with
+    Retry-After, as gRPC's RESOURCE_EXHAUSTED with its RetryInfo; another
+    token is served meanwhile."""
+    url = served.url + "/v1/completions"
+    held = {"prompt": "hi", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    headers = {"Authorization": f"Bearer {GENERATE_B}"}
+    with httpx.Client(timeout=60) as one, httpx.Client(timeout=60) as two:
+        with (
+            one.stream("POST", url, json=held, headers=headers) as a,
+            two.stream("POST", url, json=held, headers=headers) as b,
+        ):
+            assert a.status_code == b.status_code == 200
+            # Kept: an iterator dropped closes its response (a disconnect).
+            lines = a.iter_lines(), b.iter_lines()
+            assert all(next(each).startswith("data:") for each in lines)
+            over = httpx.post(url, json={"prompt": "hi", "max_tokens": 1}, headers=headers)
+            assert over.status_code == 429, over.text
+            assert over.json()["error"]["code"] == "CALLER_QUEUE_FULL"
+            assert int(over.headers["Retry-After"]) >= 1
+            other = {"Authorization": f"Bearer {GENERATE}"}
+            assert httpx.post(url, json={"prompt": "hi", "max_tokens": 1}, headers=other).is_success
 
 
 def test_bearer_tokens_as_grpc(served):
