@@ -89,8 +89,8 @@ class ServerConfig:
     # service's own (docs/openai.md says what the HTTP one serves).
     http_port: int | None = None
     """serve the OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models,
-    /health; docs/openai.md) on this port, beside gRPC, over the same engine, gate and limits
-    (default: off; 0 picks a free port, which the log names)"""
+    /health; docs/openai.md) on this port, beside gRPC, over the same engine, gate and limits;
+    off unless given (0 picks a free port, which the log names)"""
     tool_call_parser: str | None = None
     """vLLM's tool parser (hermes, pythonic, ...) that finds tool calls in chat output for
     tool_choice "auto" on the HTTP API; "required" and a named function need none"""
