@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -30,6 +30,8 @@ MAX_DEPTH = 72
 MAX_MESSAGES = 4096
 MAX_TOOLS = 256
 # Fields this front adds to OpenAI's requests (docs/openai.md, "Extensions").
+# A vLLM protocol model (ChatCompletionRequest, CompletionRequest).
+_Model = TypeVar("_Model", bound=BaseModel)
 EXTENSIONS = frozenset({"required_weight_version"})
 
 
@@ -81,7 +83,7 @@ def check_lists(data: dict[str, Any]) -> None:
             raise InvalidArgument(name, f"at most {most} entries, got {len(value)}")
 
 
-def validated(model: type[BaseModel], data: dict[str, Any]) -> BaseModel:
+def validated(model: type[_Model], data: dict[str, Any]) -> _Model:
     """`data` as vLLM's protocol `model`; unknown fields and every pydantic
     or vLLM validation error become 400 naming the field."""
     known = set(model.model_fields) | EXTENSIONS

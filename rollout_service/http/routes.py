@@ -27,7 +27,7 @@ from rollout_service.http.streaming import ChatStream, CompletionStream
 from rollout_service.ops.logs import request_id as logged_request_id
 
 
-def build_api(front: Front) -> FastAPI:
+def build_api(front: Front) -> Measured:
     """The FastAPI app of the HTTP front, metered (metrics.py)."""
     api = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
 

@@ -68,7 +68,7 @@ class ChatStream(_Events):
         self.text = token_texts(app.tokenizing, bool(request.return_tokens_as_token_ids))
         self.opened: set[int] = set()
         self.forced_text: dict[int, str] = {}
-        self.parsers: dict[int, object] = {}
+        self.parsers: dict[int, Any] = {}  # vLLM tool parsers, one per choice
 
     def _chunk(self, choices, version: str, **extra):
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionStreamResponse

@@ -78,7 +78,7 @@ class ServiceCheckpointEngine(_CheckpointEngine):  # type: ignore[misc]
 
     @classmethod
     def build_topology(
-        cls, actor_wg_world_size: int, rollout_world_size: int, metadata: list[dict]
+        cls, actor_wg_world_size: int, rollout_world_size: int, metadata: list[dict[str, Any]]
     ) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
         return {}, {}
 

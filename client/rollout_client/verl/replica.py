@@ -55,7 +55,8 @@ class ServiceReplica(_RolloutReplica):  # type: ignore[misc]
             full_determinism=bool(getattr(self.config, "full_determinism", False)),
         )
         self.servers = [server]
-        if not self.workers:  # standalone, colocated: the checkpoint engine's rollout side
+        # Standalone, colocated: the server is the checkpoint engine's rollout side.
+        if not getattr(self, "workers", None):
             self.workers = [server]
         self._server_handle = server
         self._server_address = await server.get_server_address.remote()
