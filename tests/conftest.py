@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from harness.certs import make_certs, python_tls, server_tls_args
-from harness.serverproc import ServerProcess
+from harness.serverproc import ServerProcess, free_port
 from rollout_client import RolloutClient
 from rollout_service.worker.weights_backend import FAULT_FILE_ENV
 from tests.support import keep_mode, lora, server_starts, sessions, shared_servers
@@ -83,6 +83,14 @@ def _start_delta_reference():
     ), None
 
 
+def _start_own():
+    # The HTTP front on too: the docs' OpenAI snippets run against it (test_snippets).
+    http_port = free_port()
+    proc = ServerProcess("--http-port", str(http_port))
+    proc.http_target = f"127.0.0.1:{http_port}"  # type: ignore[attr-defined]
+    return proc
+
+
 # How each server fixture's process starts (tests.support.server_starts
 # says when). The shared servers (session fixtures): the process, and what
 # else its fixture needs.
@@ -97,7 +105,7 @@ _SHARED_SERVERS = {
 # several by name. The fixture waits until it is ready and stops it after
 # its module.
 _OWN_SERVERS = {
-    "own_server": lambda: ServerProcess(),
+    "own_server": _start_own,
     # Fresh for its first update; its metrics read by tests/test_keep_switch.py.
     "keep_server": lambda: ServerProcess("--metrics-port", str(keep_mode.METRICS_PORT)),
     "draining_server": lambda: ServerProcess("--grace-seconds", "30"),

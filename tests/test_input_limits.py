@@ -227,7 +227,7 @@ def adapters(tmp_path, monkeypatch) -> Adapters:
         )
     }
     # No quiesce and no region: these tests stop before either is used.
-    return Adapters(engine, base, quiet=None, incoming=None, max_update_bytes=1 << 20)
+    return Adapters(engine, base, quiescer=None, incoming=None, max_update_bytes=1 << 20)
 
 
 def staged(*tensors: torch.Tensor) -> tuple[SimpleNamespace, bytearray]:

@@ -4,7 +4,8 @@ against a real server: a snippet that stops working fails here.
 Python blocks run with the repository's .venv/bin/python, in a folder of
 their own; shell blocks run with bash from the repository root, a file's
 variables carried from one of its shell blocks to the next. The documents'
-address, 127.0.0.1:50051, is replaced by the server's, and each run says so.
+addresses, 127.0.0.1:50051 (gRPC) and 127.0.0.1:8000 (HTTP), are replaced by the
+server's, and each run says so.
 The server is this module's own: the snippets push weights.
 
 Blocks marked on the line before their fence (tests/support/snippets.py says
@@ -28,6 +29,7 @@ from tests.support import snippets
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 DOC_TARGET = "127.0.0.1:50051"
+DOC_HTTP = "127.0.0.1:8000"  # the HTTP front's (--http-port 8000)
 PYTHON = REPO / ".venv" / "bin" / "python"
 RUN_DOCS = [doc for doc in DOCS if any(b.kind for b in snippets.blocks(doc))]
 
@@ -55,7 +57,7 @@ def test_snippets_run(doc, own_server, tmp_path):
     for block in snippets.blocks(doc):
         if not block.kind:
             continue
-        code = block.code.replace(DOC_TARGET, target)
+        code = block.code.replace(DOC_TARGET, target).replace(DOC_HTTP, own_server.http_target)
         t0 = time.monotonic()
         if block.kind == "python":
             script = tmp_path / f"block_{block.line}.py"
