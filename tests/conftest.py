@@ -28,6 +28,7 @@ from rollout_client import RolloutClient
 from rollout_service.worker.weights_backend import FAULT_FILE_ENV
 from tests.support import keep_mode, lora, server_starts, sessions, shared_servers
 from tests.support.fp32_model import build_fp32_tiny_qwen2
+from tests.support.http_front import http_flags
 from tests.support.node import Packed, pack_and_install
 from tests.support.tokens import ADMIN, GENERATE, GENERATE_B
 from tests.support.tp2 import start_tp2_servers
@@ -91,6 +92,34 @@ def _start_own():
     return proc
 
 
+def _with_ports(args: list[str], http_port: int | None, metrics_port: int) -> ServerProcess:
+    proc = ServerProcess(*args)
+    proc.http_port, proc.metrics_port = http_port, metrics_port  # type: ignore[attr-defined]
+    return proc
+
+
+def _start_http_front():
+    # tests/test_http_front.py's: its last test stops the server under a
+    # running stream (a grace for it); its cap test holds two streams a caller.
+    folder = _TMP / "http-front"
+    folder.mkdir(exist_ok=True)
+    flags = ("--tool-call-parser", "hermes", "--grace-seconds", "60")
+    args, http_port, metrics_port = http_flags(folder, *flags, "--max-requests-per-caller", "2")
+    return _with_ports(args, http_port, metrics_port)
+
+
+def _start_http_sessions():
+    folder = _TMP / "http-sessions"
+    folder.mkdir(exist_ok=True)
+    args, http_port, metrics_port = http_flags(folder)
+    return _with_ports(args, http_port, metrics_port)
+
+
+def _start_metrics():
+    metrics_port = free_port()
+    return _with_ports(["--metrics-port", str(metrics_port)], None, metrics_port)
+
+
 # How each server fixture's process starts (tests.support.server_starts
 # says when). The shared servers (session fixtures): the process, and what
 # else its fixture needs.
@@ -112,6 +141,12 @@ _OWN_SERVERS = {
     "llava_server": lambda: ServerProcess("--model", "tiny-llava"),
     "tp2_servers": start_tp2_servers,
     "sessions_server": lambda: ServerProcess(*sessions.server_args(_TMP / "sessions")),
+    # The HTTP front with tokens and metrics (tests/support/http_front.py):
+    # test_http_front's flags, and test_http_sessions' (its sessions' state).
+    "http_front_server": _start_http_front,
+    "http_sessions_server": _start_http_sessions,
+    # A fresh server with metrics, scraped by test_dashboard's Prometheus.
+    "metrics_server": _start_metrics,
 }
 server_starts.declare(shared=_SHARED_SERVERS, own=_OWN_SERVERS)
 
@@ -162,6 +197,29 @@ def sessions_server():
     bounds and a chat template that drops earlier reasoning
     (tests/support/sessions.py)."""
     with server_starts.own("sessions_server") as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def http_front_server():
+    """tests/test_http_front.py's server: the HTTP front, tokens, metrics,
+    the hermes tool parser, two generations a caller, 60 s of grace."""
+    with server_starts.own("http_front_server") as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def http_sessions_server():
+    """tests/test_http_sessions.py's server: the HTTP front, tokens, metrics."""
+    with server_starts.own("http_sessions_server") as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def metrics_server():
+    """A fresh server of this module's own with --metrics-port (its
+    `metrics_port`), for a Prometheus to scrape."""
+    with server_starts.own("metrics_server") as proc:
         yield proc
 
 

@@ -18,7 +18,6 @@ import time
 import grpc
 import pytest
 
-from harness.serverproc import free_port, running
 from rollout.v1 import rollout_pb2 as pb
 from rollout_client import RolloutClient, RolloutError
 from rollout_service.ops.grpc_metrics import refusal_reason
@@ -133,14 +132,11 @@ def _refuse(target: str, rounds: int, every: float, done: list[str]) -> None:
 
 
 @pytest.fixture(scope="module")
-def scraped_load(tmp_path_factory):
+def scraped_load(metrics_server, tmp_path_factory):
     """A server with --metrics-port, a Prometheus scraping it every second,
     and the window of a short Locust run against it (with refusals)."""
-    metrics_port = free_port()
-    with (
-        running("--metrics-port", str(metrics_port)) as server,
-        Prometheus(f"127.0.0.1:{metrics_port}") as prometheus,
-    ):
+    server = metrics_server
+    with Prometheus(f"127.0.0.1:{server.metrics_port}") as prometheus:
         prometheus.wait_scraped()
         out = tmp_path_factory.mktemp("dashboard-load")
         args = ["--headless", "-u", "6", "-r", "6", "-t", f"{LOAD_SECONDS}s", "--only-summary"]

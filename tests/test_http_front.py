@@ -23,8 +23,7 @@ import httpx
 import openai
 import pytest
 
-from harness.serverproc import running
-from tests.support.http_front import HttpServed, http_flags
+from tests.support.http_front import HttpServed
 from tests.support.tokens import GENERATE, GENERATE_B
 
 MESSAGES = [{"role": "user", "content": "Tell me about the mountains."}]
@@ -48,14 +47,11 @@ TOOLS = [
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    # The last test stops the server under a running stream: a grace for it.
-    # Two generations in flight a caller: the cap test holds two streams.
-    flags = ("--tool-call-parser", "hermes", "--grace-seconds", "60")
-    flags += ("--max-requests-per-caller", "2")
-    args, http_port, metrics_port = http_flags(tmp_path_factory.mktemp("http"), *flags)
-    with running(*args) as proc:
-        yield HttpServed(proc, http_port, metrics_port)
+def served(http_front_server):
+    # conftest's flags: the last test stops the server under a running
+    # stream (60 s of grace); the cap test holds two streams a caller.
+    proc = http_front_server
+    return HttpServed(proc, proc.http_port, proc.metrics_port)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from harness.serverproc import ServerProcess, free_port
+from harness.serverproc import ServerProcess
 from harness.weights_util import random_weights, version
 from rollout_client import RolloutClient, core, pb
 from rollout_service.engine.limits import ModelLimits
@@ -87,21 +87,9 @@ def _auth(token: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    tokens = tmp_path_factory.mktemp("http-sessions") / "tokens"
-    tokens.write_text(f"admin:{ADMIN}\ngenerate:{GENERATE}\ngenerate:{GENERATE_B}\n")
-    http_port, metrics_port = free_port(), free_port()
-    proc = ServerProcess(
-        "--tokens-file", str(tokens),
-        "--http-port", str(http_port),
-        "--metrics-port", str(metrics_port),
-        "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
-    )  # fmt: skip
-    try:
-        proc.wait_ready()
-        yield Served(proc, http_port, metrics_port)
-    finally:
-        proc.stop()
+def served(http_sessions_server):
+    proc = http_sessions_server
+    return Served(proc, proc.http_port, proc.metrics_port)
 
 
 @pytest.fixture(scope="module")
