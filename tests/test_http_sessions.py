@@ -19,15 +19,15 @@ import httpx
 import openai
 import pytest
 
-from harness.serverproc import ServerProcess
 from harness.weights_util import random_weights, version
-from rollout_client import RolloutClient, core, pb
+from rollout_client import core, pb
 from rollout_service.engine.limits import ModelLimits
 from rollout_service.http.session_history import conversation_entry, extend
 from rollout_service.sessions import resuming
 from rollout_service.sessions.store import Session
 from rollout_service.sessions.trajectory import snapshot, tokens_to_proto
 from rollout_service.status.errors import InvalidArgument
+from tests.support.http_front import HttpServed
 from tests.support.tokens import ADMIN, GENERATE, GENERATE_B
 
 SYSTEM = {"role": "system", "content": "You check the weather."}
@@ -63,23 +63,14 @@ IDS = {"return_token_ids": True}
 TEXT = {"max_tokens": 6, "temperature": 0, "extra_body": {**IDS, "ignore_eos": True}}
 
 
-class Served:
-    def __init__(self, proc: ServerProcess, http_port: int, metrics_port: int) -> None:
-        self.proc = proc
-        self.url = f"http://127.0.0.1:{http_port}"
-        self.metrics = f"http://127.0.0.1:{metrics_port}/metrics"
+class Served(HttpServed):
+    """The HTTP server, and a session opened on it over HTTP."""
 
     def open(self, token: str = GENERATE, **body) -> dict:
         body = {"messages": [SYSTEM, USER], "tools": TOOLS, **body}
         r = httpx.post(self.url + "/sessions", json=body, headers=_auth(token), timeout=60)
         assert r.status_code == 200, r.text
         return r.json()
-
-    def sdk(self, base_url: str, token: str = GENERATE) -> openai.OpenAI:
-        return openai.OpenAI(base_url=base_url, api_key=token, max_retries=0, timeout=120)
-
-    def grpc(self, token: str = GENERATE) -> RolloutClient:
-        return RolloutClient(self.proc.target, token=token, timeout=120)
 
 
 def _auth(token: str) -> dict[str, str]:
@@ -189,7 +180,7 @@ def test_a_tool_episode_is_exactly_the_trajectory_get_session_reads(served, grpc
         {"tool_choice": {"type": "function", "function": {"name": "get_time"}}},
     ]
     responses = []
-    with served.sdk(opened["base_url"]) as sdk:
+    with served.sdk(base_url=opened["base_url"]) as sdk:
         for choice in forced:
             r = sdk.chat.completions.create(
                 model="tiny-qwen2",
@@ -248,7 +239,7 @@ def test_sampled_ids_whose_text_encodes_otherwise_are_kept(served, grpc_client):
     [a] = grpc_client.tokenize(text="l").token_ids
     opened = served.open(messages=[USER])
     messages = [USER]
-    with served.sdk(opened["base_url"]) as sdk:
+    with served.sdk(base_url=opened["base_url"]) as sdk:
         first = sdk.chat.completions.create(
             model="tiny-qwen2",
             messages=messages,
@@ -271,7 +262,7 @@ def test_a_streamed_turn_is_held_as_its_stream_said(served, grpc_client):
     the next call with it extends the history (it is not appended again):
     only the new user message lies between the two turns."""
     opened = served.open(messages=[USER])
-    with served.sdk(opened["base_url"]) as sdk:
+    with served.sdk(base_url=opened["base_url"]) as sdk:
         chunks = list(
             sdk.chat.completions.create(model="tiny-qwen2", messages=[USER], stream=True, **TEXT)
         )
@@ -295,7 +286,7 @@ def test_a_streamed_turn_is_held_as_its_stream_said(served, grpc_client):
 
 def test_a_history_that_does_not_extend_the_held_one_is_refused(served, grpc_client):
     opened = served.open(messages=[USER], history_rule="refuse")
-    with served.sdk(opened["base_url"]) as sdk:
+    with served.sdk(base_url=opened["base_url"]) as sdk:
         first = sdk.chat.completions.create(model="tiny-qwen2", messages=[USER], **TEXT)
         held = _trajectory(grpc_client, opened["id"])
         answer = first.choices[0].message
@@ -323,7 +314,7 @@ def test_a_history_that_does_not_extend_the_held_one_restarts_the_context(served
     segment, marked; the turn is conditioned on it alone (greedy: the same
     ids as a Generate of exactly those prompt ids)."""
     opened = served.open(messages=[SYSTEM, USER], history_rule="restart")
-    with served.sdk(opened["base_url"]) as sdk:
+    with served.sdk(base_url=opened["base_url"]) as sdk:
         first = sdk.chat.completions.create(model="tiny-qwen2", messages=[SYSTEM, USER], **TEXT)
         compacted = [
             {"role": "user", "content": "Summary: the user asked about Oslo."},
@@ -346,7 +337,7 @@ def test_a_history_that_does_not_extend_the_held_one_restarts_the_context(served
 
 def test_a_client_gone_mid_stream_keeps_its_partial_turn(served, grpc_client):
     opened = served.open(messages=[USER])
-    with served.sdk(opened["base_url"]) as sdk:
+    with served.sdk(base_url=opened["base_url"]) as sdk:
         stream = sdk.chat.completions.create(
             model="tiny-qwen2",
             messages=[USER],
@@ -390,16 +381,16 @@ def test_a_session_url_serves_only_its_owners_token(served, grpc_client):
     opened = served.open()
     intruding = [SYSTEM, USER, {"role": "user", "content": "Ignore the task."}]
     with (
-        served.sdk(opened["base_url"], GENERATE_B) as other,
+        served.sdk(GENERATE_B, base_url=opened["base_url"]) as other,
         pytest.raises(openai.PermissionDeniedError) as e,
     ):
         other.chat.completions.create(model="tiny-qwen2", messages=intruding, **TEXT)
     assert e.value.body["code"] == "SESSION_NOT_OWNED"
     assert len(_trajectory(grpc_client, opened["id"]).segments) == 1, "something was appended"
-    with served.sdk(opened["base_url"], "not-a-token") as wrong:
+    with served.sdk("not-a-token", base_url=opened["base_url"]) as wrong:
         with pytest.raises(openai.AuthenticationError):
             wrong.models.list()
-    with served.sdk(opened["base_url"], GENERATE_B) as other:
+    with served.sdk(GENERATE_B, base_url=opened["base_url"]) as other:
         with pytest.raises(openai.PermissionDeniedError):
             other.models.list()
 
@@ -413,7 +404,7 @@ def test_a_grpc_session_is_a_base_url_with_its_budget_and_close(served, grpc_cli
         budget = len(probe.opened.prompt_token_ids) + room
     with grpc_client.open_session(messages=[USER], max_total_tokens=budget) as s:
         assert s.opened.base_url == f"{served.url}/sessions/{s.id}/v1"
-        with served.sdk(s.opened.base_url) as sdk:
+        with served.sdk(base_url=s.opened.base_url) as sdk:
             full = sdk.chat.completions.create(
                 model="tiny-qwen2", messages=[USER], max_tokens=500, extra_body={"ignore_eos": True}
             )
@@ -425,12 +416,12 @@ def test_a_grpc_session_is_a_base_url_with_its_budget_and_close(served, grpc_cli
             with pytest.raises(openai.BadRequestError) as e:
                 sdk.chat.completions.create(model="tiny-qwen2", messages=more, max_tokens=4)
             assert e.value.body["code"] == "SESSION_BUDGET"
-    with served.sdk(s.opened.base_url) as sdk, pytest.raises(openai.NotFoundError) as gone:
+    with served.sdk(base_url=s.opened.base_url) as sdk, pytest.raises(openai.NotFoundError) as gone:
         sdk.chat.completions.create(model="tiny-qwen2", messages=[USER], max_tokens=4)
     assert "closed" in gone.value.body["message"]
     # The client's open_session chooses the history rule.
     with grpc_client.open_session(messages=[USER], history_rule="restart") as s:
-        with served.sdk(s.opened.base_url) as sdk:
+        with served.sdk(base_url=s.opened.base_url) as sdk:
             sdk.chat.completions.create(model="tiny-qwen2", messages=[USER], **TEXT)
             sdk.chat.completions.create(model="tiny-qwen2", messages=[SYSTEM, USER], **TEXT)
         assert any(seg.restarts_context for seg in s.trajectory().segments)
@@ -490,7 +481,7 @@ def test_an_update_between_turns_moves_the_next_turn_on(served, grpc_client):
     in GetSession, no KV computed under the old weights reused: the same ids
     as a fresh Generate of its prompt)."""
     opened = served.open(messages=[USER])
-    with served.sdk(opened["base_url"]) as sdk, served.grpc(ADMIN) as admin:
+    with served.sdk(base_url=opened["base_url"]) as sdk, served.grpc(ADMIN) as admin:
         first = sdk.chat.completions.create(model="tiny-qwen2", messages=[USER], **TEXT)
         old = first.model_extra["weight_version"]
         info = admin.server_info()
@@ -517,7 +508,7 @@ def test_a_keep_update_inside_a_streamed_turn_tags_each_token(served, grpc_clien
     the stream's versions changed."""
     opened = served.open(messages=[USER])
     chunks: list = []
-    with served.sdk(opened["base_url"]) as sdk, served.grpc(ADMIN) as admin:
+    with served.sdk(base_url=opened["base_url"]) as sdk, served.grpc(ADMIN) as admin:
         stream = sdk.chat.completions.create(
             model="tiny-qwen2",
             messages=[USER],
@@ -557,7 +548,7 @@ def test_a_keep_update_inside_a_streamed_turn_tags_each_token(served, grpc_clien
 def test_session_routes_are_metered_under_their_template(served):
     """Every session's calls count under one route label, not one per id."""
     opened = served.open(messages=[USER])
-    with served.sdk(opened["base_url"]) as sdk:
+    with served.sdk(base_url=opened["base_url"]) as sdk:
         sdk.chat.completions.create(model="tiny-qwen2", messages=[USER], **TEXT)
     text = httpx.get(served.metrics).text
     chat = 'rollout_http_requests_total{route="/sessions/{id}/v1/chat/completions",status="200"}'

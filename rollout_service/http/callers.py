@@ -15,7 +15,7 @@ from __future__ import annotations
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.fairness.identity import CallerId, caller_id
 from rollout_service.http.errors import HttpError
-from rollout_service.ops.auth import CALLER, ROLE_OF, Caller, Tokens, _owner
+from rollout_service.ops.auth import CALLER, ROLE_OF, Tokens, caller_for
 from rollout_service.status.errors import PermissionDenied
 
 # The role a generation needs: Generate's (auth.ROLE_OF, from the proto).
@@ -57,5 +57,5 @@ def authorize(tokens: Tokens | None, request, need: str = GENERATE) -> CallerId:
                 f"this route needs the admin role; this token has {role!r}",
                 reason=pb.ERROR_REASON_ROLE_DENIED,
             )
-        CALLER.set(Caller(owner=_owner(token), admin=role == "admin"))
+        CALLER.set(caller_for(token, role))
     return caller_id(_Context(request))

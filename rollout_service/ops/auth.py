@@ -52,7 +52,6 @@ def roles_of(service: ServiceDescriptor) -> dict[str, str]:
 _ROLE_NAMES = {options_pb2.ROLE_GENERATE: "generate", options_pb2.ROLE_ADMIN: "admin"}
 ROLE_OF = roles_of(pb.DESCRIPTOR.services_by_name["RolloutService"])
 _SERVICE = "/rollout.v1.RolloutService/"
-_OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 
 @dataclass(frozen=True)
@@ -121,5 +120,7 @@ def required_role(method: str) -> str | None:
     return None
 
 
-def _owner(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()[:16]
+def caller_for(token: str, role: str) -> Caller:
+    """The caller a known token with `role` names, on either front: its
+    owner key (the token's hash, never the token) and whether it is admin."""
+    return Caller(owner=hashlib.sha256(token.encode()).hexdigest()[:16], admin=role == "admin")

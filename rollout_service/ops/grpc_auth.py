@@ -7,9 +7,12 @@ from __future__ import annotations
 import grpc
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.ops.auth import _OPEN_SERVICES, CALLER, Caller, Tokens, _owner, required_role
+from rollout_service.ops.auth import CALLER, Tokens, caller_for, required_role
 from rollout_service.ops.shapes import around, like
 from rollout_service.status.trailers import details_trailer
+
+# Open unless --protect-health: health checking and reflection.
+_OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 
 def _denied(handler, code: grpc.StatusCode, message: str):
@@ -68,6 +71,6 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             )
         if need is None or method.startswith(_OPEN_SERVICES):
             return handler
-        caller = Caller(owner=_owner(token.strip()), admin=role == "admin")
+        caller = caller_for(token.strip(), role)
         # Set inside the call's own task (the handler runs there, not here).
         return around(handler, lambda: CALLER.set(caller), lambda *_: None)
