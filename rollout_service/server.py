@@ -211,7 +211,7 @@ async def serve(config: ServerConfig, engine_args) -> int:
         *KEEPALIVE_OPTIONS,
     ]
     tokens = Tokens.load(config.tokens_file)
-    interceptors = [MetricsInterceptor()]
+    interceptors: list[grpc.aio.ServerInterceptor] = [MetricsInterceptor()]
     # vLLM's --otlp-traces-endpoint; outermost, so refused calls get a span too.
     if (traced := grpc_tracing.setup(engine_args.otlp_traces_endpoint)) is not None:
         interceptors.insert(0, traced)

@@ -187,7 +187,12 @@ def test_client_package_in_a_clean_venv(server, info, client_wheel, tmp_path, pi
     # where the check imported rollout_client from: the venv's site-packages
     pkg = Path(got["file"]).parent
     assert pkg.is_relative_to(python.parent.parent), pkg
-    for marker in ("rollout_client/py.typed", "rollout/py.typed", "rollout/v1/rollout_pb2.pyi"):
+    for marker in (
+        "rollout_client/py.typed",
+        "rollout/py.typed",
+        "rollout/v1/rollout_pb2.pyi",
+        "rollout/v1/rollout_pb2_grpc.pyi",
+    ):
         assert (pkg.parent / marker).is_file(), marker
 
 

@@ -4,13 +4,15 @@ channel (surface.py holds what both clients hold)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 import grpc
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client import core, interrupts, push, push_async, sessions, stubs, update_options
+from rollout.v1 import rollout_pb2_grpc
+from rollout_client import core, interrupts, push, push_async, sessions, update_options
 from rollout_client.connection import RolloutError
 from rollout_client.generate_request import (
     GenerateOptions,
@@ -28,10 +30,10 @@ _Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp")
 
 
-class AsyncRolloutClient(Surface[stubs.AsyncRolloutStub]):
+class AsyncRolloutClient(Surface[grpc.aio.Channel]):
     """asyncio client with the same methods as RolloutClient, awaited."""
 
-    _aio = True
+    stub: rollout_pb2_grpc.RolloutServiceAsyncStub
     _regions: push.Regions | None = None  # same-host updates' mappings, kept
     # What update_weights(delta=True) pushed last (RolloutClient.pushed).
     pushed: PushedWeights | None = None
@@ -47,8 +49,14 @@ class AsyncRolloutClient(Surface[stubs.AsyncRolloutStub]):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    def _channel(self, own_connection: bool = False) -> grpc.aio.Channel:
+        return self.options.channel(self.target, aio=True, own_connection=own_connection)
+
     async def _unary(
-        self, method: stubs.AsyncUnary[_Req, _Resp], request: _Req, timeout: float | None
+        self,
+        method: grpc.aio.UnaryUnaryMultiCallable[_Req, _Resp],
+        request: _Req,
+        timeout: float | None,
     ) -> _Resp:
         with core.rpc_errors():
             return await method(request, **self._call_args(timeout))
@@ -181,10 +189,7 @@ class AsyncRolloutClient(Surface[stubs.AsyncRolloutStub]):
     ) -> pb.UpdateWeightsResponse:
         if same_host and self._regions is None:
             self._regions = push.Regions()
-
-        def new_channel() -> grpc.aio.Channel:
-            return self.options.channel(self.target, aio=True, own_connection=True)
-
+        new_channel = functools.partial(self._channel, own_connection=True)
         return await push_async.send(
             u, self.channel, self.options, new_channel, streams, same_host, self._regions
         )

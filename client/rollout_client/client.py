@@ -18,6 +18,7 @@ own, from the service config) from connection.py.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 import grpc
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client import core, interrupts, push, sessions, stubs, update_options
+from rollout_client import core, interrupts, push, sessions, update_options
 
 # Re-exported (`X as X`: the explicit form, for type checkers too); the
 # asyncio client lives in async_client.py.
@@ -51,7 +52,7 @@ _Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp")
 
 
-class RolloutClient(Surface[stubs.RolloutStub]):
+class RolloutClient(Surface[grpc.Channel]):
     """Blocking client. Every call takes `timeout` (seconds, the deadline)."""
 
     _regions: push.Regions | None = None  # same-host updates' mappings, kept
@@ -70,8 +71,14 @@ class RolloutClient(Surface[stubs.RolloutStub]):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _channel(self, own_connection: bool = False) -> grpc.Channel:
+        return self.options.channel(self.target, aio=False, own_connection=own_connection)
+
     def _unary(
-        self, method: stubs.Unary[_Req, _Resp], request: _Req, timeout: float | None
+        self,
+        method: grpc.UnaryUnaryMultiCallable[_Req, _Resp],
+        request: _Req,
+        timeout: float | None,
     ) -> _Resp:
         with core.rpc_errors():
             return method(request, **self._call_args(timeout))
@@ -235,9 +242,7 @@ class RolloutClient(Surface[stubs.RolloutStub]):
         if self._regions is None:
             self._regions = push.Regions()
         regions = self._regions
-
-        def new_channel() -> grpc.Channel:
-            return self.options.channel(self.target, aio=False, own_connection=True)
+        new_channel = functools.partial(self._channel, own_connection=True)
 
         def send() -> pb.UpdateWeightsResponse:
             return push.send(u, self.channel, new_channel, streams, same_host, regions)

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 import grpc
 from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
+
+# A call's metadata, as ConnectionOptions.metadata() gives it: its headers, or None.
+Metadata = tuple[tuple[str, str], ...] | None
 
 # Leaves room for a 1 MiB chunk plus framing; the server's default is larger.
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
@@ -145,7 +148,7 @@ class ConnectionOptions:
                 f"connections pinged too often), got {self.keepalive_seconds}; None: no pings"
             )
 
-    def metadata(self) -> tuple[tuple[str, str], ...] | None:
+    def metadata(self) -> Metadata:
         pairs = []
         if self.token:
             pairs.append(("authorization", f"Bearer {self.token}"))
@@ -199,17 +202,30 @@ class ConnectionOptions:
             options.append(("grpc.use_local_subchannel_pool", 1))
         return options
 
+    @overload
+    def channel(
+        self, target: str, aio: Literal[False], own_connection: bool = False
+    ) -> grpc.Channel: ...
+
+    @overload
+    def channel(
+        self, target: str, aio: Literal[True], own_connection: bool = False
+    ) -> grpc.aio.Channel: ...
+
     def channel(
         self, target: str, aio: bool, own_connection: bool = False
     ) -> grpc.Channel | grpc.aio.Channel:
         """A channel (grpc.aio's with `aio`); with `own_connection`, one that
         shares no connection with the others (parallel uploads need one each)."""
-        mod = grpc.aio if aio else grpc
         options = self.channel_options(own_connection)
         creds = self.credentials()
+        if aio:
+            if creds is None:
+                return grpc.aio.insecure_channel(target, options=options)
+            return grpc.aio.secure_channel(target, creds, options=options)
         if creds is None:
-            return mod.insecure_channel(target, options=options)
-        return mod.secure_channel(target, creds, options=options)
+            return grpc.insecure_channel(target, options=options)
+        return grpc.secure_channel(target, creds, options=options)
 
     def delays(self) -> list[float]:
         """Seconds to wait before each retry of a whole weight update."""

@@ -19,8 +19,8 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client import push, stubs, update_options
-from rollout_client.connection import ConnectionOptions, RolloutError
+from rollout_client import push, update_options
+from rollout_client.connection import ConnectionOptions, Metadata, RolloutError
 
 # Re-exported (`X as X`): the generate requests' builders live in generate_request.py.
 from rollout_client.generate_request import (
@@ -180,7 +180,7 @@ def prepare_update(
     *,
     adapter: pb.AdapterTarget | None,
     timeout: float | None,
-    metadata: stubs.Metadata,
+    metadata: Metadata,
     state: PushState,
 ) -> push.Update:
     """The update of `source` with update_weights' `options`, checked

@@ -27,7 +27,8 @@ from typing import Any, Protocol
 import grpc
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client import stubs
+from rollout.v1 import rollout_pb2_grpc
+from rollout_client.connection import Metadata
 from rollout_client.interrupts import PushState, Stopped
 
 # Re-exported (`X as X`): the manifest check lived here until it got its own module.
@@ -57,7 +58,7 @@ class Update:
     chunk_bytes: int = 1 << 20
     progress: Progress | None = None
     timeout: float | None = None
-    metadata: stubs.Metadata = None
+    metadata: Metadata = None
     # The server takes TensorChunkBatch (GetServerInfo.accepts_chunk_batches).
     batch_chunks: bool = False
     # Whether the commit went out, and the way to stop the push (interrupts.py).
@@ -183,7 +184,7 @@ def upload_message(update_id: str, chunks: list[Chunk]) -> bytes:
 def one_stream(channel: grpc.Channel, u: Update) -> pb.UpdateWeightsResponse:
     """UpdateWeights: begin, every chunk in order, commit. Stopping the push
     cancels the call."""
-    call: stubs.StreamUnary[bytes, pb.UpdateWeightsResponse] = channel.stream_unary(
+    call: grpc.StreamUnaryMultiCallable[bytes, pb.UpdateWeightsResponse] = channel.stream_unary(
         UPDATE_WEIGHTS,
         request_serializer=None,  # the requests are serialized already
         response_deserializer=pb.UpdateWeightsResponse.FromString,
@@ -204,7 +205,7 @@ def parallel(
     """BeginUpdate, the chunks spread over one UploadChunks stream per
     channel, CommitUpdate; ranges a broken stream did not deliver are sent
     again (GetUpdateStatus), up to `resume_attempts` times. Aborted on error."""
-    stub = _stub(channels[0])
+    stub = rollout_pb2_grpc.RolloutServiceStub(channels[0])
     opened = stub.BeginUpdate(
         pb.BeginUpdateRequest(begin=u.begin), timeout=u.timeout, metadata=u.metadata
     )
@@ -273,7 +274,7 @@ def _upload(
             yield upload_step(u, uid, group)
 
     def run(channel: grpc.Channel) -> None:
-        call: stubs.StreamUnary[bytes, pb.UploadChunksResponse] = channel.stream_unary(
+        call: grpc.StreamUnaryMultiCallable[bytes, pb.UploadChunksResponse] = channel.stream_unary(
             UPLOAD_CHUNKS,
             request_serializer=None,
             response_deserializer=pb.UploadChunksResponse.FromString,
@@ -331,7 +332,7 @@ def same_host(
     """BeginUpdate(same_host), each tensor read straight into the server's
     staging region, CommitUpdate. Needs the server's host, /dev/shm and
     user; nothing but the calls goes over gRPC."""
-    stub = _stub(channel)
+    stub = rollout_pb2_grpc.RolloutServiceStub(channel)
     opened = stub.BeginUpdate(
         pb.BeginUpdateRequest(begin=u.begin, same_host=True),
         timeout=u.timeout,
@@ -373,13 +374,7 @@ def fill_region(u: Update, staging: pb.SharedStaging, regions: Regions | None = 
             regions.close()
 
 
-def _stub(channel: grpc.Channel) -> stubs.RolloutStub:
-    from rollout.v1 import rollout_pb2_grpc
-
-    return rollout_pb2_grpc.RolloutServiceStub(channel)
-
-
-def _abort(stub: stubs.RolloutStub, uid: str, u: Update) -> None:
+def _abort(stub: rollout_pb2_grpc.RolloutServiceStub, uid: str, u: Update) -> None:
     try:
         stub.AbortUpdate(pb.AbortUpdateRequest(update_id=uid), timeout=10, metadata=u.metadata)
     except grpc.RpcError:

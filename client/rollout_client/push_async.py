@@ -19,7 +19,7 @@ import grpc
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
-from rollout_client import core, push, stubs
+from rollout_client import core, push
 from rollout_client.connection import ConnectionOptions
 from rollout_client.interrupts import Stopped
 
@@ -31,7 +31,7 @@ async def _requests(u: push.Update) -> AsyncIterator[bytes]:
 
 async def one_stream(channel: grpc.aio.Channel, u: push.Update) -> pb.UpdateWeightsResponse:
     """UpdateWeights: begin, every chunk in order, commit, on one call."""
-    call: stubs.AsyncStreamUnary[bytes, pb.UpdateWeightsResponse] = channel.stream_unary(
+    call: grpc.aio.StreamUnaryMultiCallable[bytes, pb.UpdateWeightsResponse] = channel.stream_unary(
         push.UPDATE_WEIGHTS,
         request_serializer=None,  # the requests are serialized already
         response_deserializer=pb.UpdateWeightsResponse.FromString,
@@ -44,7 +44,7 @@ async def parallel(
 ) -> pb.UpdateWeightsResponse:
     """push.parallel on grpc.aio: BeginUpdate, one UploadChunks stream per
     channel, the missing ranges again, CommitUpdate; aborted on error."""
-    stub: stubs.AsyncRolloutStub = rollout_pb2_grpc.RolloutServiceStub(channels[0])
+    stub = rollout_pb2_grpc.RolloutServiceStub(channels[0])
     request = pb.BeginUpdateRequest(begin=u.begin)
     opened = await stub.BeginUpdate(request, timeout=u.timeout, metadata=u.metadata)
     uid = opened.update_id
@@ -78,10 +78,12 @@ async def _upload(
             yield await asyncio.to_thread(push.upload_step, u, uid, group)
 
     async def run(channel: grpc.aio.Channel) -> None:
-        call: stubs.AsyncStreamUnary[bytes, pb.UploadChunksResponse] = channel.stream_unary(
-            push.UPLOAD_CHUNKS,
-            request_serializer=None,
-            response_deserializer=pb.UploadChunksResponse.FromString,
+        call: grpc.aio.StreamUnaryMultiCallable[bytes, pb.UploadChunksResponse] = (
+            channel.stream_unary(
+                push.UPLOAD_CHUNKS,
+                request_serializer=None,
+                response_deserializer=pb.UploadChunksResponse.FromString,
+            )
         )
         try:
             await call(requests(), timeout=u.timeout, metadata=u.metadata)
@@ -97,7 +99,7 @@ async def same_host(
 ) -> pb.UpdateWeightsResponse:
     """push.same_host on grpc.aio: BeginUpdate(same_host), the region filled
     in a worker thread, CommitUpdate; aborted on error."""
-    stub: stubs.AsyncRolloutStub = rollout_pb2_grpc.RolloutServiceStub(channel)
+    stub = rollout_pb2_grpc.RolloutServiceStub(channel)
     request = pb.BeginUpdateRequest(begin=u.begin, same_host=True)
     opened = await stub.BeginUpdate(request, timeout=u.timeout, metadata=u.metadata)
     try:
@@ -109,7 +111,7 @@ async def same_host(
 
 
 async def _commit(
-    stub: stubs.AsyncRolloutStub, uid: str, u: push.Update
+    stub: rollout_pb2_grpc.RolloutServiceAsyncStub, uid: str, u: push.Update
 ) -> pb.UpdateWeightsResponse:
     if not u.state.committing():
         raise Stopped
@@ -119,7 +121,9 @@ async def _commit(
     return result
 
 
-async def _abort(stub: stubs.AsyncRolloutStub, uid: str, u: push.Update, e: BaseException) -> None:
+async def _abort(
+    stub: rollout_pb2_grpc.RolloutServiceAsyncStub, uid: str, u: push.Update, e: BaseException
+) -> None:
     if isinstance(e, asyncio.CancelledError):
         u.state.stop()  # the worker thread stops filling before the abort
     try:

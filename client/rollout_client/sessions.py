@@ -18,8 +18,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, Literal, Protocol, TypeVar, Unpack
 
+import grpc
+
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client import core, stubs
+from rollout.v1 import rollout_pb2_grpc
+from rollout_client import core
 from rollout_client.generate_request import Sampling
 
 _Req = TypeVar("_Req")
@@ -31,10 +34,13 @@ class Calls(Protocol):
     so that this module does not import the client that imports it)."""
 
     @property
-    def stub(self) -> stubs.RolloutStub: ...
+    def stub(self) -> rollout_pb2_grpc.RolloutServiceStub: ...
 
     def _unary(
-        self, method: stubs.Unary[_Req, _Resp], request: _Req, timeout: float | None
+        self,
+        method: grpc.UnaryUnaryMultiCallable[_Req, _Resp],
+        request: _Req,
+        timeout: float | None,
     ) -> _Resp: ...
 
     def _call_args(self, timeout: float | None) -> dict[str, Any]: ...
@@ -44,10 +50,13 @@ class AsyncCalls(Protocol):
     """What an AsyncSession needs of its AsyncRolloutClient."""
 
     @property
-    def stub(self) -> stubs.AsyncRolloutStub: ...
+    def stub(self) -> rollout_pb2_grpc.RolloutServiceAsyncStub: ...
 
     async def _unary(
-        self, method: stubs.AsyncUnary[_Req, _Resp], request: _Req, timeout: float | None
+        self,
+        method: grpc.aio.UnaryUnaryMultiCallable[_Req, _Resp],
+        request: _Req,
+        timeout: float | None,
     ) -> _Resp: ...
 
     def _call_args(self, timeout: float | None) -> dict[str, Any]: ...

@@ -4,27 +4,31 @@ one channel and its stubs, and the preparation of an update."""
 
 from __future__ import annotations
 
+import abc
 import functools
 from typing import Any, Generic, TypeVar
 
+import grpc
 from grpc_health.v1 import health_pb2_grpc
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
-from rollout_client import core, interrupts, push, stubs
+from rollout_client import core, interrupts, push
 from rollout_client.connection import ConnectionOptions
 from rollout_client.update_options import UpdateOptions
 
-# The stub's type: blocking (RolloutClient) or grpc.aio (AsyncRolloutClient).
-_Stub = TypeVar("_Stub", stubs.RolloutStub, stubs.AsyncRolloutStub)
+# The channel's type: blocking (RolloutClient) or grpc.aio (AsyncRolloutClient).
+_Channel = TypeVar("_Channel", grpc.Channel, grpc.aio.Channel)
 
 
-class Surface(Generic[_Stub]):
+class Surface(Generic[_Channel], abc.ABC):
     """What both clients hold: the target, the default deadline, the options,
     one channel (sync or grpc.aio) and its stubs."""
 
-    _aio = False
-    stub: _Stub
+    # The generated stub, typed by its channel: AsyncRolloutClient's is a
+    # RolloutServiceAsyncStub (rollout_pb2_grpc.pyi), whose calls are awaited.
+    channel: _Channel
+    stub: rollout_pb2_grpc.RolloutServiceStub
 
     def __init__(
         self,
@@ -37,9 +41,13 @@ class Surface(Generic[_Stub]):
         self.timeout = timeout
         self.target = target
         self.options = options or ConnectionOptions(**option_fields)
-        self.channel = self.options.channel(target, aio=self._aio)
+        self.channel = self._channel()
         self.stub = rollout_pb2_grpc.RolloutServiceStub(self.channel)
         self._health = health_pb2_grpc.HealthStub(self.channel)
+
+    @abc.abstractmethod
+    def _channel(self, own_connection: bool = False) -> _Channel:
+        """A channel to the target, the client's kind (ConnectionOptions.channel)."""
 
     def _call_args(self, timeout: float | None) -> dict[str, Any]:
         """A call's deadline (the client's unless given) and metadata."""

@@ -229,7 +229,8 @@ async def engine_info(engine: Engine, max_prompt_tokens: int | None = None) -> E
         manifest=manifest,
         groups=groups,
         kv_connector=engine.vllm_config.kv_transfer_config is not None,
-        logprobs_mode=pb.LogprobsMode.Value(f"LOGPROBS_MODE_{mc.logprobs_mode.upper()}"),
+        # Value() gives an int (types-protobuf); protoc's .pyi types the field as LogprobsMode.
+        logprobs_mode=pb.LogprobsMode.Value(f"LOGPROBS_MODE_{mc.logprobs_mode.upper()}"),  # type: ignore[arg-type]
     )
 
 

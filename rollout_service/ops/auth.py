@@ -44,7 +44,9 @@ def roles_of(service: ServiceDescriptor) -> dict[str, str]:
     none is declared, so an RPC added without one is refused to the rest."""
     roles = {}
     for method in service.methods:
-        declared = method.GetOptions().Extensions[options_pb2.role]
+        # protoc's .pyi types the extension as a plain FieldDescriptor, which
+        # types-protobuf's Extensions does not take as an index.
+        declared: options_pb2.Role = method.GetOptions().Extensions[options_pb2.role]  # type: ignore[index]
         roles[method.name] = _ROLE_NAMES.get(declared, "admin")
     return roles
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
@@ -49,7 +49,8 @@ def around(
     `end(state, context, cancelled)` (the interceptors' shared shape; a
     streaming call ends when its last item is sent, or it is cancelled)."""
     if handler.response_streaming:
-        inner = handler.unary_stream or handler.stream_stream
+        # grpc.aio's behaviours are async; types-grpcio types the sync server's.
+        inner: Any = handler.unary_stream or handler.stream_stream
 
         async def stream_wrapper(request, context):
             state = start()

@@ -184,6 +184,7 @@ def tokens_to_proto(
     """Adds tokens [first, n) (counted with the snapshot) to `out`, off the
     event loop: they grow with the history, and the arrays only grow meanwhile."""
     out.token_ids.extend(t.ids[first:n].tolist())
-    out.sources.extend(t.sources[first:n].tolist())
+    # Plain ints: protoc's .pyi types the field's items as TokenSource members.
+    out.sources.extend(t.sources[first:n].tolist())  # type: ignore[arg-type]
     out.logprobs.extend(t.logprobs[first:n].tolist())
     return out
