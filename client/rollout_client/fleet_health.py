@@ -43,8 +43,9 @@ import grpc
 from grpc_health.v1 import health_pb2_grpc
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client import core, fleet_staging, push, stubs
+from rollout_client import core, fleet_staging, push
 from rollout_client.client import RolloutClient, RolloutError
+from rollout_client.connection import Metadata
 from rollout_client.fleet_replicas import Failure, Replica, Replicas, gone
 from rollout_codecs.sources import SourceTensor
 
@@ -175,7 +176,7 @@ class Keeper:
                     log.exception("fleet keeper: a check failed")
 
 
-def _serving(channel: grpc.Channel, metadata: stubs.Metadata) -> bool:
+def _serving(channel: grpc.Channel, metadata: Metadata) -> bool:
     try:
         stub = health_pb2_grpc.HealthStub(channel)
         status: int = stub.Check(core.HEALTH_CHECK, timeout=PROBE_TIMEOUT, metadata=metadata).status

@@ -20,7 +20,8 @@ import grpc
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
-from rollout_client import push, stubs
+from rollout_client import push
+from rollout_client.connection import Metadata
 from rollout_client.fleet_replicas import Failure, Replica, gone
 
 
@@ -48,11 +49,11 @@ class FleetUpdateError(Exception):
         self.errors = errors
 
 
-def stub(r: Replica) -> stubs.RolloutStub:
+def stub(r: Replica) -> rollout_pb2_grpc.RolloutServiceStub:
     return rollout_pb2_grpc.RolloutServiceStub(r.client.channel)
 
 
-def metadata(r: Replica) -> stubs.Metadata:
+def metadata(r: Replica) -> Metadata:
     return r.client.options.metadata()
 
 
@@ -148,10 +149,12 @@ def _fan_out(
             while (chunks := q.get()) is not None:
                 yield push.upload_message(uid, chunks)
 
-        call: stubs.StreamUnary[bytes, pb.UploadChunksResponse] = r.client.channel.stream_unary(
-            "/rollout.v1.RolloutService/UploadChunks",
-            request_serializer=None,
-            response_deserializer=pb.UploadChunksResponse.FromString,
+        call: grpc.StreamUnaryMultiCallable[bytes, pb.UploadChunksResponse] = (
+            r.client.channel.stream_unary(
+                "/rollout.v1.RolloutService/UploadChunks",
+                request_serializer=None,
+                response_deserializer=pb.UploadChunksResponse.FromString,
+            )
         )
         try:
             call(requests(), timeout=u.timeout, metadata=metadata(r))
