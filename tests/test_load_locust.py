@@ -1,10 +1,11 @@
 """The Locust load test (rollout_client.load, docs/load-testing.md), run the
 three ways a user runs it: headless against the real server (a short mix of
-generations, sessions and a trainer's KEEP and WAIT pushes: no failure, no
-stale token, reports written), the web UI (its page served), and distributed
-(a master and two workers: the master's report sums theirs). And the
-watcher, engine-free: a stale response fails a real Locust run, and its rules
-and the trajectory check on their own.
+generations, sessions over gRPC and over their OpenAI base URL, and a
+trainer's KEEP and WAIT pushes: no failure, no stale token, reports
+written), the web UI (its page served), and distributed (a master and two
+workers: the master's report sums theirs). The watcher fails a real run
+against a server whose update gate is bypassed (a fault hook); its rules and
+the trajectory checks are tested on their own, engine-free.
 
 Locust runs as a subprocess every time: importing it patches the process for
 gevent, which pytest's process must not be.
@@ -13,14 +14,20 @@ gevent, which pytest's process must not be.
 from __future__ import annotations
 
 import subprocess
-import sys
-import textwrap
 
 import pytest
 
 from harness.serverproc import free_port
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client.load.watcher import Watcher, trajectory_disagreement
+from rollout_client.load.options import session_url
+from rollout_client.load.watcher import (
+    ChatTurn,
+    Watcher,
+    chat_disagreement,
+    spans_within,
+    trajectory_disagreement,
+)
+from rollout_service.ops import faults
 from tests.support.load import Run, locust_cmd, read_stats, read_tokens
 
 # Counted as the trainer's entries in the headless run: both pause modes ran.
@@ -67,51 +74,76 @@ def test_trajectory_disagreement_names_what_differs():
     assert "versions differ" in trajectory_disagreement(wrong_version, [1, 2], [turn, [5]])
 
 
-# A locustfile whose one user feeds the watcher a response that carries the
-# starting version after a push was acknowledged, as a server whose update
-# gate let a call through early would send it (the watcher's input, without
-# a fault hook in the server).
-STALE_FEEDER = """
-    from locust import User, constant, task
-
-    from rollout.v1 import rollout_pb2 as pb
-    from rollout_client.load.report import Report
-
-
-    class StaleFeeder(User):
-        wait_time = constant(60)  # once: the run ends at its time limit
-
-        @task
-        def feed(self):
-            report = Report.of(self.environment)
-            report.watcher.seen("start")
-            report.watcher.acknowledged("load-1")
-            mark = report.watcher.sent()
-            fresh = [pb.VersionSpan(weight_version="load-1", start=0, count=4)]
-            report.verdict("Generate versions", mark, fresh)
-            stale = [pb.VersionSpan(weight_version="start", start=0, count=4)]
-            report.verdict("Generate versions", mark, stale)
-"""
+def test_chat_disagreement_checks_a_base_url_sessions_ids_against_its_trajectory():
+    # Opened on [1, 2]; turn 0 followed [1, 2, 3] (the generation prompt) and
+    # sampled [7, 8]; the environment's message and the next generation
+    # prompt appended [5, 6]; turn 1 sampled [9].
+    turns = [ChatTurn([1, 2, 3], [7, 8]), ChatTurn([1, 2, 3, 7, 8, 5, 6], [9])]
+    p, s, a = pb.TOKEN_SOURCE_PROMPT, pb.TOKEN_SOURCE_SAMPLED, pb.TOKEN_SOURCE_APPENDED
+    spans = [span("a", 2, 3), span("b", 1, 7)]
+    good = pb.GetSessionResponse(
+        token_ids=[1, 2, 3, 7, 8, 5, 6, 9], sources=[p, p, a, s, s, a, a, s], version_spans=spans
+    )
+    assert chat_disagreement(good, [1, 2], turns) == ""
+    edited = [turns[0], ChatTurn([1, 2, 3, 7, 4, 5, 6], [9])]
+    assert "turn 1's prompt ids" in chat_disagreement(good, [1, 2], edited)
+    wrong = pb.GetSessionResponse(token_ids=[1, 2, 3, 7, 8, 5, 6, 4], sources=good.sources)
+    assert "index 7" in chat_disagreement(wrong, [1, 2], turns)
+    unsampled = pb.GetSessionResponse(token_ids=good.token_ids, sources=[p, p, a, s, a, a, a, s])
+    assert "sources differ" in chat_disagreement(unsampled, [1, 2], turns)
+    # Each turn's versions as GetSession holds them, for the watcher.
+    [(v, start, count)] = [(x.weight_version, x.start, x.count) for x in spans_within(spans, 7, 1)]
+    assert (v, start, count) == ("b", 0, 1)
 
 
-def test_a_stale_response_fails_the_run(tmp_path):
-    locustfile = tmp_path / "locustfile.py"
-    locustfile.write_text(textwrap.dedent(STALE_FEEDER))
-    prefix = tmp_path / "run"
-    cmd = [sys.executable, "-m", "locust", "-f", str(locustfile), "--headless"]
-    cmd += ["-u", "1", "-t", "2s", "--csv", str(prefix), "--only-summary"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+def test_an_openai_agents_session_url_is_the_flags_or_the_one_opensession_answered():
+    opened = pb.OpenSessionResponse(
+        session_id="s1", base_url="http://replica-0:8000/sessions/s1/v1"
+    )
+    assert session_url("", opened) == opened.base_url
+    assert session_url("https://lb:443/", opened) == "https://lb:443/sessions/s1/v1"
+    with pytest.raises(RuntimeError, match="--http-port"):
+        session_url("", pb.OpenSessionResponse(session_id="s1"))
+
+
+@pytest.mark.timeout(150)
+def test_a_server_whose_gate_stamps_old_versions_fails_the_run(server, fault_file, tmp_path):
+    """The server's update gate bypassed on purpose (the fault "stale-gate",
+    rollout_service/ops/faults.py: calls admitted after an update are tagged
+    as if it had not happened): the stale tokens reach the client, and the
+    watcher fails the run on them, everything else succeeding."""
+    prefix = tmp_path / "stale"
+    args = ["--headless", "-u", "3", "-r", "3", "-t", "8s", "--only-summary"]
+    args += ["--rollout-target", server.target, "--push-every", "2", "--pause-modes", "wait"]
+    args += ["--csv", str(prefix), "StreamUser", "TrainerUser"]
+    fault_file.write_text(faults.STALE_GATE)
+    try:
+        done = subprocess.run(locust_cmd(args), capture_output=True, text=True, timeout=120)
+    finally:
+        fault_file.unlink(missing_ok=True)
     assert done.returncode == 1, done.stderr[-3000:]
     stats = read_stats(prefix)
-    assert stats[("watcher", "Generate versions")] == {"requests": 2, "failures": 1}
-    assert "StaleTokens" in done.stderr and "4 of 4 tokens from start" in done.stderr
+    assert stats[("watcher", "GenerateStream versions")]["failures"] >= 1, stats
+    calls = {k: v for k, v in stats.items() if k[0] in ("grpc", "update")}
+    assert calls[("update", "push WAIT")]["requests"] >= 1, stats
+    assert all(v["failures"] == 0 for v in calls.values()), stats
+    assert read_tokens(prefix)["stale_tokens"] > 0
+    assert "StaleTokens" in done.stderr, done.stderr[-3000:]
+
+
+# OpenAIAgentUser is off by default (it needs the HTTP front): weighted in.
+OPENAI_AGENTS = '[{"user_class_name": "OpenAIAgentUser", "weight": 2}]'
 
 
 @pytest.mark.timeout(180)
-def test_headless_run_mixes_generations_sessions_and_pushes_without_stale_tokens(server, tmp_path):
+def test_headless_run_mixes_generations_sessions_and_pushes_without_stale_tokens(
+    own_server, tmp_path
+):
     prefix, html = tmp_path / "run", tmp_path / "report.html"
-    args = ["--headless", "-u", "6", "-r", "6", "-t", "18s", "--only-summary"]
-    args += ["--rollout-target", server.target, "--push-every", "3"]
+    args = ["--headless", "-u", "7", "-r", "7", "-t", "18s", "--only-summary"]
+    args += ["--rollout-target", own_server.target, "--push-every", "3"]
+    args += ["--rollout-http-url", f"http://{own_server.http_target}"]
+    args += ["--config-users", OPENAI_AGENTS]
     args += ["--pause-modes", "keep,wait", "--turns", "3", "--output-tokens", "16-32"]
     args += ["--csv", str(prefix), "--html", str(html)]
     done = subprocess.run(locust_cmd(args), capture_output=True, text=True, timeout=150)
@@ -124,7 +156,11 @@ def test_headless_run_mixes_generations_sessions_and_pushes_without_stale_tokens
         ("grpc", "GenerateStream ITL"),
         ("grpc", "GenerateMany"),
         ("grpc", "SessionGenerate"),
+        ("http", "chat turn"),
         ("watcher", "session trajectory"),
+        ("watcher", "chat turn versions"),
+        ("watcher", "chat trajectory"),
+        ("watcher", "chat trajectory versions"),
         ("update", "pause KEEP"),
         ("update", "pause WAIT"),
         *PUSH_ENTRIES,

@@ -24,6 +24,7 @@ from contextlib import asynccontextmanager
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.engine.served import Served
+from rollout_service.ops import faults
 from rollout_service.status.errors import ResourceExhausted
 
 
@@ -59,6 +60,11 @@ class AdmissionGate:
         self._idle = asyncio.Event()
         self._idle.set()
         self._tickets: set[Ticket] = set()
+        # Tests only (ops/faults.py): None in every server started without
+        # the fault file's variable, and then admission never reads a file.
+        self._fault_file = faults.fault_file()
+        # The version served when the gate last closed: before the update.
+        self._before = served.version
 
     @property
     def is_open(self) -> bool:
@@ -90,7 +96,7 @@ class AdmissionGate:
                 await self._open.wait()
         finally:
             self.waiting -= 1
-        ticket = Ticket(self.served.version, self.served.keep_epoch)
+        ticket = Ticket(self._version(), self.served.keep_epoch)
         self._tickets.add(ticket)
         self._idle.clear()
         try:
@@ -108,8 +114,16 @@ class AdmissionGate:
             if t.engine_id is not None and engine_running(t.engine_id)
         )
 
+    def _version(self) -> str:
+        """The served version, which a new call's ticket carries; under the
+        test fault "stale-gate", the one served before the last update."""
+        if self._fault_file and faults.read(self._fault_file) == faults.STALE_GATE:
+            return self._before
+        return self.served.version
+
     def close(self) -> None:
         """New calls wait (until `open`)."""
+        self._before = self.served.version
         self._open.clear()
 
     def open(self) -> None:

@@ -13,7 +13,6 @@ worker processes with no other wiring.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -28,6 +27,8 @@ from vllm.distributed.weight_transfer.base import (
 
 from rollout_service.handoff.region import SegmentReader
 from rollout_service.handoff.staged_tensor import BACKEND_NAME, StagedTensor
+from rollout_service.ops import faults
+from rollout_service.ops.faults import FAULT_FILE_ENV
 from rollout_service.worker import reload_state
 
 
@@ -139,20 +140,14 @@ def tensor_view(buf, t: StagedTensor) -> tuple[str, torch.Tensor]:
     return t.name, flat.view(dtype).reshape(t.shape)
 
 
-# Fault testing only: a server started with this set to a path (its workers
-# read it once, at import; unset, a load never looks at it). While a file
-# exists there, loading fails inside `load_weights` after as many tensors as
-# the file's content says (0 when empty): the only way to exercise a failure
-# half-way through a real load. A file saying "stall" holds the load instead
-# (rewritten to "stalled" once it does) until the test changes or removes it:
-# an apply that lasts exactly as long as a test needs.
-FAULT_FILE_ENV = "ROLLOUT_SERVICE_FAULT_FILE"
-_FAULT_FILE = os.environ.get(FAULT_FILE_ENV) or None
+# Fault testing only (ops/faults.py): the workers read the variable once, at
+# import; unset, a load never looks at a file. The gate's fault is not theirs.
+_FAULT_FILE = faults.fault_file()
 
 
 def _with_fault(named: Iterator[tuple[str, torch.Tensor]], path: str) -> Iterator:
     text = _stall(path)
-    if text is None:
+    if text is None or text == faults.STALE_GATE:
         yield from named
         return
     after = int(text or 0)
@@ -165,22 +160,14 @@ def _with_fault(named: Iterator[tuple[str, torch.Tensor]], path: str) -> Iterato
 
 def _stall(path: str) -> str | None:
     """The fault file's content once it no longer says "stall" (None: absent)."""
-    text = _read(path)
-    if text == "stall":
+    text = faults.read(path)
+    if text == faults.STALL:
         with open(path, "w") as f:
-            f.write("stalled")
-    while text in ("stall", "stalled"):
+            f.write(faults.STALLED)
+    while text in (faults.STALL, faults.STALLED):
         time.sleep(0.02)
-        text = _read(path)
+        text = faults.read(path)
     return text
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except FileNotFoundError:
-        return None
 
 
 def register() -> None:

@@ -24,6 +24,13 @@ FLAGS: tuple[tuple[str, str, str, str], ...] = (
     ("--rollout-tls-ca", "ROLLOUT_TLS_CA", "", "PEM file of root certificates: TLS on"),
     ("--rollout-tls-cert", "ROLLOUT_TLS_CERT", "", "client certificate chain (mutual TLS)"),
     ("--rollout-tls-key", "ROLLOUT_TLS_KEY", "", "client private key (mutual TLS)"),
+    (
+        "--rollout-http-url",
+        "ROLLOUT_HTTP_URL",
+        "",
+        "the HTTP front's URL (http[s]://host:port) for OpenAIAgentUser's sessions "
+        "(default: the base URL OpenSession answers)",
+    ),
     ("--prompt-tokens", "ROLLOUT_PROMPT_TOKENS", "32", "prompt length in tokens"),
     ("--output-tokens", "ROLLOUT_OUTPUT_TOKENS", "32", "max_tokens of each generation"),
     ("--many-requests", "ROLLOUT_MANY_REQUESTS", "8", "generations per GenerateMany stream"),
@@ -116,3 +123,16 @@ def connection(o: Any) -> tuple[str, ConnectionOptions]:
         private_key=_read(o.rollout_tls_key),
     )
     return str(o.rollout_target or os.environ.get("ROLLOUT_TARGET", "")), options
+
+
+def session_url(http_url: str, opened: pb.OpenSessionResponse) -> str:
+    """A session's OpenAI base URL: on `--rollout-http-url` when given (the
+    load machine reaches the HTTP front under another name), else as
+    OpenSession answered it (empty when the server runs no HTTP front)."""
+    if http_url:
+        return f"{http_url.rstrip('/')}/sessions/{opened.session_id}/v1"
+    if not opened.base_url:
+        raise RuntimeError(
+            "the session has no base URL: serve with --http-port, or give --rollout-http-url"
+        )
+    return opened.base_url

@@ -150,12 +150,12 @@ class Report:
         self.fire(WATCHER, name, 0.0, v.tokens, error)
         return v
 
-    def trajectory(self, disagreement: str) -> None:
+    def trajectory(self, disagreement: str, name: str = "session trajectory") -> None:
         """The verdict on one session's trajectory ("" when it agrees)."""
         error = TrajectoryMismatch(disagreement) if disagreement else None
         if error:
-            log.error("watcher: session trajectory: %s", disagreement)
-        self.fire(WATCHER, "session trajectory", 0.0, 0, error)
+            log.error("watcher: %s: %s", name, disagreement)
+        self.fire(WATCHER, name, 0.0, 0, error)
 
     # -- listeners ---------------------------------------------------------
 

@@ -109,11 +109,14 @@ def trajectory_disagreement(
     trajectory: pb.GetSessionResponse,
     prompt: Sequence[int],
     steps: Sequence[pb.SessionGenerateResponse | Sequence[int]],
+    compare_versions: bool = True,
 ) -> str:
     """Where a session's trajectory differs from what its calls returned ("":
     nowhere). `steps` are, in order, each turn's response and each append's
     token ids, for a session opened with `prompt` ids (no template: a session
-    opened from ids holds exactly its prompt, turns and appends)."""
+    opened from ids holds exactly its prompt, turns and appends). Without
+    `compare_versions` the turns' versions are not compared (responses that carry
+    none per token: `chat_disagreement`)."""
     ids, sources, versions = list(prompt), [pb.TOKEN_SOURCE_PROMPT] * len(prompt), []
     for step in steps:
         if isinstance(step, pb.SessionGenerateResponse):
@@ -139,6 +142,52 @@ def trajectory_disagreement(
     if list(trajectory.sources) != sources:
         return "token sources differ from what the calls returned"
     held = span_versions(trajectory.version_spans)
-    if held != versions:
+    if compare_versions and held != versions:
         return f"sampled tokens' versions differ: trajectory {held}, responses {versions}"
     return ""
+
+
+@dataclass(frozen=True)
+class ChatTurn:
+    """One turn over a session's base URL as its answer reported it
+    (`return_token_ids`): the ids it followed from the context's start and
+    the ids it sampled."""
+
+    prompt_token_ids: Sequence[int]
+    token_ids: Sequence[int]
+
+
+def chat_disagreement(
+    trajectory: pb.GetSessionResponse, prompt: Sequence[int], turns: Sequence[ChatTurn]
+) -> str:
+    """Where the trajectory of a session driven over its base URL differs
+    from the turns' answers ("": nowhere): each turn's prompt extends what
+    the one before followed and sampled (what lies between was appended: the
+    environment's message, the generation prompt), and the trajectory holds
+    exactly that, each turn's ids sampled. An answer carries one version (its
+    admission's), not one per token: the versions are not compared here (the
+    watcher judges the trajectory's own, `spans_within`)."""
+    steps: list[pb.SessionGenerateResponse | Sequence[int]] = []
+    before = list(prompt)
+    for k, turn in enumerate(turns):
+        context = list(turn.prompt_token_ids)
+        if context[: len(before)] != before:
+            return f"turn {k}'s prompt ids do not extend the ids before it"
+        steps.append(context[len(before) :])
+        steps.append(pb.SessionGenerateResponse(completion=pb.Completion(token_ids=turn.token_ids)))
+        before = context + list(turn.token_ids)
+    return trajectory_disagreement(trajectory, prompt, steps, compare_versions=False)
+
+
+def spans_within(spans: Iterable[pb.VersionSpan], start: int, count: int) -> list[pb.VersionSpan]:
+    """The spans over tokens [start, start + count) of a trajectory, counted
+    from `start`: one turn's versions as GetSession holds them."""
+    end = start + count
+    out = []
+    for s in spans:
+        lo, hi = max(s.start, start), min(s.start + s.count, end)
+        if lo < hi:
+            out.append(
+                pb.VersionSpan(weight_version=s.weight_version, start=lo - start, count=hi - lo)
+            )
+    return out
