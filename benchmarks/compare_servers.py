@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks.loadgen import Record
@@ -85,13 +86,15 @@ def model_vocab(model_dir: Path) -> int:
 
 
 def rollout_server(
-    args, floating: bool = False, env: dict[str, str] | None = None
+    args, floating: bool = False, env: dict[str, str] | None = None, flags: Sequence[str] = ()
 ) -> ServerProcess:
     """This service on the shared engine configuration. ``floating``: started
     with --no-cpu-placement, whatever --placement says; ``env`` adds to the
-    engine environment."""
+    engine environment; ``flags``: the service's own flags."""
     extra = ["--no-cpu-placement"] if floating else placement_args(args)
-    return ServerProcess("--model", MODEL, *ENGINE_ARGS, *extra, env={**ENGINE_ENV, **(env or {})})
+    return ServerProcess(
+        "--model", MODEL, *ENGINE_ARGS, *extra, *flags, env={**ENGINE_ENV, **(env or {})}
+    )
 
 
 class BaselineServer(LoggedServer):
@@ -130,14 +133,14 @@ class VllmServe(BaselineServer):
 
     name = "vllm serve"
 
-    def __init__(self, model_dir: Path):
+    def __init__(self, model_dir: Path, flags: Sequence[str] = ()):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         cmd = [
             sys.executable, "-m", "benchmarks.vllm_serve", "serve", str(model_dir),
             "--served-model-name", MODEL, "--tokenizer", str(model_dir),
             "--host", "127.0.0.1", "--port", str(self.port),
-            "--disable-uvicorn-access-log", *ENGINE_ARGS,
+            "--disable-uvicorn-access-log", *ENGINE_ARGS, *flags,
         ]  # fmt: skip
         super().__init__(cmd, "vllm-serve-")
 

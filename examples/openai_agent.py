@@ -38,6 +38,7 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import Sequence
 
 import torch
 from openai import OpenAI
@@ -109,7 +110,8 @@ def mismatch(t: pb.GetSessionResponse, responses: list[ChatCompletion]) -> tuple
     """Sampled tokens the trajectory holds otherwise than the responses
     reported them (or not at all), how many the responses reported, and
     whether each response's prompt ids are the trajectory's prefix."""
-    reported, prefixes = {}, True
+    reported: dict[int, int] = {}
+    prefixes = True
     for r in responses:
         prompt = r.model_extra["prompt_token_ids"]
         prefixes &= list(t.token_ids[: len(prompt)]) == prompt
@@ -217,7 +219,7 @@ class Trainer:
         await self.client.close()
 
 
-async def first_turns(sessions: list[AsyncSession], agents: list[asyncio.Future]) -> None:
+async def first_turns(sessions: list[AsyncSession], agents: Sequence[asyncio.Future]) -> None:
     """Until each session holds a sampled turn (or its agent ended). The
     server has no event for it: poll GetSession."""
     for s, a in zip(sessions, agents):
