@@ -18,7 +18,14 @@ from google.protobuf.descriptor_pb2 import MethodOptions
 
 from rollout.v1 import options_pb2, rollout_pb2_grpc
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.ops.auth import required_role, roles_of
+from rollout_service.ops.auth import (
+    Refusal,
+    Tokens,
+    caller_for,
+    check_bearer,
+    required_role,
+    roles_of,
+)
 from tests.support.tokens import ADMIN, GENERATE, GENERATE_B
 
 API_DOC = Path(__file__).parents[1] / "docs/api.md"
@@ -43,6 +50,20 @@ def test_the_server_needs_the_role_the_proto_declares():
     # An RPC that declares none is the admin's alone.
     bare = SimpleNamespace(name="Unmarked", GetOptions=MethodOptions)
     assert roles_of(SimpleNamespace(methods=[bare])) == {"Unmarked": "admin"}
+
+
+def test_both_fronts_check_a_bearer_header_alike():
+    """auth.check_bearer, the one check of the gRPC interceptor and the HTTP
+    front: no bearer token, an unknown one, a role short of admin, or the
+    caller (each front words the refusal itself)."""
+    tokens = Tokens({"g": "generate", "a": "admin"})
+    for header in ("", "g", "Basic g", "Bearer", "Bearer  "):
+        assert check_bearer(tokens, header, "generate") == Refusal("missing"), header
+    assert check_bearer(tokens, "Bearer x", "generate") == Refusal("unknown")
+    assert check_bearer(tokens, "Bearer g", "admin") == Refusal("role", "generate")
+    assert check_bearer(tokens, "bearer  g ", "generate") == caller_for("g", "generate")
+    assert check_bearer(tokens, "Bearer a", "generate") == caller_for("a", "admin")
+    assert check_bearer(tokens, "Bearer a", "admin").admin
 
 
 def test_the_docs_table_gives_each_rpc_its_declared_role():

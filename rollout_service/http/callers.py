@@ -15,7 +15,7 @@ from __future__ import annotations
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.fairness.identity import CallerId, caller_id
 from rollout_service.http.errors import HttpError
-from rollout_service.ops.auth import CALLER, ROLE_OF, Tokens, caller_for
+from rollout_service.ops.auth import CALLER, ROLE_OF, Refusal, Tokens, check_bearer
 from rollout_service.status.errors import PermissionDenied
 
 # The role a generation needs: Generate's (auth.ROLE_OF, from the proto).
@@ -40,22 +40,24 @@ def authorize(tokens: Tokens | None, request, need: str = GENERATE) -> CallerId:
     """The request's caller, set in auth.CALLER; raises 401 or 403 (module
     docstring) before anything else runs."""
     if tokens is not None:
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
-            raise HttpError(
-                401,
-                "missing credentials: send 'Authorization: Bearer <token>'",
-                reason=pb.ERROR_REASON_AUTH_REQUIRED,
-            )
-        role = tokens.role_of(token)
-        if role is None:
-            raise HttpError(401, "unknown token", reason=pb.ERROR_REASON_AUTH_REQUIRED)
-        if need == "admin" and role != "admin":
-            raise PermissionDenied(
-                f"this route needs the admin role; this token has {role!r}",
-                reason=pb.ERROR_REASON_ROLE_DENIED,
-            )
-        CALLER.set(caller_for(token, role))
+        caller = check_bearer(tokens, request.headers.get("authorization", ""), need)
+        if isinstance(caller, Refusal):
+            raise _refused(caller)
+        CALLER.set(caller)
     return caller_id(_Context(request))
+
+
+def _refused(refusal: Refusal) -> HttpError | PermissionDenied:
+    """401 (AUTH_REQUIRED) without a known token, 403 (ROLE_DENIED) without the role."""
+    if refusal.why == "missing":
+        return HttpError(
+            401,
+            "missing credentials: send 'Authorization: Bearer <token>'",
+            reason=pb.ERROR_REASON_AUTH_REQUIRED,
+        )
+    if refusal.why == "unknown":
+        return HttpError(401, "unknown token", reason=pb.ERROR_REASON_AUTH_REQUIRED)
+    return PermissionDenied(
+        f"this route needs the admin role; this token has {refusal.role!r}",
+        reason=pb.ERROR_REASON_ROLE_DENIED,
+    )

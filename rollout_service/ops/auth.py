@@ -1,6 +1,7 @@
 """Bearer-token authentication with two roles: the tokens, the role each RPC
 needs and the caller of the running call (the gRPC front's interceptor that
-checks them is grpc_auth.py; the HTTP front checks the same tokens and roles).
+checks them is grpc_auth.py; the HTTP front checks the same tokens and roles,
+both through `check_bearer`).
 
 `ROLE_OF` says which role may call each RPC, read from the one place that
 declares it: the RPC's `(rollout.v1.role)` option in the proto
@@ -28,6 +29,7 @@ import os
 from collections.abc import Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Literal
 
 from google.protobuf.descriptor import ServiceDescriptor
 
@@ -126,3 +128,29 @@ def caller_for(token: str, role: str) -> Caller:
     """The caller a known token with `role` names, on either front: its
     owner key (the token's hash, never the token) and whether it is admin."""
     return Caller(owner=hashlib.sha256(token.encode()).hexdigest()[:16], admin=role == "admin")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a bearer header does not admit a call: no bearer token
+    (`missing`) or an `unknown` one, which each front answers as
+    unauthenticated; or a token whose `role` lacks the admin role needed."""
+
+    why: Literal["missing", "unknown", "role"]
+    role: str = ""
+
+
+def check_bearer(tokens: Tokens, header: str, need: str) -> Caller | Refusal:
+    """The caller an `authorization: Bearer <token>` header names when its
+    token has the role `need` (admin may call everything), else why not: the
+    one check both fronts make before a call runs, each in its own words."""
+    scheme, _, token = header.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        return Refusal("missing")
+    role = tokens.role_of(token)
+    if role is None:
+        return Refusal("unknown")
+    if need == "admin" and role != "admin":
+        return Refusal("role", role)
+    return caller_for(token, role)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import grpc
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.ops.auth import CALLER, Tokens, caller_for, required_role
+from rollout_service.ops.auth import CALLER, Refusal, Tokens, check_bearer, required_role
 from rollout_service.ops.shapes import around, like
 from rollout_service.status.trailers import details_trailer
 
@@ -15,14 +15,21 @@ from rollout_service.status.trailers import details_trailer
 _OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 
-def _denied(handler, code: grpc.StatusCode, message: str):
-    """A handler of the same shape as `handler` that fails the call, with
-    the ErrorInfo reason of its code (AUTH_REQUIRED, ROLE_DENIED)."""
-    reason = (
-        pb.ERROR_REASON_AUTH_REQUIRED
-        if code == grpc.StatusCode.UNAUTHENTICATED
-        else pb.ERROR_REASON_ROLE_DENIED
-    )
+def _denied(handler, refusal: Refusal, method: str):
+    """A handler of the same shape as `handler` that fails the call:
+    UNAUTHENTICATED (AUTH_REQUIRED) or PERMISSION_DENIED (ROLE_DENIED)."""
+    code = grpc.StatusCode.UNAUTHENTICATED
+    reason = pb.ERROR_REASON_AUTH_REQUIRED
+    if refusal.why == "missing":
+        message = "missing credentials: send 'authorization: Bearer <token>' metadata"
+    elif refusal.why == "unknown":
+        message = "unknown token"
+    else:
+        code = grpc.StatusCode.PERMISSION_DENIED
+        reason = pb.ERROR_REASON_ROLE_DENIED
+        message = (
+            f"{method.rsplit('/', 1)[1]} needs the admin role; this token has '{refusal.role}'"
+        )
     trailer = details_trailer(code, message, reason)
 
     async def unary(request, context):
@@ -53,24 +60,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 return handler
             need = "generate"
         header = dict(details.invocation_metadata or ()).get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token:
-            return _denied(
-                handler,
-                grpc.StatusCode.UNAUTHENTICATED,
-                "missing credentials: send 'authorization: Bearer <token>' metadata",
-            )
-        role = self.tokens.role_of(token.strip())
-        if role is None:
-            return _denied(handler, grpc.StatusCode.UNAUTHENTICATED, "unknown token")
-        if need == "admin" and role != "admin":
-            return _denied(
-                handler,
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"{method.rsplit('/', 1)[1]} needs the admin role; this token has '{role}'",
-            )
-        if need is None or method.startswith(_OPEN_SERVICES):
+        caller = check_bearer(self.tokens, header, need)
+        if isinstance(caller, Refusal):
+            return _denied(handler, caller, method)
+        if method.startswith(_OPEN_SERVICES):
             return handler
-        caller = caller_for(token.strip(), role)
         # Set inside the call's own task (the handler runs there, not here).
         return around(handler, lambda: CALLER.set(caller), lambda *_: None)
