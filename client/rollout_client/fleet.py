@@ -183,9 +183,10 @@ class Fleet:
         self, *, move: bool = True, timeout: float | None = None, **kwargs: Any
     ) -> FleetSession:
         """A session (sessions.build_open_request's arguments) on the replica
-        with the fewest sessions; its calls follow it (see fleet_sessions).
-        `move=False`: fail instead of re-opening it elsewhere when its
-        replica is lost."""
+        with the fewest sessions; its calls follow it (see fleet_sessions),
+        and its `base_url` is that replica's URL for it (an agent's OpenAI
+        base URL). `move=False`: fail instead of re-opening it elsewhere
+        when its replica is lost."""
         if self.version is None:
             self.refresh()
         request = sessions.build_open_request(**kwargs)

@@ -22,6 +22,12 @@ holds it, and the session moves when that replica is gone.
   refused WRONG_WEIGHT_VERSION wherever the session is, and it is not moved.
 - `move=False` (Fleet.open_session): a lost session fails with the status
   that said so (UNAVAILABLE or NOT_FOUND, SESSION_LOST) instead.
+- Its OpenAI base URL (`base_url`, with the replicas' --http-port) names
+  the replica that holds it: an agent's calls there go straight to that
+  replica, unseen by the fleet. `sync()` reads them into the copy; when the
+  replica is lost, `sync()` moves the session as a gRPC call would, and
+  `base_url` then names the new replica (whose URL adopts the agent's
+  conversation on its first call: docs/openai.md, "Across a fleet").
 
 Not yet: streamed turns and LoRA adapters through the fleet (an adapter is
 not loaded on the other replicas for a moved session).
@@ -116,6 +122,20 @@ class FleetSession:
     def _client(self) -> RolloutClient:
         return self.replica.client
 
+    @property
+    def base_url(self) -> str:
+        """The session's OpenAI base URL on the replica that holds it now
+        (empty when that replica serves no --http-port); read it again after
+        `sync()` or any call moved the session."""
+        return self.opened.base_url
+
+    def sync(self) -> pb.GetSessionResponse:
+        """Reads what calls on `base_url` added into the fleet's copy and
+        returns it; when the replica is lost, re-opens the session elsewhere
+        from the copy first (with `move`), so `base_url` names a live one."""
+        self._step(lambda client, version: None, [])
+        return self.trajectory()
+
     def __enter__(self) -> FleetSession:
         return self
 
@@ -143,7 +163,8 @@ class FleetSession:
         return self._step(append, request_messages)
 
     def trajectory(self) -> pb.GetSessionResponse:
-        """The fleet's copy, up to date after every call (no call made)."""
+        """The fleet's copy, up to date after every call made through the
+        fleet (no call made; `sync()` reads calls made on `base_url`)."""
         out = pb.GetSessionResponse()
         out.CopyFrom(self.history)
         return out
@@ -220,6 +241,7 @@ class FleetSession:
             max_total_tokens=self.request.max_total_tokens,
             lora_adapter=self.request.lora_adapter,
             append_render=self.request.append_render,
+            history_rule=self.request.history_rule,
         )
         deadline = time.monotonic() + self.fleet.wait_seconds
         while True:
@@ -234,6 +256,7 @@ class FleetSession:
                 self.fleet.failed(self.replica, e, "")
         log.info("session %s moved: %s -> %s (%s)", self.id, old.target, self.replica.target, why)
         self.moves.append((old.target, self.replica.target, why))
+        self.opened = opened
         self.id = opened.session_id
         self.history.session_id = self.id
 
@@ -277,6 +300,13 @@ class AsyncFleetSession:
 
     def trajectory(self) -> pb.GetSessionResponse:
         return self.session.trajectory()
+
+    @property
+    def base_url(self) -> str:
+        return self.session.base_url
+
+    async def sync(self) -> pb.GetSessionResponse:
+        return await self.threads.run(self.session.sync)
 
     async def close(self) -> pb.CloseSessionResponse:
         return await self.threads.run(self.session.close)

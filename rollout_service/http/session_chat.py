@@ -18,7 +18,13 @@ from rollout_service.http import sampling
 from rollout_service.http.body import check_lists, parse_json, validated
 from rollout_service.http.chat import CHAT_FIELDS, ChatCall, chat_settings, required_version
 from rollout_service.http.responses import chat_message
-from rollout_service.http.session_history import Message, conversation_entry, diverged, extend
+from rollout_service.http.session_history import (
+    Message,
+    adopt,
+    conversation_entry,
+    diverged,
+    extend,
+)
 from rollout_service.sessions import appends
 from rollout_service.sessions.store import Session
 from rollout_service.status.errors import FailedPrecondition, InvalidArgument
@@ -87,21 +93,36 @@ def extend_session(session: Session, messages: list[Message], limits, tok) -> No
     `messages`, or applies the session's history rule; nothing changes
     when it refuses."""
     held = session.chat_history
+    if held is None and session.resumed_prompt is not None:
+        adopted, refused = adopt(session.resumed_prompt, session.trajectory.segments, messages)
+        if refused is None:
+            held = session.chat_history = adopted
+        elif session.history_rule != pb.HISTORY_RULE_RESTART:
+            raise refused
+        else:
+            _restart(session, messages, limits, tok)
+            return
+        session.resumed_prompt = None
     if held is None:
         raise FailedPrecondition(
             "messages: this session has no conversation a chat can extend (it was opened "
-            "with token ids, text or a resumed history); open it with messages",
+            "with token ids or text); open it with messages",
             reason=pb.ERROR_REASON_HISTORY_DIVERGED,
         )
     ext = extend(held, messages)
     if ext.diverged is not None:
         if session.history_rule != pb.HISTORY_RULE_RESTART:
             raise diverged(ext.diverged, held, messages)
-        appends.restart(session, messages, limits, tok)
-        session.chat_history = list(messages)
+        _restart(session, messages, limits, tok)
     elif ext.new:
         appends.append_messages(session, ext.new, limits, tok)
         held.extend(ext.new)
+
+
+def _restart(session: Session, messages: list[Message], limits, tok) -> None:
+    appends.restart(session, messages, limits, tok)
+    session.chat_history = list(messages)
+    session.resumed_prompt = None
 
 
 @dataclass(frozen=True)

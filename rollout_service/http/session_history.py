@@ -12,18 +12,27 @@ Tool call ids the server made, and fields a harness adds or drops
 (`refusal`, `annotations`, `name`), are not compared. The messages after the
 held ones are new: the session appends them by its template rule, then
 samples the turn. Anything else diverges at its first differing message.
+
+A session re-opened from a history (a Fleet moving it off a lost replica)
+knows the messages it opened with but not those its old URL saw: its first
+chat's messages are adopted (`adopt`) up to the assistant message of its
+last answered turn, on the caller's word, as the resumed tokens are.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rollout.v1 import rollout_pb2 as pb
+from rollout_service.sessions.trajectory import Segment
 from rollout_service.status.errors import FailedPrecondition, InvalidArgument
 
 Message = dict[str, Any]
+_SAMPLED = pb.TOKEN_SOURCE_SAMPLED
+_APPENDED = pb.TOKEN_SOURCE_APPENDED
 
 
 def text_of(content: Any, field: str) -> str:
@@ -115,6 +124,36 @@ def extend(held: list[Message], messages: list[Message]) -> Extension:
         if i >= len(messages) or normal(messages[i]) != normal(h):
             return Extension([], i)
     return Extension(messages[len(held) :])
+
+
+def adopt(
+    prompt: list[Message], segments: Sequence[Segment], messages: list[Message]
+) -> tuple[list[Message], HistoryDiverged | None]:
+    """A resumed session's held messages from its first chat's `messages`:
+    the `prompt` it opened with, then each assistant message up to the
+    number of answered turns in `segments`, and, when messages were
+    appended after the last of those (a call whose turn was lost), every
+    message (the agent sends them again). Or HISTORY_RULE_REFUSE's answer
+    when they do not line up."""
+    for i, p in enumerate(prompt):
+        if i >= len(messages) or normal(messages[i]) != normal(p):
+            return prompt, diverged(i, prompt, messages)
+    answered = [k for k, g in enumerate(segments) if g.source == _SAMPLED and not g.interrupted]
+    end, seen = len(prompt), 0
+    while seen < len(answered):
+        if end >= len(messages):
+            return prompt, HistoryDiverged(
+                f"messages: {seen} assistant messages after the {len(prompt)} the session "
+                f"opened with; it was re-opened holding {len(answered)} answered turns. "
+                "Nothing changed",
+                f"messages[{end}]",
+            )
+        seen += messages[end]["role"] == "assistant"
+        end += 1
+    after = segments[answered[-1] + 1 :] if answered else segments[1:]
+    if any(g.source == _APPENDED and not g.generation_prompt for g in after):
+        end = len(messages)
+    return messages[:end], None
 
 
 def diverged(at: int, held: list[Message], messages: list[Message]) -> HistoryDiverged:

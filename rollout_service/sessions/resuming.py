@@ -181,6 +181,8 @@ def resume(
         if i == 0:
             session.tools = load_tools(request, messages is not None)
             session.opened_with(messages, whole, nbytes)
+            if messages is not None:  # what its base URL's first chat must start with
+                session.resumed_prompt = [dict(m) for m in messages]
         elif seg.source == _SAMPLED:
             session.add_turn_to_conversation(seg)
         elif messages is not None and seg.restarts_context:

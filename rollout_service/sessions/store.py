@@ -80,6 +80,9 @@ class Session:
     # (http/session_history.py; None: it has none a chat could extend).
     history_rule: int = pb.HISTORY_RULE_REFUSE
     chat_history: Any = None
+    # A resumed history's opening messages, until its base URL's first chat
+    # adopts the conversation the old URL saw (session_history.adopt).
+    resumed_prompt: list[Any] | None = None
     # APPEND_RENDER_WHOLE's conversation: message dicts, and each model turn
     # as its Segment (its content decoded when rendered); None: isolated.
     conversation: list[Any] | None = None

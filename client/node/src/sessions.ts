@@ -33,6 +33,7 @@ import type { AppendToSessionResponse__Output } from "./gen/rollout/v1/AppendToS
 import type { ChatMessage } from "./gen/rollout/v1/ChatMessage";
 import type { CloseSessionResponse__Output } from "./gen/rollout/v1/CloseSessionResponse";
 import type { GetSessionResponse__Output } from "./gen/rollout/v1/GetSessionResponse";
+import type { HistoryRule } from "./gen/rollout/v1/HistoryRule";
 import type { OpenSessionRequest } from "./gen/rollout/v1/OpenSessionRequest";
 import type { OpenSessionResponse__Output } from "./gen/rollout/v1/OpenSessionResponse";
 import type { SamplingParams } from "./gen/rollout/v1/SamplingParams";
@@ -52,6 +53,7 @@ export type * from "./gen/rollout/v1/SessionState";
 export type * from "./gen/rollout/v1/TrajectorySegment";
 export type * from "./gen/rollout/v1/VersionSpan";
 export type { AppendRender, AppendRender__Output } from "./gen/rollout/v1/AppendRender";
+export type { HistoryRule, HistoryRule__Output } from "./gen/rollout/v1/HistoryRule";
 export type { TokenSource, TokenSource__Output } from "./gen/rollout/v1/TokenSource";
 
 /** A chat message as the proto has it, or with its text as a plain string
@@ -59,10 +61,24 @@ export type { TokenSource, TokenSource__Output } from "./gen/rollout/v1/TokenSou
  * take text only. */
 export type SessionMessage = ChatMessage | { role: string; content: string };
 
-/** OpenSessionRequest, its messages also with plain-string content. Every
- * other field is the proto's as it is, so a field the proto gains is
- * accepted without a change here. */
-export type OpenSessionInput = Omit<OpenSessionRequest, "messages"> & { messages?: SessionMessage[] };
+/** What a session's base URL does with a chat whose messages do not extend
+ * the held ones (HistoryRule): refuse it (HISTORY_DIVERGED), or restart the
+ * context from it. */
+export type HistoryRuleName = "refuse" | "restart";
+
+const HISTORY_RULES: Record<HistoryRuleName, HistoryRule> = {
+  refuse: "HISTORY_RULE_REFUSE",
+  restart: "HISTORY_RULE_RESTART",
+};
+
+/** OpenSessionRequest, its messages also with plain-string content, and
+ * `historyRule` by name (as the Python client's `history_rule`; the proto's
+ * `history_rule` also works, not both). Every other field is the proto's as
+ * it is, so a field the proto gains is accepted without a change here. */
+export type OpenSessionInput = Omit<OpenSessionRequest, "messages"> & {
+  messages?: SessionMessage[];
+  historyRule?: HistoryRuleName;
+};
 
 /** The environment's output: token ids held as they are, or chat messages
  * the server renders with the chat template (exactly one of them). */
@@ -95,9 +111,26 @@ export function lossMask(trajectory: Pick<GetSessionResponse__Output, "sources">
   return trajectory.sources.map((s) => (s === "TOKEN_SOURCE_SAMPLED" ? 1 : 0));
 }
 
+/** The OpenSessionRequest `req` asks for; a RangeError naming `historyRule`
+ * when it is not a rule's name or comes with `history_rule`. */
+export function openRequest(req: OpenSessionInput): OpenSessionRequest {
+  const { historyRule, ...fields } = req;
+  const request: OpenSessionRequest = { ...fields, messages: chatMessages(req.messages ?? []) };
+  if (historyRule !== undefined) {
+    if (!Object.hasOwn(HISTORY_RULES, historyRule)) {
+      throw new RangeError(`historyRule: ${JSON.stringify(historyRule)} is not "refuse" or "restart"`);
+    }
+    if (req.history_rule !== undefined) {
+      throw new RangeError("historyRule: set it or history_rule, not both");
+    }
+    request.history_rule = HISTORY_RULES[historyRule];
+  }
+  return request;
+}
+
 /** Opens a session on `calls` (RolloutClient.openSession). */
 export async function openSession(calls: Caller, req: OpenSessionInput, opts?: CallOpts): Promise<Session> {
-  const request: OpenSessionRequest = { ...req, messages: chatMessages(req.messages ?? []) };
+  const request = openRequest(req);
   return new Session(calls, await calls.unary(calls.stub.OpenSession, request, opts));
 }
 
@@ -113,6 +146,13 @@ export class Session {
     readonly opened: OpenSessionResponse__Output,
   ) {
     this.id = opened.session_id;
+  }
+
+  /** The session as an OpenAI base URL (OpenSessionResponse.base_url): every
+   * chat completion there, e.g. from the `openai` package's client, is a turn
+   * of this session. Empty when the server runs without --http-port. */
+  get baseUrl(): string {
+    return this.opened.base_url;
   }
 
   /** The next model turn, conditioned on exactly the ids the session holds;
