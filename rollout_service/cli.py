@@ -10,22 +10,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import atexit
-import difflib
 import os
 import sys
-from pathlib import Path
 from typing import NoReturn
 
+from rollout_service import start_checks
 from rollout_service.engine.tiny_models import DEFAULT_MODEL, EMBEDDED_MODELS
 from rollout_service.ops import logs
-
-_EMBEDDED = f"{DEFAULT_MODEL} (served when --model is not given) or " + ", ".join(
-    m for m in EMBEDDED_MODELS if m != DEFAULT_MODEL
-)
-MODEL_HELP = (
-    f"the folder of a local Hugging Face checkpoint, or an embedded model: {_EMBEDDED}. "
-    "Nothing is downloaded from a model hub"
-)
+from rollout_service.start_checks import MODEL_HELP
 
 
 def _add_server_args(parser) -> None:
@@ -73,29 +65,6 @@ def _top_parser():
     return parser
 
 
-def _model_problem(model: str) -> str | None:
-    """What is wrong with `--model`, in one paragraph that says what to do;
-    None if it names an embedded model or something vLLM can read. Asked
-    before anything starts: vLLM takes any other name for a model-hub id and
-    fails only once its engine starts, with a traceback about repo ids."""
-    if model in EMBEDDED_MODELS:
-        return None
-    path = Path(model).expanduser()
-    if path.is_file() or (path / "config.json").is_file() or (path / "params.json").is_file():
-        return None  # a checkpoint folder (HF or Mistral format), or a GGUF file
-    if path.is_dir():
-        found = f"{path.absolute()} is a folder without a config.json"
-    else:
-        found = f"there is no file or folder at {path.absolute()}"
-    close = difflib.get_close_matches(model, EMBEDDED_MODELS, n=1)
-    guess = f" (did you mean {close[0]}?)" if close else ""
-    return (
-        f"--model {model}: {found}{guess}. --model takes {MODEL_HELP}: to serve a model from "
-        "the Hugging Face Hub, download it first (hf download ORG/NAME --local-dir DIR) "
-        "and pass --model DIR."
-    )
-
-
 def _engine_args(args):
     from vllm.engine.arg_utils import AsyncEngineArgs
 
@@ -135,26 +104,33 @@ def _exit(code: int) -> NoReturn:
     os._exit(code)
 
 
+def _refuse(refusal: start_checks.Refusal) -> NoReturn:
+    print(f"rollout-service: {refusal.text}", file=sys.stderr)
+    sys.exit(refusal.status)
+
+
 def _serve(argv: list[str]) -> int:
     logs.configure(json_lines="--log-json" in argv)
     # On CPU vLLM sizes its KV cache from this (GiB); its default fraction of
     # host memory fails on small machines. GPU builds ignore it.
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     top, rest = _top_parser().parse_known_args(argv[:1])
+    argv = argv[1:] + rest
+    # Before vLLM's import (10 to 15 s): refused at once, nothing imported.
+    if refusal := start_checks.early(argv):
+        _refuse(refusal)
     parser = build_serve_parser()
-    args = parser.parse_args(argv[1:] + rest)
-    if problem := _model_problem(args.model):
-        parser.exit(2, f"rollout-service: {problem}\n")  # a usage error: argparse's status
+    args = parser.parse_args(argv)
     from rollout_service.config import from_args
     from rollout_service.server import serve
 
     config = from_args(args)
-    if bool(config.tls_cert) != bool(config.tls_key):
-        sys.exit("rollout-service: --tls-cert and --tls-key go together")
-    if config.tls_client_ca and not config.tls_cert:
-        sys.exit("rollout-service: --tls-client-ca needs --tls-cert and --tls-key")
-    if config.chat_template and not os.access(config.chat_template, os.R_OK):
-        sys.exit(f"rollout-service: --chat-template {config.chat_template}: no readable file")
+    given = any(a.startswith("--scheduling-policy") for a in argv)
+    if refusal := start_checks.problem(
+        config, args.model, args.scheduling_policy if given else None
+    ):
+        _refuse(refusal)
+    engine_args = _engine_args(args)
     if config.tool_call_parser:
         from vllm.tool_parsers import ToolParserManager
 
@@ -165,22 +141,8 @@ def _serve(argv: list[str]) -> int:
                 f"vLLM's tool parsers ({', '.join(sorted(known))})"
             )
     from rollout_service.engine.startup import UnsupportedConfig, check_supported
-    from rollout_service.fairness.share import parse_shares
 
-    try:
-        parse_shares(config.caller_shares)
-    except ValueError as e:
-        sys.exit(f"rollout-service: {e}")
-    engine_args = _engine_args(args)
     if config.fair_share:
-        # Fair share is vLLM's priority scheduling with our priorities.
-        if any(a.startswith("--scheduling-policy") for a in argv) and (
-            engine_args.scheduling_policy != "priority"
-        ):
-            sys.exit(
-                "rollout-service: --fair-share needs vLLM's --scheduling-policy priority "
-                "(set by default); pass --no-fair-share to use another policy"
-            )
         engine_args.scheduling_policy = "priority"
     try:
         check_supported(engine_args)

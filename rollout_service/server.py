@@ -10,11 +10,9 @@ grace period, then shut the engine down (which ends its child processes).
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import os
 import signal
-import socket
 import time
 
 import grpc
@@ -37,6 +35,7 @@ from rollout_service.ops.grpc_metrics import MetricsInterceptor
 from rollout_service.pipeline.serving import App
 from rollout_service.rpc.readiness import Serving
 from rollout_service.rpc.servicer import add_to_server
+from rollout_service.start_checks import in_use, in_use_problem
 from rollout_service.status.errors import engine_dead
 from rollout_service.update.reservation import reserve_for_checkpoint
 from rollout_service.worker.weights_backend import FAULT_FILE_ENV
@@ -106,38 +105,6 @@ def _add_port(server, config: ServerConfig) -> int:
     return server.add_secure_port(address, creds)
 
 
-def _in_use_problem(host: str, port: int) -> str | None:
-    """What to do when something already listens on HOST:PORT; None if
-    nothing does. Asked before gRPC binds, which would print its own error and
-    an internal one, neither naming --port."""
-    if port == 0:
-        return None
-    try:
-        addresses = socket.getaddrinfo(
-            host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
-    except OSError:
-        return None  # gRPC says what is wrong with the host
-    for family, kind, proto, _, address in addresses:
-        with socket.socket(family, kind, proto) as probe:
-            # As gRPC binds: a port left in TIME_WAIT by a stopped server is free.
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind(address)
-            except OSError as e:
-                if e.errno == errno.EADDRINUSE:
-                    return _in_use(host, port)
-    return None
-
-
-def _in_use(host: str, port: int) -> str:
-    return (
-        f"{host}:{port} is in use: another server listens there (a rollout-service "
-        "started earlier?). Stop it, or start this one on another port: --port "
-        f"{port + 1}, say, or --port 0 for any free one (the log names it)"
-    )
-
-
 class _Signals:
     """SIGTERM and SIGINT: the first asks for the orderly stop, a second one
     hurries it (a terminal's user presses Ctrl-C twice to mean "now"). The
@@ -177,7 +144,7 @@ async def serve(config: ServerConfig, engine_args) -> int:
     """Runs the server until a signal; returns the process exit code."""
     signals = _Signals()
     # Before anything else: the commonest mistake on a first run.
-    if problem := _in_use_problem(config.host, config.port):
+    if problem := in_use_problem(config.host, config.port):
         log.error("cannot start: %s", problem)
         return 1
     # Before the engine: several CPU workers need their cores (placement.py).
@@ -238,7 +205,7 @@ async def serve(config: ServerConfig, engine_args) -> int:
     except RuntimeError as e:  # gRPC's "Failed to bind to address ..."
         log.error(
             "cannot start: %s (or it cannot be bound here: %s)",
-            _in_use(config.host, config.port),
+            in_use(config.host, config.port),
             e,
         )
         staging.close()

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from rollout_service import cli
 from rollout_service.cli import build_serve_parser
 from rollout_service.config import ServerConfig, field_docs, from_args
+from rollout_service.ops import logs
 
 
 def test_every_field_has_a_documented_flag():
@@ -49,7 +51,8 @@ def test_flags_reach_their_fields():
     ],
 )
 def test_fair_share_flags_that_cannot_work_are_refused_at_start(flags, says):
-    # Refused before any engine starts (rollout_service/cli.py), with what to do.
+    # Refused before any engine starts (rollout_service/start_checks.py), with
+    # what to do, and before vLLM is imported: at once, none of its log lines.
     p = subprocess.run(
         [str(Path(sys.executable).with_name("rollout-service")), "serve", *flags],
         capture_output=True,
@@ -57,3 +60,14 @@ def test_fair_share_flags_that_cannot_work_are_refused_at_start(flags, says):
         timeout=120,
     )
     assert p.returncode != 0 and says in p.stderr, p.stderr[-2000:]
+    assert "vllm" not in p.stderr, p.stderr[-2000:]
+
+
+def test_a_spelling_only_vllms_parser_reads_is_refused_after_it(monkeypatch, capsys):
+    """vLLM's parser takes --caller_shares for --caller-shares; the early check
+    does not know that spelling, so the whole command line is checked again."""
+    monkeypatch.setattr(logs, "configure", lambda json_lines: None)  # pytest's handlers stay
+    with pytest.raises(SystemExit) as refused:
+        cli._serve(["serve", "--caller_shares", "root=2"])
+    assert refused.value.code == 1
+    assert "--caller-shares: 'root=2': expected KEY=N" in capsys.readouterr().err

@@ -120,6 +120,7 @@ def test_a_bad_model_is_one_paragraph_naming_the_path_and_the_embedded_models(
     assert "tiny-qwen2 (served when --model is not given) or tiny-llava" in ours[0]
     assert "Traceback" not in p.stderr and "Repo id" not in p.stderr
     assert "listening on" not in p.stderr and "EngineCore" not in p.stderr, "nothing started"
+    assert "vllm" not in p.stderr, "refused before vLLM's import (10 to 15 s)"
 
 
 def test_help_says_which_model_is_the_default():
@@ -139,6 +140,7 @@ def test_a_busy_port_is_refused_naming_the_port_and_what_to_do():
     assert f"cannot start: 127.0.0.1:{port} is in use" in p.stderr
     assert f"--port {port + 1}" in p.stderr and "--port 0" in p.stderr
     assert "Traceback" not in p.stderr and "listening on" not in p.stderr
+    assert "vllm" not in p.stderr, "refused before vLLM's import (10 to 15 s)"
 
 
 def test_the_rotary_warning_is_dropped_and_the_loggers_other_lines_kept(caplog):
