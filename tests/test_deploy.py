@@ -42,3 +42,25 @@ def test_the_statefulset_probes_grpc_health_and_mounts_a_memory_backed_dev_shm()
         assert arg.split("=")[0] in known, arg
     entry = (ROOT / "deploy" / "Dockerfile").read_text()
     assert '"rollout-service", "serve"' in entry
+
+
+def test_the_http_port_is_served_exposed_and_named_by_a_resolvable_host():
+    """The OpenAI front's port: passed as --http-port, declared by the
+    container, published by the Service and the image; and the pods' host
+    names are FQDNs, since a session's base URL names the pod by it."""
+    docs = [d for f in MANIFESTS for d in yaml.safe_load_all(f.read_text())]
+    service = next(d for d in docs if d["kind"] == "Service")
+    pod = next(d for d in docs if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]
+    (server,) = pod["containers"]
+    [port] = [int(a.split("=")[1]) for a in server["args"] if a.startswith("--http-port=")]
+    declared = {p["name"]: p["containerPort"] for p in server["ports"]}
+    assert declared["http"] == port
+    published = {p["targetPort"]: p["port"] for p in service["spec"]["ports"]}
+    assert published["http"] == port
+    exposed = next(
+        line
+        for line in (ROOT / "deploy" / "Dockerfile").read_text().splitlines()
+        if line.startswith("EXPOSE")
+    )
+    assert str(port) in exposed.split()
+    assert pod["setHostnameAsFQDN"] is True
