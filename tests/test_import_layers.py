@@ -126,4 +126,4 @@ def test_each_contract_breaks_on_its_forbidden_import(tmp_path):
 
 def test_the_root_of_the_service_holds_only_the_process():
     root = {p.stem for p in (REPO / "rollout_service").glob("*.py")}
-    assert root == {"__init__", "app", "cli", "config", "server"}
+    assert root == {"__init__", "app", "cli", "config", "server", "start_checks"}
