@@ -27,20 +27,10 @@ from rollout_client import RolloutClient
 from tests.support.node import NODE_DIR, PACKAGE, start_script
 from tests.support.tokens import GENERATE, GENERATE_B
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {
-                "type": "object",
-                "properties": {"unit": {"enum": ["c", "f"]}},
-                "required": ["unit"],
-                "additionalProperties": False,
-            },
-        },
-    }
-]
+# A key-value tool; bounded arguments, so that a random model's forced call parses.
+KEY = {"key": {"enum": ["oslo", "bergen"]}}
+LOOKUP = {"type": "object", "properties": KEY, "required": ["key"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": LOOKUP}}]
 
 SCRIPT = f"""
 const {{ RolloutClient }} = require({PACKAGE!r});
@@ -56,8 +46,8 @@ const failure = async (f) => {{
 const text = {{ model: "tiny-qwen2", max_tokens: 6, temperature: 0, ignore_eos: true,
                 logprobs: true, return_token_ids: true }};
 (async () => {{
-  const start = [{{ role: "system", content: "You check the weather." }},
-                 {{ role: "user", content: "What is the weather in Oslo?" }}];
+  const start = [{{ role: "system", content: "You look facts up." }},
+                 {{ role: "user", content: "What is known about Oslo?" }}];
   const s = await client.openSession({{
     messages: start, tools_json: cfg.tools.map((t) => JSON.stringify(t)), max_total_tokens: 2048,
   }});
@@ -66,10 +56,10 @@ const text = {{ model: "tiny-qwen2", max_tokens: 6, temperature: 0, ignore_eos: 
   // The agent's own loop: a forced call, the tool's result, the next turn.
   const first = await agent.chat.completions.create({{
     ...text, messages, max_tokens: 120, ignore_eos: false, tools: cfg.tools,
-    tool_choice: {{ type: "function", function: {{ name: "get_weather" }} }},
+    tool_choice: {{ type: "function", function: {{ name: "lookup" }} }},
   }});
   const call = first.choices[0].message.tool_calls[0];
-  const result = {{ role: "tool", tool_call_id: call.id, content: "12 C" }};
+  const result = {{ role: "tool", tool_call_id: call.id, content: "capital of Norway" }};
   messages.push(first.choices[0].message, result);
   const second = await agent.chat.completions.create({{ ...text, messages }});
   const otherToken = await failure(() =>
@@ -81,7 +71,7 @@ const text = {{ model: "tiny-qwen2", max_tokens: 6, temperature: 0, ignore_eos: 
   const r = await client.openSession({{ messages: start, historyRule: "restart" }});
   const restarted = sdk(r.baseUrl, cfg.token);
   const once = await restarted.chat.completions.create({{ ...text, messages: start }});
-  const edited = [start[0], {{ role: "user", content: "And in Bergen?" }}];
+  const edited = [start[0], {{ role: "user", content: "And about Bergen?" }}];
   const again = await restarted.chat.completions.create({{ ...text, messages: edited }});
   const restartTrajectory = await r.trajectory();
   await r.close();
@@ -114,8 +104,8 @@ def test_the_sdk_episode_is_exactly_the_trajectory_get_session_reads(episode, ht
     assert out["baseUrl"] == f"{root}/sessions/{out['id']}/v1"
     first, second = out["first"], out["second"]
     [call] = first["choices"][0]["message"]["tool_calls"]
-    assert call["function"]["name"] == "get_weather"
-    assert json.loads(call["function"]["arguments"])["unit"] in ("c", "f")
+    assert call["function"]["name"] == "lookup"
+    assert json.loads(call["function"]["arguments"])["key"] in ("oslo", "bergen")
     t = out["trajectory"]
     prompt2, ids2 = _ids(second)
     assert t["token_ids"] == prompt2 + ids2 and len(ids2) == 6
@@ -134,7 +124,7 @@ def test_the_sdk_episode_is_exactly_the_trajectory_get_session_reads(episode, ht
     end = len(prompt1) + len(ids1)
     assert set(t["sources"][end : len(prompt2)]) == {"TOKEN_SOURCE_APPENDED"}
     with RolloutClient(http_sessions_server.target, token=GENERATE, timeout=120) as c:
-        assert "12 C" in c.detokenize(t["token_ids"][end : len(prompt2)]).text
+        assert "capital of Norway" in c.detokenize(t["token_ids"][end : len(prompt2)]).text
 
 
 def test_another_tokens_call_on_the_url_is_refused(episode):
