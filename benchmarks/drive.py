@@ -10,7 +10,8 @@ requests arrive one at a time ("Running: 1 reqs" in vLLM's log).
         TARGET_OR_URL --json out.json [load flags]
 
 (grpc-many: every concurrent request of the load on one GenerateMany stream;
-thin: benchmarks.thin_front's raw-bytes methods, thin-many its GenerateMany.)
+thin: benchmarks.thin_front's raw-bytes methods, thin-many its GenerateMany;
+vgrpc: `vllm serve --grpc`'s Generate, unary or streamed, benchmarks.vllm_grpc.)
 
 The JSON is the load's summary (its `total_output_tokens` counts every
 request's, warm-up included) plus `client_cpu_seconds`, so that a caller
@@ -35,7 +36,10 @@ from benchmarks.loadgen import (
     summarize,
 )
 
-DRIVERS = ("grpc", "grpc-stream", "grpc-many", "http", "thin", "thin-stream", "thin-many")
+DRIVERS = (
+    "grpc", "grpc-stream", "grpc-many", "http", "thin", "thin-stream", "thin-many",
+    "vgrpc", "vgrpc-stream",
+)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("target", help="host:port (grpc, thin) or the /v1/completions URL (http)")
     ap.add_argument("--json", type=Path, required=True)
     ap.add_argument("--vocab-size", type=int, required=True)
-    ap.add_argument("--logprobs", type=int, help="http: vllm serve's `logprobs`")
+    ap.add_argument("--logprobs", type=int, help="http, vgrpc: vllm serve's `logprobs`")
     add_closed_loop_args(ap)
     return ap
 
@@ -54,6 +58,11 @@ def make_driver(args):
         from benchmarks.compare_servers import HttpDriver
 
         return HttpDriver(args.target, args.temperature, args.logprobs)
+    if args.driver.startswith("vgrpc"):
+        from benchmarks.vllm_grpc import SmgDriver
+
+        stream = args.driver.endswith("-stream")
+        return SmgDriver(args.target, stream, args.temperature, args.logprobs)
     from benchmarks.loadgen import stream_options
 
     if args.driver == "grpc-many":
