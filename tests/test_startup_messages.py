@@ -25,6 +25,8 @@ import pytest
 from harness.serverproc import ServerProcess
 from harness.weights_util import random_weights, version
 from rollout_client import RolloutClient
+from rollout_service import cli
+from rollout_service.ops import logs
 from rollout_service.worker import plugins
 
 SERVE = str(Path(sys.executable).with_name("rollout-service"))
@@ -123,11 +125,15 @@ def test_a_bad_model_is_one_paragraph_naming_the_path_and_the_embedded_models(
     assert "vllm" not in p.stderr, "refused before vLLM's import (10 to 15 s)"
 
 
-def test_help_says_which_model_is_the_default():
-    p = serve("--help")
-    assert p.returncode == 0
-    assert "tiny-qwen2 (served when --model is not given) or tiny-llava" in p.stdout
-    assert "tiny-llava (the default)" not in p.stdout
+def test_help_says_which_model_is_the_default(monkeypatch, capsys):
+    # In this process (vLLM is imported already): `serve --help` as main runs it.
+    monkeypatch.setattr(logs, "configure", lambda json_lines: None)  # pytest's handlers stay
+    with pytest.raises(SystemExit) as ended:
+        cli._serve(["serve", "--help"])
+    assert ended.value.code == 0
+    out = capsys.readouterr().out
+    assert "tiny-qwen2 (served when --model is not given) or tiny-llava" in out
+    assert "tiny-llava (the default)" not in out
 
 
 def test_a_busy_port_is_refused_naming_the_port_and_what_to_do():
