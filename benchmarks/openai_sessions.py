@@ -85,48 +85,62 @@ async def run_way(way: str, base: str, pid: int, work: list[Chat], block: int) -
     return Row(way, seconds, front1 - front0, engine1 - engine0, tally)
 
 
-async def warm(base: str, target: str | None) -> None:
-    """One short chat turn (the engine's first requests are slow), then the
-    caches reset (this service: over gRPC; a fresh `vllm serve` turn reuses
-    nothing but that turn's prompt)."""
+@dataclass
+class Work:
+    """The measured trajectories, and a warm-up of other text (no prefix in
+    common: `vllm serve` has no cache reset) and two turns each, run first on
+    each server: a fresh server's first large batches run slower (measured
+    here: the first way on it at 0.5x to 0.6x of the same way later)."""
+
+    measured: list[Chat]
+    warmup: list[Chat]
+
+
+async def warm(base: str, warmup: list[Chat]) -> None:
     async with client() as http:
-        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-        async with http.post(base + "/v1/chat/completions", json=body) as r:
-            r.raise_for_status()
-    if target:
-        async with AsyncRolloutClient(target, timeout=60) as c:
-            await c.reset_caches()
+        url = base + "/v1/chat/completions"
+        await asyncio.gather(*(converse(http, url, MODEL, c, ChatTally()) for c in warmup))
 
 
-def ours(args, work: list[Chat], order: tuple[str, ...]) -> list[Row]:
+async def reset(target: str) -> None:
+    """This service's caches reset over gRPC, so a way finds none of the one before."""
+    async with AsyncRolloutClient(target, timeout=60) as c:
+        await c.reset_caches()
+
+
+def ours(args, work: Work, order: tuple[str, ...]) -> list[Row]:
     http_port = free_port()
     flags = ["--http-port", str(http_port), *server_flags(args.block_size)]
     server = rollout_server(args, flags=flags)
     base = f"http://127.0.0.1:{http_port}"
     try:
         server.wait_ready()
+        asyncio.run(warm(base, work.warmup))
         rows = []
         for way in order:
-            asyncio.run(warm(base, server.target))
-            rows.append(asyncio.run(run_way(way, base, server.proc.pid, work, args.block_size)))
+            asyncio.run(reset(server.target))
+            pid = server.proc.pid
+            rows.append(asyncio.run(run_way(way, base, pid, work.measured, args.block_size)))
         return rows
     finally:
         server.stop()
 
 
-def vllm_serve(args, model_dir, work: list[Chat]) -> list[Row]:
+def vllm_serve(args, model_dir, work: Work) -> list[Row]:
     flags = ["--enable-prompt-tokens-details", *server_flags(args.block_size)]
     server = VllmServe(model_dir, flags)
     try:
         server.wait_ready()
-        asyncio.run(warm(server.base, None))
+        asyncio.run(warm(server.base, work.warmup))
         pid = server.proc.pid
-        return [asyncio.run(run_way("vllm serve", server.base, pid, work, args.block_size))]
+        return [
+            asyncio.run(run_way("vllm serve", server.base, pid, work.measured, args.block_size))
+        ]
     finally:
         server.stop()
 
 
-def one_round(args, model_dir, work: list[Chat], n: int) -> list[Row]:
+def one_round(args, model_dir, work: Work, n: int) -> list[Row]:
     """Round `n`: the servers, and this service's two ways, in alternating order."""
     if n % 2 == 0:
         return ours(args, work, WAYS[:2]) + vllm_serve(args, model_dir, work)
@@ -194,7 +208,11 @@ def main() -> None:
 
     model_dir = ensure_model(MODEL)
     decode = AutoTokenizer.from_pretrained(model_dir).decode
-    work = chats(plans(args.sessions, args.turns, model_vocab(model_dir), args.seed), decode)
+    vocab = model_vocab(model_dir)
+    work = Work(
+        chats(plans(args.sessions, args.turns, vocab, args.seed), decode),
+        chats(plans(args.sessions, 2, vocab, args.seed + 1), decode),
+    )
     print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
     rounds = []
     for n in range(args.rounds):

@@ -39,6 +39,7 @@ import json
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from openai import OpenAI
@@ -106,11 +107,22 @@ def agent(base_url: str, api_key: str, messages: list, turns: int) -> list[ChatC
     return responses
 
 
-def mismatch(t: pb.GetSessionResponse, responses: list[ChatCompletion]) -> tuple[int, int, bool]:
-    """Sampled tokens the trajectory holds otherwise than the responses
-    reported them (or not at all), how many the responses reported, and
-    whether each response's prompt ids are the trajectory's prefix."""
-    reported: dict[int, int] = {}
+@dataclass
+class Episode:
+    """One session's trajectory (GetSession) and what the trainer checks of it."""
+
+    trajectory: pb.GetSessionResponse
+    reward: float  # the toy task's: the share of digits in the answer
+    cached: int  # prompt tokens of its turns served from the prefix cache
+    prompts: int  # prompt tokens of its turns
+    mismatch: int  # sampled tokens held otherwise than the responses reported them
+    sampled: int  # sampled tokens the responses reported
+    prefixes: bool  # each response's prompt ids are the trajectory's prefix
+    crossed: bool  # its tokens carry more than one weight version
+
+
+def episode(t: pb.GetSessionResponse, responses: list[ChatCompletion]) -> Episode:
+    reported: dict[int, int] = {}  # position in the trajectory -> sampled id
     prefixes = True
     for r in responses:
         prompt = r.model_extra["prompt_token_ids"]
@@ -118,17 +130,18 @@ def mismatch(t: pb.GetSessionResponse, responses: list[ChatCompletion]) -> tuple
         sampled = r.choices[0].model_extra["token_ids"]
         reported.update((len(prompt) + k, i) for k, i in enumerate(sampled))
     held = {k: i for k, (i, m) in enumerate(zip(t.token_ids, loss_mask(t))) if m}
-    return (
-        sum(held.get(k) != reported.get(k) for k in held.keys() | reported.keys()),
-        len(reported),
-        prefixes,
+    turns = sampled_turns(t)
+    answer = responses[-1].choices[0].message.content or ""
+    return Episode(
+        trajectory=t,
+        reward=sum(c.isdigit() for c in answer) / max(1, len(answer)),
+        cached=sum(g.cached_prompt_tokens for g in turns),
+        prompts=sum(g.start for g in turns),  # a turn's prompt: all before it
+        mismatch=sum(held.get(k) != reported.get(k) for k in held.keys() | reported.keys()),
+        sampled=len(reported),
+        prefixes=prefixes,
+        crossed=len({v.weight_version for v in t.version_spans}) > 1,
     )
-
-
-def reward(responses: list[ChatCompletion]) -> float:
-    """The toy task's reward: the share of digits in the answer."""
-    text = responses[-1].choices[0].message.content or ""
-    return sum(c.isdigit() for c in text) / max(1, len(text))
 
 
 class Trainer:
@@ -144,12 +157,15 @@ class Trainer:
         weights = {n: p.detach().to(self.dtype) for n, p in self.policy.named_parameters()}
         await self.client.update_weights(weights, version, pause_mode=pb.PAUSE_MODE_KEEP)
 
-    def grpo(self, batch: list[tuple[pb.GetSessionResponse, float]]) -> None:
-        """One clipped policy-gradient step, advantages normalized in the group."""
-        rewards = torch.tensor([r for _, r in batch])
+    def grpo(self, batch: list[Episode]) -> None:
+        """One clipped policy-gradient step, advantages normalized in the group.
+        At temperature 1 the server's logprobs are those of the distribution
+        it sampled from, in either logprobs mode."""
+        rewards = torch.tensor([e.reward for e in batch])
         advantages = (rewards - rewards.mean()) / (rewards.std() + 1e-4)
         self.optimizer.zero_grad()
-        for (t, _), advantage in zip(batch, advantages):
+        for e, advantage in zip(batch, advantages):
+            t = e.trajectory
             ids = torch.tensor(list(t.token_ids))
             sampled = torch.tensor(loss_mask(t)[1:], dtype=torch.bool)  # token i + 1 from i
             logits = self.policy(ids[None]).logits[0, :-1].float()
@@ -160,7 +176,7 @@ class Trainer:
             loss.backward()
         self.optimizer.step()
 
-    async def step(self, k: int, update: str | None) -> list[tuple[pb.GetSessionResponse, float]]:
+    async def step(self, k: int, update: str | None) -> list[Episode]:
         """One group of episodes on one task; `update` is pushed in their middle."""
         a, (x, y) = self.args, TASKS[k % len(TASKS)]
         task = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"{x} * {y}?"}]
@@ -178,23 +194,18 @@ class Trainer:
         if update:  # once every episode has a turn: the rest run on the new weights
             await first_turns(sessions, agents)
             await self.push(update)
-        batch, cached, prompts, wrong, sampled, prefixes, crossed = [], 0, 0, 0, 0, True, 0
+        batch = []
         for s, responses in zip(sessions, await asyncio.gather(*agents)):
-            t = await s.trajectory()
+            batch.append(episode(await s.trajectory(), responses))
             await s.close()
-            turns = sampled_turns(t)
-            cached += sum(g.cached_prompt_tokens for g in turns)
-            prompts += sum(g.start for g in turns)  # a turn's prompt: all before it
-            w, n, p = mismatch(t, responses)
-            wrong, sampled, prefixes = wrong + w, sampled + n, prefixes and p
-            crossed += len({v.weight_version for v in t.version_spans}) > 1
-            batch.append((t, reward(responses)))
+        crossed = sum(e.crossed for e in batch)
         print(
-            f"step {k}: reward {sum(r for _, r in batch) / len(batch):.3f} | cache share "
-            f"{cached / max(1, prompts):.2f} | mismatch {wrong} of {sampled} sampled tokens | "
-            f"prompt ids are the trajectory's prefix: {'yes' if prefixes else 'NO'} | "
-            f"{crossed} of {len(batch)} episodes crossed an update"
-            + (f" (pushed {update})" if update else ""),
+            f"step {k}: reward {sum(e.reward for e in batch) / len(batch):.3f} | cache share "
+            f"{sum(e.cached for e in batch) / max(1, sum(e.prompts for e in batch)):.2f} | "
+            f"mismatch {sum(e.mismatch for e in batch)} of {sum(e.sampled for e in batch)} "
+            f"sampled tokens | prompt ids are the trajectory's prefix: "
+            f"{'yes' if all(e.prefixes for e in batch) else 'NO'} | {crossed} of {len(batch)} "
+            "episodes crossed an update" + (f" (pushed {update})" if update else ""),
             flush=True,
         )
         self.crossed += crossed
