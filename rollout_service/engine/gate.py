@@ -24,7 +24,7 @@ from contextlib import asynccontextmanager
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.engine.served import Served
-from rollout_service.ops import faults
+from rollout_service.handoff import faults
 from rollout_service.status.errors import ResourceExhausted
 
 
@@ -60,7 +60,7 @@ class AdmissionGate:
         self._idle = asyncio.Event()
         self._idle.set()
         self._tickets: set[Ticket] = set()
-        # Tests only (ops/faults.py): None in every server started without
+        # Tests only (handoff/faults.py): None in every server started without
         # the fault file's variable, and then admission never reads a file.
         self._fault_file = faults.fault_file()
         # The version served when the gate last closed: before the update.

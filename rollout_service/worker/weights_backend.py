@@ -25,10 +25,10 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
+from rollout_service.handoff import faults
+from rollout_service.handoff.faults import FAULT_FILE_ENV
 from rollout_service.handoff.region import SegmentReader
 from rollout_service.handoff.staged_tensor import BACKEND_NAME, StagedTensor
-from rollout_service.ops import faults
-from rollout_service.ops.faults import FAULT_FILE_ENV
 from rollout_service.worker import reload_state
 
 
@@ -140,7 +140,7 @@ def tensor_view(buf, t: StagedTensor) -> tuple[str, torch.Tensor]:
     return t.name, flat.view(dtype).reshape(t.shape)
 
 
-# Fault testing only (ops/faults.py): the workers read the variable once, at
+# Fault testing only (handoff/faults.py): the workers read the variable once, at
 # import; unset, a load never looks at a file. The gate's fault is not theirs.
 _FAULT_FILE = faults.fault_file()
 

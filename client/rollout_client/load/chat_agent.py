@@ -24,6 +24,7 @@ from rollout_client.load import options
 from rollout_client.load.report import CallFailed
 from rollout_client.load.users import CALL_TIMEOUT, GRPC, RolloutUser
 from rollout_client.load.watcher import ChatTurn, Sent, chat_disagreement, spans_within
+from rollout_client.sessions import Session
 
 HTTP = "http"
 # httpx logs every request at INFO: thousands of lines a run.
@@ -62,23 +63,20 @@ class OpenAIAgentUser(RolloutUser):
 
     @task
     def episode(self) -> None:
-        messages: list[Any] = [{"role": "user", "content": self.text(self.workload.prompt)}]
-        turns: list[tuple[ChatTurn, Sent]] = []
         try:
-            with self.report.call(GRPC, "OpenSession"):
-                session = self.client.open_session(messages=messages)
-            try:
-                sdk = self.sdk.with_options(
-                    base_url=options.session_url(self.http_url, session.opened)
-                )
-                self._turns(sdk, messages, turns)
-                with self.report.call(GRPC, "GetSession"):
-                    trajectory = session.trajectory()
-            finally:
-                with self.report.call(GRPC, "CloseSession"):
-                    session.close()
+            messages: list[Any] = [{"role": "user", "content": self.text(self.workload.prompt)}]
         except CallFailed:
             return
+        turns: list[tuple[ChatTurn, Sent]] = []
+
+        def drive(session: Session) -> None:
+            url = options.session_url(self.http_url, session.opened)
+            self._turns(self.sdk.with_options(base_url=url), messages, turns)
+
+        done = self.session_episode(drive, messages=messages)
+        if done is None:
+            return
+        session, trajectory = done
         prompt = session.opened.prompt_token_ids
         disagreement = chat_disagreement(trajectory, prompt, [t for t, _ in turns])
         self.report.trajectory(disagreement, "chat trajectory")

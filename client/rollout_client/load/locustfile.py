@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import gevent
+import gevent  # type: ignore[import-untyped]  # no stubs; Locust brings it
 import grpc.experimental.gevent as grpc_gevent
 from locust import events
 

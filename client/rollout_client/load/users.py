@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from locust import User, task
@@ -21,6 +22,7 @@ from rollout_client.client import RolloutClient
 from rollout_client.load import options
 from rollout_client.load.report import CallFailed, Report
 from rollout_client.load.watcher import trajectory_disagreement
+from rollout_client.sessions import Session
 
 GRPC = "grpc"
 # Deadline of each call: generous, so a loaded server shows as latency in the
@@ -51,6 +53,26 @@ class RolloutUser(User):
 
     def prompt(self) -> list[int]:
         return self.workload.ids(self.rng, self.workload.prompt, self.info.vocab_size)
+
+    def session_episode(
+        self, turns: Callable[[Session], None], **open_kwargs: Any
+    ) -> tuple[Session, pb.GetSessionResponse] | None:
+        """OpenSession, the episode's `turns`, GetSession, then CloseSession
+        however the turns ended, each a call of the report: the session and
+        its trajectory, or None when a call failed (the report has it)."""
+        try:
+            with self.report.call(GRPC, "OpenSession"):
+                session = self.client.open_session(**open_kwargs)
+            try:
+                turns(session)
+                with self.report.call(GRPC, "GetSession"):
+                    trajectory = session.trajectory()
+            finally:
+                with self.report.call(GRPC, "CloseSession"):
+                    session.close()
+        except CallFailed:
+            return None
+        return session, trajectory
 
     def sampling(self) -> dict[str, Any]:
         # ignore_eos: every call makes the output length the flags ask for.
@@ -142,19 +164,9 @@ class AgentUser(RolloutUser):
     def episode(self) -> None:
         prompt = self.prompt()
         steps: list[pb.SessionGenerateResponse | list[int]] = []
-        try:
-            with self.report.call(GRPC, "OpenSession"):
-                session = self.client.open_session(prompt_token_ids=prompt)
-            try:
-                self._turns(session, steps)
-                with self.report.call(GRPC, "GetSession"):
-                    trajectory = session.trajectory()
-            finally:
-                with self.report.call(GRPC, "CloseSession"):
-                    session.close()
-        except CallFailed:
-            return
-        self.report.trajectory(trajectory_disagreement(trajectory, prompt, steps))
+        done = self.session_episode(lambda s: self._turns(s, steps), prompt_token_ids=prompt)
+        if done is not None:
+            self.report.trajectory(trajectory_disagreement(done[1], prompt, steps))
 
     def _turns(self, session: Any, steps: list[pb.SessionGenerateResponse | list[int]]) -> None:
         for turn in range(self.workload.turns):
