@@ -135,6 +135,8 @@ _SHARED_SERVERS = {
 # its module.
 _OWN_SERVERS = {
     "own_server": _start_own,
+    # A second replica beside own_server (tests/test_fleet_urls.py).
+    "second_own_server": _start_own,
     # Fresh for its first update; its metrics read by tests/test_keep_switch.py.
     "keep_server": lambda: ServerProcess("--metrics-port", str(keep_mode.METRICS_PORT)),
     "draining_server": lambda: ServerProcess("--grace-seconds", "30"),
@@ -166,6 +168,13 @@ def own_server():
     """A server on the default flags that this module has to itself (to kill,
     restart or stop)."""
     with server_starts.own("own_server") as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def second_own_server():
+    """A second server of this module's own, as own_server (--http-port)."""
+    with server_starts.own("second_own_server") as proc:
         yield proc
 
 
@@ -210,7 +219,8 @@ def http_front_server():
 
 @pytest.fixture(scope="module")
 def http_sessions_server():
-    """tests/test_http_sessions.py's server: the HTTP front, tokens, metrics."""
+    """The HTTP front with tokens and metrics, each module's own process:
+    tests/test_http_sessions.py's, tests/test_node_openai.py's."""
     with server_starts.own("http_sessions_server") as proc:
         yield proc
 

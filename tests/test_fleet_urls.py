@@ -13,7 +13,6 @@ from __future__ import annotations
 import openai
 import pytest
 
-from harness.serverproc import ServerProcess, free_port
 from rollout_client import RolloutClient, pb
 from rollout_client.fleet import Fleet
 
@@ -27,19 +26,10 @@ TURN = {
 
 
 @pytest.fixture(scope="module")
-def replicas(own_server):
-    """Two replicas with the HTTP front: conftest's own_server and one of
-    this module's, as {gRPC target: (server, HTTP root URL)}."""
-    http_port = free_port()
-    other = ServerProcess("--http-port", str(http_port))
-    try:
-        other.wait_ready()
-        yield {
-            own_server.target: (own_server, f"http://{own_server.http_target}"),
-            other.target: (other, f"http://127.0.0.1:{http_port}"),
-        }
-    finally:
-        other.stop(wait=False)
+def replicas(own_server, second_own_server):
+    """Two replicas with the HTTP front (conftest's own_server and
+    second_own_server), as {gRPC target: (server, HTTP root URL)}."""
+    return {p.target: (p, f"http://{p.http_target}") for p in (own_server, second_own_server)}
 
 
 def _sdk(base_url: str) -> openai.OpenAI:
