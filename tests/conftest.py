@@ -50,7 +50,11 @@ def fault_file():
 
 
 def _start_server():
-    return ServerProcess(env={FAULT_FILE_ENV: str(FAULT_FILE)}), None
+    # The HTTP front on too (its `http_target`): the load test's OpenAI agent.
+    http_port = free_port()
+    proc = ServerProcess("--http-port", str(http_port), env={FAULT_FILE_ENV: str(FAULT_FILE)})
+    proc.http_target = f"127.0.0.1:{http_port}"  # type: ignore[attr-defined]
+    return proc, None
 
 
 def _start_secure():

@@ -133,21 +133,19 @@ def test_a_server_whose_gate_stamps_old_versions_fails_the_run(server, fault_fil
 
 
 @pytest.mark.timeout(300)
-def test_headless_run_mixes_generations_sessions_and_pushes_without_stale_tokens(
-    own_server, tmp_path
-):
-    # A fresh engine compiles its logprobs kernel at the first request that
-    # asks for logprobs (a session turn does): here, not in the run's 18 s.
+def test_headless_run_mixes_generations_sessions_and_pushes_without_stale_tokens(server, tmp_path):
+    # An engine compiles its logprobs kernel at the first request that asks
+    # for logprobs (a session turn does): here, not in the run's 18 s.
     with (
-        RolloutClient(own_server.target, timeout=300) as c,
+        RolloutClient(server.target, timeout=300) as c,
         c.open_session(prompt_token_ids=[11, 22, 33]) as session,
     ):
         session.generate(max_tokens=2)
     prefix, html = tmp_path / "run", tmp_path / "report.html"
     args = ["--headless", "-u", "7", "-r", "7", "-t", "18s", "--only-summary"]
-    args += ["--rollout-target", own_server.target, "--push-every", "3"]
+    args += ["--rollout-target", server.target, "--push-every", "3"]
     # The HTTP front's address puts the OpenAI agent in the mix.
-    args += ["--rollout-http-url", f"http://{own_server.http_target}"]
+    args += ["--rollout-http-url", f"http://{server.http_target}"]
     args += ["--pause-modes", "keep,wait", "--turns", "3", "--output-tokens", "16-32"]
     args += ["--csv", str(prefix), "--html", str(html)]
     done = subprocess.run(locust_cmd(args), capture_output=True, text=True, timeout=150)
