@@ -21,8 +21,9 @@ does, with `return_token_ids` and `logprobs`. The ways:
 One engine at a time (never two at once on 2 cores): per round, this
 service's server runs sessions and stateless (caches reset before each), then
 `vllm serve` runs its way, the order of servers and ways alternating between
-rounds. This service places itself (all but vLLM's worker off its core);
-`vllm serve` runs as its users run it.
+rounds. Each server first runs an unmeasured warm-up (`Work`). This service
+places itself (all but vLLM's worker off its core); `vllm serve` runs as its
+users run it.
 
 Printed per way: output tokens per second (and against sessions), the front
 end's CPU seconds per 1k output tokens (the server's own process: the HTTP
