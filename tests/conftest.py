@@ -30,6 +30,7 @@ from tests.support import keep_mode, lora, server_starts, sessions, shared_serve
 from tests.support.fp32_model import build_fp32_tiny_qwen2
 from tests.support.http_front import http_flags
 from tests.support.node import Packed, pack_and_install
+from tests.support.otlp_collector import start_collector
 from tests.support.tokens import ADMIN, GENERATE, GENERATE_B
 from tests.support.tp2 import start_tp2_servers
 
@@ -40,6 +41,8 @@ pytest_plugins = ["tests.support.orchestration"]
 _TMP = Path(tempfile.mkdtemp(prefix="rollout-tests-"))
 atexit.register(shutil.rmtree, _TMP, ignore_errors=True)
 FAULT_FILE = _TMP / "fail-next-load"
+# A staging segment of a process that does not exist (tests/test_hardening.py).
+STALE_SEGMENT = Path("/dev/shm/rollout-staging-999999999-1")
 
 
 @pytest.fixture(scope="session")
@@ -119,6 +122,46 @@ def _start_http_sessions():
     return _with_ports(args, http_port, metrics_port)
 
 
+def _start_hardened():
+    # tests/test_hardening.py's: tokens, mutual TLS, small limits, metrics and
+    # JSON logs on one server, which must remove at start a staging segment
+    # a crashed run left (written before it starts).
+    folder = _TMP / "hardened"
+    folder.mkdir()
+    certs = make_certs(folder)
+    tokens = folder / "tokens"
+    tokens.write_text("# role:token\ngenerate:gen-token\nadmin:admin-token\n")
+    STALE_SEGMENT.write_bytes(b"left over by a crashed run")
+    metrics_port = free_port()
+    proc = ServerProcess(
+        "--tokens-file", str(tokens),
+        *server_tls_args(certs),
+        "--max-prompt-tokens", "64",
+        "--max-queued-generate", "3",
+        "--metrics-port", str(metrics_port),
+        "--log-json",
+    )  # fmt: skip
+    proc.tls, proc.metrics_port = python_tls(certs), metrics_port  # type: ignore[attr-defined]
+    proc.ready_options = proc.tls  # type: ignore[attr-defined]
+    proc.stale_segment = STALE_SEGMENT  # type: ignore[attr-defined]
+    return proc
+
+
+def _start_traced():
+    # tests/test_observability.py's: spans exported to a collector in this
+    # process every 200 ms (instead of every 5 s: the tests wait less), metrics.
+    collector, receiver, otlp_port = start_collector()
+    metrics_port = free_port()
+    proc = ServerProcess(
+        "--otlp-traces-endpoint", f"http://127.0.0.1:{otlp_port}",
+        "--metrics-port", str(metrics_port),
+        env={"OTEL_BSP_SCHEDULE_DELAY": "200"},
+    )  # fmt: skip
+    proc.collector, proc.receiver = collector, receiver  # type: ignore[attr-defined]
+    proc.metrics_port = metrics_port  # type: ignore[attr-defined]
+    return proc
+
+
 def _start_metrics():
     metrics_port = free_port()
     return _with_ports(["--metrics-port", str(metrics_port)], None, metrics_port)
@@ -151,6 +194,8 @@ _OWN_SERVERS = {
     # test_http_front's flags, and test_http_sessions' (its sessions' state).
     "http_front_server": _start_http_front,
     "http_sessions_server": _start_http_sessions,
+    "hardened_server": _start_hardened,
+    "traced_server": _start_traced,
     # A fresh server with metrics, scraped by test_dashboard's Prometheus.
     "metrics_server": _start_metrics,
 }
@@ -227,6 +272,28 @@ def http_sessions_server():
     tests/test_http_sessions.py's, tests/test_node_openai.py's."""
     with server_starts.own("http_sessions_server") as proc:
         yield proc
+
+
+@pytest.fixture(scope="module")
+def hardened_server():
+    """tests/test_hardening.py's server (its `tls` client options and
+    `metrics_port`, and the `stale_segment` it removed at start)."""
+    try:
+        with server_starts.own("hardened_server") as proc:
+            yield proc
+    finally:
+        STALE_SEGMENT.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def traced_server():
+    """tests/test_observability.py's server: its spans go to its `collector`
+    (tests/support/otlp_collector.py), its `metrics_port`."""
+    with server_starts.own("traced_server") as proc:
+        try:
+            yield proc
+        finally:
+            proc.receiver.stop(0)
 
 
 @pytest.fixture(scope="module")

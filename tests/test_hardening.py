@@ -10,42 +10,19 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from harness.certs import make_certs, python_tls, server_tls_args
-from harness.serverproc import ServerProcess, free_port
 from harness.weights_util import random_weights, version
 from rollout_client import RolloutClient, RolloutError
 
-STALE = Path("/dev/shm/rollout-staging-999999999-1")  # no such pid
-
 
 @pytest.fixture(scope="module")
-def secure(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("secure")
-    certs = make_certs(tmp)
-    tokens = tmp / "tokens"
-    tokens.write_text("# role:token\ngenerate:gen-token\nadmin:admin-token\n")
-    STALE.write_bytes(b"left over by a crashed run")
-    metrics_port = free_port()
-    proc = ServerProcess(
-        "--tokens-file", str(tokens),
-        *server_tls_args(certs),
-        "--max-prompt-tokens", "64",
-        "--max-queued-generate", "3",
-        "--metrics-port", str(metrics_port),
-        "--log-json",
-    )  # fmt: skip
-    tls = python_tls(certs)
-    try:
-        with RolloutClient(proc.target, token="admin-token", **tls) as admin:
-            admin.wait_until_ready(300)
-        yield proc, tls, metrics_port
-    finally:
-        proc.stop(wait=False)
-        STALE.unlink(missing_ok=True)
+def secure(hardened_server):
+    """conftest's hardened_server, its TLS client options and metrics port."""
+    return hardened_server, hardened_server.tls, hardened_server.metrics_port
 
 
-def test_leftover_segments_are_removed_at_start(secure):
-    assert not STALE.exists()
+def test_leftover_segments_are_removed_at_start(hardened_server):
+    # Written before the server started (conftest's _start_hardened).
+    assert not hardened_server.stale_segment.exists()
 
 
 def test_roles(secure):
@@ -185,7 +162,6 @@ def test_the_cli_authenticates_with_a_token_and_tls_files(secure, tmp_path):
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
     proc, tls, _ = secure
     files = {}

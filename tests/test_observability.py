@@ -6,53 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 import time
 import urllib.request
-from concurrent import futures
 
 import grpc
 import pytest
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from harness.serverproc import free_port, running
 from rollout_client import RolloutClient, pb
 from rollout_service.ops import grpc_tracing, tracing
 
 GENERATE = "rollout.v1.RolloutService/Generate"
-
-
-class Collector(trace_service_pb2_grpc.TraceServiceServicer):
-    """An OTLP/gRPC trace receiver that keeps every span with its resource's
-    service name."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.spans: list[tuple[str, trace_pb2.Span]] = []
-
-    def Export(self, request, context):
-        with self.lock:
-            for rs in request.resource_spans:
-                attrs = {a.key: a.value.string_value for a in rs.resource.attributes}
-                for ss in rs.scope_spans:
-                    self.spans.extend((attrs.get("service.name", ""), s) for s in ss.spans)
-        return trace_service_pb2.ExportTraceServiceResponse()
-
-    def wait(self, trace_id: bytes, names: set[str], timeout: float = 60):
-        """The spans of a trace, once one of each name has arrived."""
-        deadline = time.monotonic() + timeout
-        while True:
-            with self.lock:
-                found = [(svc, s) for svc, s in self.spans if s.trace_id == trace_id]
-            if names <= {s.name for _, s in found}:
-                return found
-            assert time.monotonic() < deadline, f"spans of {trace_id.hex()}: {found}"
-            time.sleep(0.2)
-
-    def named(self, name: str) -> list[trace_pb2.Span]:
-        with self.lock:
-            return [s for _, s in self.spans if s.name == name]
 
 
 def _attrs(span) -> dict:
@@ -64,24 +28,10 @@ def _attrs(span) -> dict:
 
 
 @pytest.fixture(scope="module")
-def observed():
-    collector = Collector()
-    receiver = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, receiver)
-    otlp_port = receiver.add_insecure_port("127.0.0.1:0")
-    receiver.start()
-    metrics_port = free_port()
-    try:
-        with running(
-            "--otlp-traces-endpoint", f"http://127.0.0.1:{otlp_port}",
-            "--metrics-port", str(metrics_port),
-            # Export every 200 ms instead of every 5 s: the tests wait less.
-            env={"OTEL_BSP_SCHEDULE_DELAY": "200"},
-        ) as proc:  # fmt: skip
-            with RolloutClient(proc.target, timeout=120) as client:
-                yield collector, client, metrics_port
-    finally:
-        receiver.stop(0)
+def observed(traced_server):
+    """conftest's traced_server: its collector, a client, its metrics port."""
+    with RolloutClient(traced_server.target, timeout=120) as client:
+        yield traced_server.collector, client, traced_server.metrics_port
 
 
 def _request(request_id: str) -> pb.GenerateRequest:

@@ -65,7 +65,8 @@ def own(fixture: str) -> Iterator[Any]:
     servers = queue.pop(0) if queue else _own[fixture]()
     try:
         for proc in _processes(servers):
-            proc.wait_ready()
+            # A server with TLS says how to reach it (`ready_options`).
+            proc.wait_ready(**getattr(proc, "ready_options", {}))
         yield servers
     finally:
         for proc in _processes(servers):
