@@ -174,12 +174,7 @@ def window_line(round_no: int, side: Side, load: str, s: dict) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m benchmarks.ab",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    compare_runs.add_run_args(ap)
+    ap = compare_runs.run_parser("python -m benchmarks.ab", __doc__)
     ap.add_argument("--sides", default="thin,ours", help="two or more of " + ",".join(KINDS))
     ap.add_argument("--env", action="append", default=[], metavar="LABEL:NAME=VALUE")
     ap.add_argument("--loads", default="stream", help="of " + ",".join(LOADS))

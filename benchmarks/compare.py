@@ -57,18 +57,13 @@ import sys
 from pathlib import Path
 
 from benchmarks.compare_report import median_rows, ratio_lines, ratios, table
-from benchmarks.compare_runs import CONFIGS, EXTRA_CONFIGS, add_run_args, run_round
+from benchmarks.compare_runs import CONFIGS, EXTRA_CONFIGS, run_parser, run_round
 from benchmarks.compare_servers import ENGINE_ARGS, ENGINE_ENV, MODEL
 from benchmarks.loadgen import Range
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m benchmarks.compare",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    add_run_args(ap)
+    ap = run_parser("python -m benchmarks.compare", __doc__)
     ap.add_argument(
         "--only", default=",".join(CONFIGS), help="of " + ",".join(CONFIGS + EXTRA_CONFIGS)
     )

@@ -73,6 +73,18 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rounds", type=int, default=3, help="times each configuration runs")
 
 
+def run_parser(prog: str, doc: str) -> argparse.ArgumentParser:
+    """A run's command line: `prog`, the first paragraph of `doc`, every
+    flag add_run_args gives, defaults shown (compare's, ab's, vllm_grpc's)."""
+    ap = argparse.ArgumentParser(
+        prog=prog,
+        description=doc.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_run_args(ap)
+    return ap
+
+
 def printed(name: str, summary: dict) -> dict:
     """`summary`, printed as it comes in under `name`."""
     print(format_summary(name, summary), flush=True)

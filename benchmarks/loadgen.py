@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import random
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +93,20 @@ class Record:
 
 
 Driver = Callable[[list[int], int], Awaitable[Record]]
+
+
+@contextlib.contextmanager
+def recorded() -> Iterator[Record]:
+    """A Record timed around the block, which fills in its tokens; a gRPC
+    error ends the block and becomes the record's error (its status code)."""
+    import grpc
+
+    rec = Record(start=time.perf_counter())
+    try:
+        yield rec
+    except grpc.aio.AioRpcError as e:
+        rec.error = e.code().name
+    rec.end = time.perf_counter()
 
 
 class OneStreamDriver:

@@ -33,13 +33,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 import uuid
 from pathlib import Path
 
 from benchmarks import compare_runs, compare_servers
 from benchmarks.ab import round_order
-from benchmarks.loadgen import Record
+from benchmarks.loadgen import Record, recorded
 from harness.serverproc import LoggedServer, free_port
 
 # load: (our driver, its stream flags, vLLM's driver)
@@ -120,11 +119,8 @@ class SmgDriver:
         )
 
     async def __call__(self, prompt: list[int], max_tokens: int) -> Record:
-        import grpc
-
         request = self.request(prompt, max_tokens)
-        rec = Record(start=time.perf_counter())
-        try:
+        with recorded() as rec:
             async for message in self.stub.Generate(request, timeout=600):
                 # A stream's chunks carry its tokens; its closing `complete`
                 # repeats the last chunk's. Unary: one `complete`, all of them.
@@ -132,9 +128,6 @@ class SmgDriver:
                     rec.tokens_arrived(len(message.chunk.token_ids))
                 elif not self.stream:
                     rec.tokens = len(message.complete.output_ids)
-        except grpc.aio.AioRpcError as e:
-            rec.error = e.code().name
-        rec.end = time.perf_counter()
         return rec
 
     async def close(self) -> None:
@@ -168,12 +161,7 @@ def report(windows: dict[tuple[str, str], list[dict]], loads: list[str]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="python -m benchmarks.vllm_grpc",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    compare_runs.add_run_args(ap)
+    ap = compare_runs.run_parser("python -m benchmarks.vllm_grpc", __doc__)
     ap.add_argument("--loads", default=",".join(LOADS), help="of " + ",".join(LOADS))
     return ap
 

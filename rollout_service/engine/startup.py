@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_codecs import dtypes
+from rollout_service.engine import vllm_compat
 from rollout_service.engine.limits import ModelLimits
 from rollout_service.engine.protocol import Engine
 from rollout_service.handoff.staged_tensor import BACKEND_NAME
@@ -128,7 +129,9 @@ def build_engine(engine_args) -> Engine:
     register()  # the factory validates the backend name in this process too
     engine_args.weight_transfer_config = WeightTransferConfig(backend=BACKEND_NAME)
     engine_args.worker_extension_cls = WORKER_EXTENSION
-    return AsyncLLM.from_engine_args(engine_args, usage_context=UsageContext.API_SERVER)
+    engine = AsyncLLM.from_engine_args(engine_args, usage_context=UsageContext.API_SERVER)
+    vllm_compat.skip_logprob_token_text(engine)
+    return engine
 
 
 def _build_engine_shielded(engine_args) -> Engine:

@@ -60,6 +60,63 @@ def weight_version_spans(engine, engine_id: str, index: int) -> list | None:
     return None
 
 
+def rendered_prompt(engine, prompt: dict):
+    """A token-ids prompt (no images) rendered as `AsyncLLM.generate` would
+    render it itself, for a caller already off the event loop; the prompt as
+    it is for an engine without an input processor (a stand-in).
+
+    Read from vLLM 0.32.0: `InputProcessor.process_inputs`
+    (vllm/v1/engine/input_processor.py) renders a raw prompt with
+    `parse_model_prompt` and `renderer.render_cmpl` on the renderer's
+    `default_cmpl_tok_params`, and takes a rendered one (a dict with a
+    "type") as it is; `AsyncLLM.add_request` (vllm/v1/engine/async_llm.py) runs the raw
+    case on a thread of its own, the rendered one inline. Rendered on the
+    tokenizing thread, where the request is converted anyway, a request
+    makes one thread hop instead of two (BENCHMARKS.md, against `vllm serve
+    --grpc`, whose servicer renders before it calls generate too).
+    """
+    processor = getattr(engine, "input_processor", None)
+    if processor is None:
+        return prompt
+    from vllm.renderers.inputs.preprocess import parse_model_prompt
+
+    renderer = processor.renderer
+    parsed = parse_model_prompt(processor.model_config, prompt)
+    (out,) = renderer.render_cmpl([parsed], renderer.default_cmpl_tok_params.with_kwargs())
+    return out
+
+
+def skip_logprob_token_text(engine) -> None:
+    """Stops the engine from decoding the text of every logprob's token,
+    which nothing here reads: a response carries token ids and logprobs, and
+    the HTTP front names tokens itself. The streamed text, detokenized
+    incrementally, is untouched.
+
+    Read from vLLM 0.32.0: `OutputProcessor.add_request`
+    (vllm/v1/engine/output_processor.py) builds each request's
+    `LogprobsProcessor` with the detokenizer's tokenizer, and
+    `LogprobsProcessor._update_sample_logprobs` (vllm/v1/engine/logprobs.py) then decodes
+    every position's tokens (`convert_ids_list_to_tokens`, and a decode of
+    the context for each token that ends in half a character) into
+    `Logprob.decoded_token`; with its `tokenizer` None it decodes nothing.
+    That decoding was the larger part of what a stream with text cost more
+    than one of ids (BENCHMARKS.md, against `vllm serve --grpc`). An engine
+    without an output processor (a stand-in) is left as it is.
+    """
+    processor = getattr(engine, "output_processor", None)
+    if processor is None:
+        return
+    add_request = processor.add_request
+
+    def add_request_without_token_text(request, *args, **kwargs) -> None:
+        add_request(request, *args, **kwargs)
+        state = processor.request_states.get(request.request_id)
+        if state is not None and state.logprobs_processor is not None:
+            state.logprobs_processor.tokenizer = None
+
+    processor.add_request = add_request_without_token_text
+
+
 # Inside vLLM's worker processes (worker/): imported there too, so this module
 # imports nothing of ours and no vLLM module at its top.
 

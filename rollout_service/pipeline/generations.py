@@ -21,6 +21,7 @@ them to its own statuses.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 import uuid
@@ -42,6 +43,22 @@ from rollout_service.pipeline.calls import Call, RunningCalls
 from rollout_service.pipeline.context import Admitted, Prepared
 from rollout_service.pipeline.serving import App
 from rollout_service.status.errors import FailedPrecondition, engine_dead
+
+# A request of token ids this small converts in microseconds: on the loop it
+# saves the thread hop (a hand-off, a wake-up of the loop through its
+# self-pipe) that costs more than the conversion (BENCHMARKS.md, against
+# `vllm serve --grpc`). Text and chat messages (tokenized) and images
+# (decoded) always go off the loop.
+INLINE_REQUEST_BYTES = 2048
+
+
+def _converts_inline(request: pb.GenerateRequest) -> bool:
+    return (
+        not request.prompt_text
+        and not request.messages
+        and not request.images
+        and request.ByteSize() <= INLINE_REQUEST_BYTES
+    )
 
 
 class Generations:
@@ -70,8 +87,11 @@ class Generations:
         app.served.check_serving()
         if request.lora_adapter:
             app.adapters.check_known(request.lora_adapter)
-        # Tokenizing, rendering and parsing grow with the request: off the loop.
-        prompt, params = await app.tokenizing.off_loop(self._convert, request, kind, stream)
+        if _converts_inline(request):
+            prompt, params = self._convert(request, kind, stream)
+        else:
+            # Tokenizing, rendering and parsing grow with the request: off the loop.
+            prompt, params = await app.tokenizing.off_loop(self._convert, request, kind, stream)
         return Prepared(
             request_id, prompt, params, request.lora_adapter, request.required_weight_version
         )
@@ -82,6 +102,9 @@ class Generations:
         params = convert.sampling_params_from_proto(
             request.sampling_params, limits, prompt.num_tokens, kind, stream
         )
+        if prompt.num_tokens is not None:  # token ids: rendered here, not on vLLM's thread
+            rendered = vllm_compat.rendered_prompt(self.app.engine, prompt.prompt)
+            prompt = dataclasses.replace(prompt, prompt=rendered)
         return prompt, params
 
     @contextmanager
