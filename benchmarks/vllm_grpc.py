@@ -22,6 +22,9 @@ one round, then the median over rounds:
 
     .venv/bin/python -m benchmarks.vllm_grpc --rounds 3
 
+compare's flags apply (`--duration`, `--concurrency`, `--rate`, `--serve-logprobs` for vLLM's
+side, ...), except the stream options, which each load sets, and `--profile`.
+
 It prints each window, then per load: output tok/s, the front end's CPU
 seconds per 1,000 output tokens (the server's root process: gRPC, the
 servicer, vLLM's output processing) and the process tree's (front end plus
