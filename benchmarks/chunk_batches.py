@@ -24,7 +24,8 @@ import grpc
 from benchmarks.bigmodel import BIG_DIR, build_big_model
 from benchmarks.delta_sync import load
 from harness.serverproc import ServerProcess
-from rollout_client import RolloutClient, push
+from rollout_client import RolloutClient
+from rollout_client.weights import push
 
 
 def main() -> None:

@@ -4,7 +4,7 @@ Simulated RL steps: an fp32 master copy of a bf16 model's weights, Adam
 (torch.optim.Adam, random gradients ~N(0, 1e-3)) at each learning rate, the
 bf16 weights pushed after every step, twice: by the delta client
 (`update_weights(..., delta=True)`: each push the cheaper way by what its
-earlier pushes measured, rollout_client/delta_costs.py; `--mode always`: a
+earlier pushes measured, rollout_client/weights/delta_costs.py; `--mode always`: a
 delta every time) and as a full update of the same bytes (another client),
 both to the real server started on the model, over the chosen transports.
 The `ways` column lists how each of the delta client's pushes went (d: a
@@ -57,7 +57,7 @@ from benchmarks.bigmodel import BIG_2G_DIR, BIG_DIR, build_2g_model, build_big_m
 from benchmarks.weight_sync import MiB, to_sink
 from harness.serverproc import ServerProcess, free_port
 from rollout_client import RolloutClient
-from rollout_client.delta_push import PushedWeights
+from rollout_client.weights.delta_push import PushedWeights
 
 TRANSPORTS = {"one": {}, "four": {"streams": 4}, "host": {"same_host": True}}
 

@@ -20,8 +20,8 @@ import numpy as np
 from benchmarks.loadgen import RunResult
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
-from rollout_client import push
 from rollout_client.client import ConnectionOptions
+from rollout_client.weights import push
 
 PAUSE_MODES = {"wait": pb.PAUSE_MODE_WAIT, "abort": pb.PAUSE_MODE_ABORT}
 

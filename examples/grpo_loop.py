@@ -46,8 +46,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollout_client import AsyncRolloutClient, pb
+from rollout_client.calls.versions import token_versions
 from rollout_client.mismatch import mismatch
-from rollout_client.versions import token_versions
 from rollout_codecs import dtypes
 
 PROMPTS = [

@@ -8,7 +8,8 @@ import threading
 
 import psutil
 
-from rollout_client import core, pb
+from rollout_client import pb
+from rollout_client.calls import core
 
 
 def waiting_load(count: int, tokens: int, logprobs: int) -> list[pb.GenerateStreamRequest]:

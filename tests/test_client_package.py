@@ -236,3 +236,19 @@ def test_every_package_of_the_server_is_shipped():
         for p in (ROOT / "rollout_service").rglob("__init__.py")
     }
     assert on_disk <= listed, sorted(on_disk - listed)
+
+
+def test_every_package_of_the_client_is_shipped():
+    """The same for the client's packages (calls/, weights/, fleet/ and the
+    rest), in both distributions that ship them: the server's and
+    rollout-client's own."""
+    tomllib = pytest.importorskip("tomllib")
+    client = ROOT / "client"
+    on_disk = {
+        ".".join(p.parent.relative_to(client).parts)
+        for top in ("rollout_client", "rollout_codecs", "rollout")
+        for p in (client / top).rglob("__init__.py")
+    }
+    for pyproject in (ROOT / "pyproject.toml", client / "pyproject.toml"):
+        listed = set(tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["packages"])
+        assert on_disk <= listed, (pyproject, sorted(on_disk - listed))

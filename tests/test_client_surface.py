@@ -19,7 +19,7 @@ import pytest
 from harness.serverproc import free_port
 from rollout.v1 import rollout_pb2_grpc
 from rollout_client import AsyncRolloutClient, RolloutClient, RolloutError, pb
-from rollout_client.generate_request import GenerateOptions, Sampling, StreamOptions
+from rollout_client.calls.generate_request import GenerateOptions, Sampling, StreamOptions
 from rollout_service.status.trailers import details_trailer
 
 REFUSAL = "weight version 'step-2' required, 'step-1' served"

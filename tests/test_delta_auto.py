@@ -1,6 +1,6 @@
 """update_weights(delta=True) against the real engine: the client picks the
 cheaper way for each push from what its earlier pushes measured
-(rollout_client/delta_costs.py). A run whose share of changed values jumps
+(rollout_client/weights/delta_costs.py). A run whose share of changed values jumps
 (a learning-rate spike: every value moves) falls back to full pushes (which
 keep samples of what they pushed, not a copy), and goes back to deltas once
 the share drops; every push, whichever way it went,

@@ -283,8 +283,8 @@ def test_a_delta_arrives_packed_in_the_incoming_region_never_in_the_slots():
 
 
 def test_the_clients_record_is_bounded_and_what_does_not_fit_goes_raw():
-    from rollout_client import push
-    from rollout_client.delta_push import PushedWeights
+    from rollout_client.weights import push
+    from rollout_client.weights.delta_push import PushedWeights
 
     rng = np.random.default_rng(3)
     old = {n: rng.integers(0, 1 << 16, 4096, dtype=np.uint16) for n in ("a", "b", "c")}
@@ -313,8 +313,8 @@ def test_the_clients_record_is_bounded_and_what_does_not_fit_goes_raw():
 
 
 def test_the_record_takes_a_delta_while_it_is_sent_and_gives_it_back_if_it_is_not_acknowledged():
-    from rollout_client import push
-    from rollout_client.delta_push import PushedWeights
+    from rollout_client.weights import push
+    from rollout_client.weights.delta_push import PushedWeights
 
     rng = np.random.default_rng(4)
     old = {n: rng.integers(0, 1 << 16, 4096, dtype=np.uint16) for n in ("a", "b")}

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from rollout_client.delta_costs import WINDOW, Costs, sampled_share, samples
+from rollout_client.weights.delta_costs import WINDOW, Costs, sampled_share, samples
 
 GRPC = (1, False)
 MB = 1 << 20
@@ -184,7 +184,7 @@ def test_a_full_push_that_keeps_samples_reads_only_the_sampled_blocks():
     # A source read from a checkpoint file pays for every byte
     # read: keeping 64 blocks of a tensor must not read it whole.
     from rollout.v1 import rollout_pb2 as pb
-    from rollout_client.delta_push import PushedWeights
+    from rollout_client.weights.delta_push import PushedWeights
     from rollout_codecs.sources import SourceTensor
 
     rng = np.random.default_rng(9)

@@ -10,7 +10,7 @@ from contextlib import ExitStack
 import pytest
 
 from rollout_client import pb
-from rollout_client.connection import ConnectionOptions
+from rollout_client.calls.connection import ConnectionOptions
 from rollout_service.fairness.identity import CallerId, caller_id, tenant_of
 from rollout_service.fairness.share import FairShare, parse_shares
 from rollout_service.ops.auth import CALLER, Caller

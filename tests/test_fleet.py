@@ -191,7 +191,7 @@ def test_a_delta_no_replica_commits_leaves_the_fleets_copy_on_its_base(server, i
     # replica commits, the copy must be the base again, or the next delta
     # (against the base every replica still holds) would encode the wrong
     # bytes.
-    from rollout_client import fleet_staging
+    from rollout_client.fleet import staging
 
     def nudged(weights, rows: slice):
         out = {n: t.clone() for n, t in weights.items()}
@@ -200,7 +200,7 @@ def test_a_delta_no_replica_commits_leaves_the_fleets_copy_on_its_base(server, i
 
     def refused(replicas, opened, timeout):
         for r in replicas:
-            fleet_staging.abort(r, opened[r.target])
+            staging.abort(r, opened[r.target])
         return {}, {r.target: "the commit was refused (a test)" for r in replicas}
 
     with Fleet([server.target], timeout=120) as fleet:
@@ -208,7 +208,7 @@ def test_a_delta_no_replica_commits_leaves_the_fleets_copy_on_its_base(server, i
         v1 = version()
         fleet.update_weights(base, v1, delta="always")  # no copy yet: in full
         with monkeypatch.context() as m:
-            m.setattr(fleet_staging, "commit_all", refused)
+            m.setattr(staging, "commit_all", refused)
             ack = fleet.update_weights(nudged(base, slice(0, 4)), version(), delta="always")
         assert not ack.acks and fleet.pushed is not None and fleet.pushed.version == v1
         fleet.check()  # the replica the failed commit dropped answers again

@@ -15,7 +15,8 @@ import pytest
 
 from harness.many_load import PeakRss, waiting_load
 from harness.weights_util import random_weights, version
-from rollout_client import RolloutClient, RolloutError, core, pb
+from rollout_client import RolloutClient, RolloutError, pb
+from rollout_client.calls import core
 from tests.support.keep_mode import PROMPT, fresh_continuation, merged_spans
 
 MAX = 12

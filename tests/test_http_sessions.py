@@ -20,7 +20,8 @@ import openai
 import pytest
 
 from harness.weights_util import random_weights, version
-from rollout_client import core, pb
+from rollout_client import pb
+from rollout_client.calls import core
 from rollout_service.engine.limits import ModelLimits
 from rollout_service.http.session_history import conversation_entry, extend
 from rollout_service.sessions import resuming

@@ -28,7 +28,8 @@ from collections.abc import Callable
 import pytest
 
 from harness.weights_util import random_weights, version
-from rollout_client import RolloutClient, core, pb
+from rollout_client import RolloutClient, pb
+from rollout_client.calls import core
 from tests.support.keep_mode import METRICS_PORT, PROMPT, merged_spans
 
 # Long enough that the push lands well inside it (on a machine without

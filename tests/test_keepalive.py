@@ -31,7 +31,7 @@ from google.protobuf import json_format
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
-from rollout_client.connection import MIN_KEEPALIVE_SECONDS, ConnectionOptions
+from rollout_client.calls.connection import MIN_KEEPALIVE_SECONDS, ConnectionOptions
 from rollout_service.server import KEEPALIVE_OPTIONS
 from tests.support.node import PACKAGE
 

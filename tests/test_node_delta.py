@@ -6,7 +6,7 @@ pushed.ts, push.ts), run from the packed tarball (conftest's `packed`):
   aligned and unaligned buffers alike; its decoder gives the new bytes back
   and names what is wrong with a hostile payload; it numbers and sizes every
   DType as the Python client does;
-- its chunk messages are the Python client's (rollout_client/push.py
+- its chunk messages are the Python client's (rollout_client/weights/push.py
   `groups`), checked on the wire of a fake server that takes batches;
 - against the session's secure server: a full push, then two deltas (each
   acknowledged with only the encoded bytes received, the server's delta base
@@ -31,7 +31,8 @@ import torch
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
-from rollout_client import RolloutClient, push
+from rollout_client import RolloutClient
+from rollout_client.weights import push
 from rollout_codecs import delta, dtypes
 from tests.support import delta_steps
 from tests.support.delta_cases import XOR8_CASES, xor8_case, xor8_entries

@@ -217,7 +217,7 @@ def test_only_unavailable_is_retried(code):
 def test_a_refused_update_is_sent_again_whole():
     """UpdateWeights is left out of gRPC's policy (a client stream); the client
     sends the whole update again, which the server answers with the original
-    acknowledgement if it had applied it (see core.send_update)."""
+    acknowledgement if it had applied it (see updates.send_update)."""
     import numpy as np
 
     with FlakyServer(failures=1, failing=("UpdateWeights",)) as s:

@@ -8,8 +8,8 @@ import math
 import pytest
 
 from rollout_client import pb
+from rollout_client.calls.versions import token_versions
 from rollout_client.mismatch import mismatch
-from rollout_client.versions import token_versions
 
 
 def completion(n: int, *spans: tuple[str, int, int]) -> pb.Completion:

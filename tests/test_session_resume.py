@@ -9,7 +9,8 @@ import math
 
 import pytest
 
-from rollout_client import core, pb
+from rollout_client import pb
+from rollout_client.calls import core
 from rollout_service.engine.limits import ModelLimits
 from rollout_service.sessions import resuming
 from rollout_service.sessions.store import Session

@@ -25,7 +25,7 @@ from harness.weights_util import (
 )
 from rollout.v1 import rollout_pb2_grpc
 from rollout_client import RolloutClient, RolloutError, pb
-from rollout_client.push import ManifestMismatch
+from rollout_client.weights.push import ManifestMismatch
 from rollout_service.engine.tiny_models import ensure_model
 
 # Longer than two 128-token KV blocks: most of it comes from the prefix cache.

@@ -76,7 +76,7 @@ def test_what_the_parser_accepts_protobuf_reads_the_same(raw):
 
 
 def _update(sizes: list[int], chunk_bytes: int, batch: bool):
-    from rollout_client import push
+    from rollout_client.weights import push
     from rollout_codecs.sources import SourceTensor
 
     tensors = []
@@ -100,7 +100,7 @@ def _update(sizes: list[int], chunk_bytes: int, batch: bool):
 
 def _sent(u) -> tuple[list[pb.UpdateWeightsRequest], dict[int, bytes]]:
     """The stream's messages, and each tensor's bytes as they arrive."""
-    from rollout_client import push
+    from rollout_client.weights import push
 
     msgs = [pb.UpdateWeightsRequest.FromString(m) for m in push.update_weights_requests(u)]
     got: dict[int, bytearray] = {}
@@ -137,7 +137,7 @@ def test_small_chunks_travel_together_only_where_the_server_takes_batches(batch)
 
 
 def test_a_batch_holds_at_most_1024_chunks():
-    from rollout_client import push
+    from rollout_client.weights import push
 
     u = _update([1] * 2500, 1 << 20, True)
     msgs, got = _sent(u)

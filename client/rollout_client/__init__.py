@@ -7,10 +7,10 @@ with RolloutClient("127.0.0.1:50051") as client:
 """
 
 from rollout.v1 import rollout_pb2 as pb
+from rollout_client.calls.core import ServerNotReady
 from rollout_client.client import AsyncRolloutClient, RolloutClient, RolloutError
-from rollout_client.core import ServerNotReady
-from rollout_client.interrupts import UpdateInterrupted
-from rollout_client.manifest import ManifestMismatch
+from rollout_client.weights.interrupts import UpdateInterrupted
+from rollout_client.weights.manifest import ManifestMismatch
 
 __all__ = [
     "AsyncRolloutClient",

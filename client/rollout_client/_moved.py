@@ -1,6 +1,7 @@
-"""The deprecated import paths of modules that moved out of rollout_client:
-each old module is one call to `alias`, which warns and puts the new module
-in its place (so `from rollout_client.wire import X` and
+"""The deprecated import paths of modules that moved, out of rollout_client
+(the codecs, to rollout_codecs) or into its packages by concern (calls/,
+weights/, fleet/): each old module is one call to `alias`, which warns and
+puts the new module in its place (so `from rollout_client.wire import X` and
 `rollout_client.wire.X` keep working until the old paths go in 0.3)."""
 
 from __future__ import annotations

@@ -12,19 +12,21 @@ import grpc
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
-from rollout_client import core, interrupts, push, push_async, sessions, update_options
-from rollout_client.connection import RolloutError
-from rollout_client.generate_request import (
+from rollout_client import sessions
+from rollout_client.calls import core
+from rollout_client.calls.connection import RolloutError
+from rollout_client.calls.generate_request import (
     GenerateOptions,
     StreamOptions,
     build_generate_request,
     build_generate_stream_request,
 )
 from rollout_client.surface import Surface
-from rollout_client.update_options import UpdateOptions
+from rollout_client.weights import interrupts, push, push_async, update_options, updates
+from rollout_client.weights.update_options import UpdateOptions
 
 if TYPE_CHECKING:  # numpy: imported by delta pushes only
-    from rollout_client.delta_push import PushedWeights
+    from rollout_client.weights.delta_push import PushedWeights
 
 _Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp")
@@ -132,7 +134,7 @@ class AsyncRolloutClient(Surface[grpc.aio.Channel]):
     ) -> pb.UpdateWeightsResponse:
         """RolloutClient.update_weights over this client's grpc.aio channel
         (and, with `streams` > 1, as many more): the same update
-        (core.prepare_update) and messages (push.py), each made in a worker
+        (updates.prepare_update) and messages (push.py), each made in a worker
         thread, so the event loop is never blocked (push_async.py); with
         `delta`, the blocking client's choice and record (delta_push.py, CPU
         work) run in a worker thread and each send on this channel (its
@@ -142,7 +144,7 @@ class AsyncRolloutClient(Surface[grpc.aio.Channel]):
         check (interrupts.py)."""
         update_options.check(options)
         state = interrupts.PushState()
-        target = core.adapter_target(options.get("adapter"), options.get("adapter_config"))
+        target = updates.adapter_target(options.get("adapter"), options.get("adapter_config"))
         if options.get("delta"):
             if target is not None:
                 raise ValueError("delta=True applies to the base weights, not to an adapter")
@@ -160,7 +162,7 @@ class AsyncRolloutClient(Surface[grpc.aio.Channel]):
         """RolloutClient._update_delta's push (delta_push.push_cheaper) in a
         worker thread, each of its sends run on this client's channel in the
         event loop (and cancelled when the push is stopped)."""
-        from rollout_client import delta_push
+        from rollout_client.weights import delta_push
 
         if self.pushed is None:
             self.pushed = delta_push.PushedWeights()
@@ -199,7 +201,7 @@ class AsyncRolloutClient(Surface[grpc.aio.Channel]):
     ) -> pb.UpdateWeightsResponse:
         with core.rpc_errors():
             return await self.stub.UpdateWeights(
-                iter(core.adapter_removal(name, version)), **self._call_args(timeout)
+                iter(updates.adapter_removal(name, version)), **self._call_args(timeout)
             )
 
     async def abort(

@@ -27,9 +27,9 @@ from typing import Any
 from google.protobuf import json_format
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client import interrupts
 from rollout_client.client import ConnectionOptions, RolloutClient, RolloutError
-from rollout_client.manifest import ManifestMismatch
+from rollout_client.weights import interrupts
+from rollout_client.weights.manifest import ManifestMismatch
 from rollout_codecs import dtypes
 
 

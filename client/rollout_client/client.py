@@ -11,9 +11,10 @@ the gRPC status code and the server's message.
     >>> client.update_weights(model.state_dict(), version="step-1")  # doctest: +SKIP
 
 The two classes (AsyncRolloutClient in async_client.py) share everything but
-the call itself: what they hold from surface.py; requests, readiness, errors
-and update preparation from core.py; channels and the retry policy (gRPC's
-own, from the service config) from connection.py.
+the call itself: what they hold from surface.py; requests, readiness and
+errors from calls/core.py; update preparation from weights/updates.py; channels
+and the retry policy (gRPC's own, from the service config) from
+calls/connection.py.
 """
 
 from __future__ import annotations
@@ -26,27 +27,29 @@ from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 import grpc
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client import core, interrupts, push, sessions, update_options
+from rollout_client import sessions
 
 # Re-exported (`X as X`: the explicit form, for type checkers too); the
 # asyncio client lives in async_client.py.
 from rollout_client.async_client import AsyncRolloutClient as AsyncRolloutClient
-from rollout_client.connection import (
+from rollout_client.calls import core
+from rollout_client.calls.connection import (
     DEFAULT_MAX_MESSAGE_BYTES as DEFAULT_MAX_MESSAGE_BYTES,
 )
-from rollout_client.connection import ConnectionOptions as ConnectionOptions
-from rollout_client.connection import RolloutError as RolloutError
-from rollout_client.generate_request import (
+from rollout_client.calls.connection import ConnectionOptions as ConnectionOptions
+from rollout_client.calls.connection import RolloutError as RolloutError
+from rollout_client.calls.generate_request import (
     GenerateOptions,
     StreamOptions,
     build_generate_stream_request,
 )
-from rollout_client.generate_request import build_generate_request as build_generate_request
+from rollout_client.calls.generate_request import build_generate_request as build_generate_request
 from rollout_client.surface import Surface
-from rollout_client.update_options import UpdateOptions
+from rollout_client.weights import interrupts, push, update_options, updates
+from rollout_client.weights.update_options import UpdateOptions
 
 if TYPE_CHECKING:  # numpy: imported by delta pushes only
-    from rollout_client.delta_push import PushedWeights
+    from rollout_client.weights.delta_push import PushedWeights
 
 _Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp")
@@ -206,7 +209,7 @@ class RolloutClient(Surface[grpc.Channel]):
         update_options.check(options)
         state = _state or interrupts.PushState()
         with interrupts.reported(state, version):
-            target = core.adapter_target(options.get("adapter"), options.get("adapter_config"))
+            target = updates.adapter_target(options.get("adapter"), options.get("adapter_config"))
             if options.get("delta"):
                 if target is not None:
                     raise ValueError("delta=True applies to the base weights, not to an adapter")
@@ -221,7 +224,7 @@ class RolloutClient(Surface[grpc.Channel]):
         """update_weights(delta=...): the cheaper of a delta against
         `self.pushed` (when the server's base is its version) and a full
         update (delta_push.push_cheaper); either is recorded once acknowledged."""
-        from rollout_client import delta_push
+        from rollout_client.weights import delta_push
 
         if self.pushed is None:
             self.pushed = delta_push.PushedWeights()
@@ -247,7 +250,7 @@ class RolloutClient(Surface[grpc.Channel]):
         def send() -> pb.UpdateWeightsResponse:
             return push.send(u, self.channel, new_channel, streams, same_host, regions)
 
-        return core.send_update(u, self.options, send)
+        return updates.send_update(u, self.options, send)
 
     def remove_adapter(
         self, name: str, version: str, *, timeout: float | None = None
@@ -255,7 +258,7 @@ class RolloutClient(Surface[grpc.Channel]):
         """Unloads LoRA adapter `name` (an update with no tensors)."""
         with core.rpc_errors():
             return self.stub.UpdateWeights(
-                iter(core.adapter_removal(name, version)), **self._call_args(timeout)
+                iter(updates.adapter_removal(name, version)), **self._call_args(timeout)
             )
 
     def abort(

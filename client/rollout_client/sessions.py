@@ -22,8 +22,8 @@ import grpc
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
-from rollout_client import core
-from rollout_client.generate_request import Sampling
+from rollout_client.calls import core
+from rollout_client.calls.generate_request import Sampling
 
 _Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp")

@@ -13,9 +13,9 @@ from grpc_health.v1 import health_pb2_grpc
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
-from rollout_client import core, interrupts, push
-from rollout_client.connection import ConnectionOptions
-from rollout_client.update_options import UpdateOptions
+from rollout_client.calls.connection import ConnectionOptions
+from rollout_client.weights import interrupts, push, updates
+from rollout_client.weights.update_options import UpdateOptions
 
 # The channel's type: blocking (RolloutClient) or grpc.aio (AsyncRolloutClient).
 _Channel = TypeVar("_Channel", grpc.Channel, grpc.aio.Channel)
@@ -62,10 +62,10 @@ class Surface(Generic[_Channel], abc.ABC):
         target: pb.AdapterTarget | None,
         state: interrupts.PushState,
     ) -> functools.partial[push.Update]:
-        """core.prepare_update of an update_weights call, to run (the asyncio
+        """updates.prepare_update of an update_weights call, to run (the asyncio
         client runs it in a worker thread)."""
         return functools.partial(
-            core.prepare_update,
+            updates.prepare_update,
             source,
             version,
             info,

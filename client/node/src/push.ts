@@ -3,7 +3,7 @@
  * commit. Where the server takes TensorChunkBatch
  * (GetServerInfo.accepts_chunk_batches), chunks much smaller than the chunk
  * size travel several to a message, by the Python client's rule
- * (rollout_client/push.py): runs of chunks under a quarter of the chunk size
+ * (rollout_client/weights/push.py): runs of chunks under a quarter of the chunk size
  * together, up to half of it and 1024 chunks (gRPC costs as much per message
  * as a few hundred KB take to move).
  */

@@ -14,7 +14,7 @@
  * Each push's way and why is kept in `history`.
  *
  * Unlike the Python client, this one does not weigh measured encode and
- * transfer costs against each other (rollout_client/delta_costs.py): it
+ * transfer costs against each other (rollout_client/weights/delta_costs.py): it
  * encodes in the one JavaScript thread, and a delta goes whenever the base
  * matches.
  */

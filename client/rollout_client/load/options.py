@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client.connection import ConnectionOptions
+from rollout_client.calls.connection import ConnectionOptions
 
 # (flag, env var, default, help). Lengths are N or LO-HI (uniform).
 FLAGS: tuple[tuple[str, str, str, str], ...] = (

@@ -12,13 +12,13 @@
   fleet marks it lagging, sends the call to another replica (or waits up to
   `wait_seconds` for one) and heals the lagging one in the background.
 - One weight update for all, with a version barrier: the source is read
-  once and its chunks go to every replica (fleet_staging.py); only when every
+  once and its chunks go to every replica (staging.py); only when every
   replica holds every byte is it committed everywhere. If any replica fails
   before the commit, the update is aborted everywhere: no replica serves it.
   The commits are separate calls: a replica that dies between the barrier
   and its own commit leaves the others on the new version; the
   acknowledgement lists who has what.
-- A keeper thread (fleet_health.py) probes every replica every
+- A keeper thread (health.py) probes every replica every
   `probe_seconds`: a replica that stops answering is dropped and reported,
   never waited on; a dropped one is probed again and rejoins when it
   answers; one on another version is first brought to the fleet's.
@@ -42,16 +42,18 @@ from typing import TYPE_CHECKING, Any, Literal
 import grpc
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client import fleet_health, fleet_staging, push, sessions
 from rollout_client.client import RolloutClient, RolloutError
-from rollout_client.fleet_health import Keeper, Ledger
-from rollout_client.fleet_replicas import Replica, Replicas
-from rollout_client.fleet_sessions import AsyncFleetSession, FleetSession, Threads
-from rollout_client.fleet_staging import FleetUpdateError  # noqa: F401  (re-exported)
+from rollout_client.fleet import health, staging
+from rollout_client.fleet.health import Keeper, Ledger
+from rollout_client.fleet.replicas import Replica, Replicas
+from rollout_client.fleet.sessions import AsyncFleetSession, FleetSession, Threads
+from rollout_client.fleet.staging import FleetUpdateError  # noqa: F401  (re-exported)
+from rollout_client.sessions import build_open_request
+from rollout_client.weights import push
 
 if TYPE_CHECKING:  # numpy: imported by delta pushes only
-    from rollout_client.delta_costs import Choice
-    from rollout_client.delta_push import DeltaUpdate, PushedWeights
+    from rollout_client.weights.delta_costs import Choice
+    from rollout_client.weights.delta_push import DeltaUpdate, PushedWeights
 
 # The transport of the fleet's pushes, for their costs (delta_costs.py):
 # staged to every replica, then committed.
@@ -92,7 +94,7 @@ class Fleet:
     `initial_version`: what a freshly started replica reports (the servers'
     --initial-weight-version); a replica on it, or on a version this fleet
     pushed or replaced, is healed; one on any other version was updated by
-    another client and is left out, not fought over (see fleet_health).
+    another client and is left out, not fought over (see fleet/health.py).
     `heal_from_source=False`: keep no reference to the last update's source
     (a lagging replica then waits for the next full update)."""
 
@@ -164,15 +166,13 @@ class Fleet:
 
     def check(self) -> None:
         """One round of the keeper's work in the caller's thread: every
-        replica probed, every lagging one healed (see fleet_health)."""
+        replica probed, every lagging one healed (see fleet/health.py)."""
         interval = self._keeper.interval if self._keeper is not None else 0.0
         for r in self.replicas:
-            fleet_health.probe(self.replicas, r, self.timeout)
+            health.probe(self.replicas, r, self.timeout)
         for r in self.replicas:
             if r.alive and r.version != self.version:
-                fleet_health.heal(
-                    self.replicas, r, self.ledger, self._updating, self.timeout, interval
-                )
+                health.heal(self.replicas, r, self.ledger, self._updating, self.timeout, interval)
 
     def status(self) -> dict[str, str]:
         """Each replica's state: "serving <version>", "lagging: <why>" or
@@ -182,17 +182,17 @@ class Fleet:
     def open_session(
         self, *, move: bool = True, timeout: float | None = None, **kwargs: Any
     ) -> FleetSession:
-        """A session (sessions.build_open_request's arguments) on the replica
-        with the fewest sessions; its calls follow it (see fleet_sessions),
+        """A session (build_open_request's arguments: rollout_client/sessions.py) on the replica
+        with the fewest sessions; its calls follow it (see fleet/sessions.py),
         and its `base_url` is that replica's URL for it (an agent's OpenAI
         base URL). `move=False`: fail instead of re-opening it elsewhere
         when its replica is lost."""
         if self.version is None:
             self.refresh()
-        request = sessions.build_open_request(**kwargs)
+        request = build_open_request(**kwargs)
         return FleetSession(self, request, move, self.timeout if timeout is None else timeout)
 
-    # fleet_sessions.Placement
+    # fleet/sessions.py's Placement
 
     def place_session(self, deadline: float) -> tuple[Replica, str]:
         return self.replicas.place_session(deadline)
@@ -259,7 +259,7 @@ class Fleet:
             live = self.replicas.live()
             if not live:
                 raise RolloutError(grpc.StatusCode.UNAVAILABLE, "no live replica in the fleet")
-            source, unreplayable = fleet_health.replayable(source, self.heal_from_source)
+            source, unreplayable = health.replayable(source, self.heal_from_source)
             manifest = live[0].client.server_info(timeout).parameters
             u = push.prepare(
                 source,
@@ -293,7 +293,7 @@ class Fleet:
             pushed = self.pushed
             sending = contextlib.nullcontext() if pushed is None or d is None else pushed.sending(d)
             with sending:
-                opened = fleet_staging.stage(
+                opened = staging.stage(
                     u if d is None else d.update,
                     targets,
                     timeout,
@@ -301,7 +301,7 @@ class Fleet:
                     on_unavailable=self.replicas.drop,
                     fingerprints=prints if d is None else None,
                 )
-                acks, dropped = fleet_staging.commit_all(targets, opened, timeout)
+                acks, dropped = staging.commit_all(targets, opened, timeout)
             if pushed is not None and d is not None and not acks:
                 pushed.withdraw(d)
             if d is not None and prints is not None:
@@ -319,7 +319,7 @@ class Fleet:
         """`u` as a delta when every target's delta base (`bases`) is what
         this fleet pushed last and a delta is the cheaper way; None (a full
         update) otherwise (delta_push.PushedWeights.plan)."""
-        from rollout_client.delta_push import PushedWeights
+        from rollout_client.weights.delta_push import PushedWeights
 
         if self.pushed is None:
             self.pushed = PushedWeights()
