@@ -2,11 +2,11 @@
 ids, greedy, ignore_eos, the sampled tokens' logprobs, streamed or not), and
 every ratio is ours over vLLM's in the same round."""
 
+import asyncio
+
 import pytest
 
-pytest.importorskip("smg_grpc_proto", reason="the bench extra (scripts/setup --dev)")
-
-from benchmarks.vllm_grpc import SmgDriver, report  # noqa: E402
+from benchmarks.vllm_grpc import SmgDriver, report
 
 
 def window(tok_s, front, engine):
@@ -17,17 +17,30 @@ def window(tok_s, front, engine):
     }
 
 
+def _requests(stream: bool) -> list:
+    """Two requests of a driver built as the benchmark builds it: in its
+    event loop (its channel is grpc.aio's)."""
+
+    async def built() -> list:
+        driver = SmgDriver("127.0.0.1:1", stream, temperature=0.0, logprobs=0)
+        try:
+            return [driver.request([11, 12, 13], 64), driver.request([11], 1)]
+        finally:
+            await driver.channel.close()
+
+    return asyncio.run(built())
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_vllm_is_asked_for_what_ours_is_asked(stream):
-    driver = SmgDriver("127.0.0.1:1", stream, temperature=0.0, logprobs=0)
-    request = driver.request([11, 12, 13], 64)
+    request, other = _requests(stream)
     params = request.sampling_params
     assert list(request.tokenized.input_ids) == [11, 12, 13]
     assert request.stream is stream
     assert params.HasField("temperature") and params.temperature == 0.0
     assert params.max_tokens == 64 and params.ignore_eos
     assert params.HasField("logprobs") and params.logprobs == 0
-    assert request.request_id != driver.request([11], 1).request_id
+    assert request.request_id != other.request_id
 
 
 def test_ratios_are_ours_over_vllm_within_each_round():
