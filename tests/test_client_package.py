@@ -35,6 +35,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 import venv
 from pathlib import Path
 
@@ -210,7 +211,6 @@ def test_importing_the_client_loads_no_optional_package():
 def test_the_server_ships_what_the_client_needs():
     """The server's pyproject maps the client's packages instead of depending
     on the rollout-client distribution, so it must carry its dependencies."""
-    tomllib = pytest.importorskip("tomllib")
 
     def names(requirements):
         return {re.match(r"[\w.-]+", r).group().lower() for r in requirements}
@@ -227,7 +227,6 @@ def test_every_package_of_the_server_is_shipped():
     """[tool.setuptools] lists the packages by hand: a package missing there
     is absent from a wheel (`pip install .`, an image) though an editable
     install still finds it (the sessions, fairness and handoff packages were)."""
-    tomllib = pytest.importorskip("tomllib")
     listed = set(
         tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
     )
@@ -242,7 +241,6 @@ def test_every_package_of_the_client_is_shipped():
     """The same for the client's packages (calls/, weights/, fleet/ and the
     rest), in both distributions that ship them: the server's and
     rollout-client's own."""
-    tomllib = pytest.importorskip("tomllib")
     client = ROOT / "client"
     on_disk = {
         ".".join(p.parent.relative_to(client).parts)
