@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import subprocess
 import uuid
 from pathlib import Path
@@ -34,22 +33,10 @@ import torch
 from rollout_client import RolloutClient, RolloutError, pb
 from rollout_client.sessions import Session, loss_mask
 from rollout_codecs import delta, dtypes
+from tests.support import cpp_build
 from tests.support.delta_cases import XOR8_CASES, xor8_case, xor8_entries
 from tests.support.tokens import ADMIN, GENERATE
 
-REPO = Path(__file__).resolve().parents[1]
-CPP_DIR = REPO / "client" / "cpp"
-# The tests' build: a folder of its own (build/ is ignored), so that it never
-# reuses or reconfigures a user's client/cpp/build (whose cache keeps the
-# CMAKE_BUILD_TYPE it was configured with), and compiled at -Og rather than
-# Release's -O3: about half the CPU time of a clean build on 2 cores, and still
-# the flow analysis -Wall -Wextra need for -Wmaybe-uninitialized (-O0 has none).
-# What the tests check does not depend on the level: the program's bytes come
-# from integer arithmetic, memcpy and exact IEEE conversions, and -DNDEBUG as
-# in Release. "None": an empty CMAKE_BUILD_TYPE would become Release
-# (client/cpp/CMakeLists.txt) and append -O3 to these flags.
-BUILD_DIR = REPO / "build" / "cpp-tests"
-BUILD_FLAGS = ["-DCMAKE_BUILD_TYPE=None", "-DCMAKE_CXX_FLAGS=-Og -DNDEBUG"]
 SEED = 20240611
 PROMPT_LEN = 200  # more than one KV block, so that a repeat hits the prefix cache
 MAX_TOKENS = 16
@@ -69,25 +56,16 @@ def _run(cmd, timeout, env=None, check=True) -> subprocess.CompletedProcess[str]
 
 @pytest.fixture(scope="module")
 def trainer() -> Path:
-    """client/cpp built into build/cpp-tests at -Og (incremental on re-runs)."""
-    missing = [
-        t for t in ("cmake", "make", "c++", "protoc", "grpc_cpp_plugin") if not shutil.which(t)
-    ]
-    if missing:
+    """client/cpp built into build/cpp-tests at -Og (tests/support/cpp_build.py:
+    started at collection; incremental on re-runs)."""
+    if missing := cpp_build.missing_tools():
         pytest.fail(
             f"{', '.join(missing)} not found: the C++ client test needs Debian's g++, make, "
             "cmake, protobuf-compiler, protobuf-compiler-grpc, libprotobuf-dev and "
             "libgrpc++-dev (run scripts/setup-native, or scripts/setup --dev)",
             pytrace=False,
         )
-    cache = BUILD_DIR / "CMakeCache.txt"
-    if cache.exists() and f"CMAKE_HOME_DIRECTORY:INTERNAL={CPP_DIR}\n" not in cache.read_text():
-        shutil.rmtree(BUILD_DIR)  # configured for a copy of the repository elsewhere
-    _run(["cmake", "-S", CPP_DIR, "-B", BUILD_DIR, *BUILD_FLAGS], timeout=300)
-    _run(["cmake", "--build", BUILD_DIR, "-j2"], timeout=900)
-    binary = BUILD_DIR / "rollout_trainer"
-    assert os.access(binary, os.X_OK), binary
-    return binary
+    return cpp_build.built()
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from tests.support import server_starts, shared_servers
+from tests.support import cpp_build, server_starts, shared_servers
 
 _STARTS_SERVERS = ("ServerProcess", "running")
 
@@ -39,8 +39,11 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_collection_finish(session):
-    """The shared servers the collected tests use start now, all at once."""
+    """The shared servers the collected tests use start now, all at once,
+    and the C++ client's build if its tests were collected."""
     server_starts.start_collected(session.items)
+    if any(item.nodeid.startswith(cpp_build.MODULE) for item in session.items):
+        cpp_build.start()
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -1,6 +1,6 @@
 """When the suite's server fixtures' processes start: the shared servers all
 at once as soon as the tests are collected, and each module's own servers
-while the module before it runs.
+while the modules before it run (AHEAD modules with own servers ahead).
 
 A start is ~20 s of mostly single-threaded imports: started early, starts
 overlap each other and the tests that run meanwhile (the engine-free tests
@@ -96,14 +96,22 @@ def _start_ahead(index: int) -> None:
             _ahead.setdefault(fixture, []).append(_own[fixture]())
 
 
+# How many of the next modules that have own servers get them started while
+# a module runs: one is not enough when the module between is short (its
+# servers then start when it begins, and it waits for them).
+AHEAD = 2
+
+
 def start_for(module: str) -> None:
     """Before `module`'s first test: its own servers, if not yet started, and
-    those of the next module that has any (they start while this one runs)."""
+    those of the next AHEAD modules that have any (they start while this
+    one runs)."""
     for index, (name, _) in enumerate(_ahead_uses):
         if name == module:
             _start_ahead(index)
-            later = (i for i in range(index + 1, len(_ahead_uses)) if _ahead_uses[i][1])
-            _start_ahead(next(later, len(_ahead_uses)))
+            later = [i for i in range(index + 1, len(_ahead_uses)) if _ahead_uses[i][1]]
+            for i in later[:AHEAD]:
+                _start_ahead(i)
             break
 
 

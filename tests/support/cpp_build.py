@@ -1,0 +1,89 @@
+"""The C++ client's build for tests/test_cpp_client.py: started in the
+background when the tests are collected, at the lowest CPU priority (it takes
+what the tests leave idle: an engine stopped, a call waiting), and waited for
+by the module's `trainer` fixture.
+
+The tests' build is a folder of its own (build/ is ignored), so that it never
+reuses or reconfigures a user's client/cpp/build (whose cache keeps the
+CMAKE_BUILD_TYPE it was configured with), and compiled at -Og rather than
+Release's -O3: about half the CPU time of a clean build on 2 cores, and still
+the flow analysis -Wall -Wextra need for -Wmaybe-uninitialized (-O0 has none).
+What the tests check does not depend on the level: the program's bytes come
+from integer arithmetic, memcpy and exact IEEE conversions, and -DNDEBUG as
+in Release. "None": an empty CMAKE_BUILD_TYPE would become Release
+(client/cpp/CMakeLists.txt) and append -O3 to these flags.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CPP_DIR = REPO / "client" / "cpp"
+BUILD_DIR = REPO / "build" / "cpp-tests"
+BUILD_FLAGS = ["-DCMAKE_BUILD_TYPE=None", "-DCMAKE_CXX_FLAGS=-Og -DNDEBUG"]
+BINARY = BUILD_DIR / "rollout_trainer"
+TOOLS = ("cmake", "make", "c++", "protoc", "grpc_cpp_plugin")
+MODULE = "tests/test_cpp_client.py"
+
+_lock = threading.Lock()
+_thread: threading.Thread | None = None
+_outcome: list[str] = []  # what failed, if anything did
+
+
+def missing_tools() -> list[str]:
+    return [t for t in TOOLS if not shutil.which(t)]
+
+
+def start() -> None:
+    """Starts the build in a thread, once (nothing if a tool is missing:
+    `built` says so)."""
+    global _thread
+    with _lock:
+        if _thread is None and not missing_tools():
+            _thread = threading.Thread(target=_build, name="cpp-build", daemon=True)
+            _thread.start()
+
+
+def built(timeout: float = 1200) -> Path:
+    """The built program, once the build has ended; AssertionError with the
+    failed step's output otherwise."""
+    start()
+    assert _thread is not None
+    _thread.join(timeout)
+    assert not _thread.is_alive(), f"the C++ build ran over {timeout:.0f} s"
+    assert not _outcome, _outcome[0]
+    assert os.access(BINARY, os.X_OK), BINARY
+    return BINARY
+
+
+def _build() -> None:
+    cache = BUILD_DIR / "CMakeCache.txt"
+    if cache.exists() and f"CMAKE_HOME_DIRECTORY:INTERNAL={CPP_DIR}\n" not in cache.read_text():
+        shutil.rmtree(BUILD_DIR)  # configured for a copy of the repository elsewhere
+    steps = [
+        (["cmake", "-S", str(CPP_DIR), "-B", str(BUILD_DIR), *BUILD_FLAGS], 300),
+        (["cmake", "--build", str(BUILD_DIR), "-j2"], 900),
+    ]
+    for cmd, timeout in steps:
+        try:
+            p = subprocess.run(
+                cmd,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                preexec_fn=lambda: os.nice(19),
+            )
+        except subprocess.TimeoutExpired:
+            _outcome.append(f"`{' '.join(cmd)}` ran over {timeout} s")
+            return
+        if p.returncode != 0:
+            _outcome.append(
+                f"`{' '.join(cmd)}` exited {p.returncode}\n"
+                f"--- stdout\n{p.stdout[-4000:]}\n--- stderr\n{p.stderr[-4000:]}"
+            )
+            return
