@@ -49,17 +49,22 @@ def early(argv: list[str]) -> Refusal | None:
         args, _ = parser.parse_known_args(argv)
     except argparse.ArgumentError:
         return None
-    return problem(from_args(args), args.model, args.scheduling_policy)
+    config = from_args(args)
+    if refusal := problem(config, args.model, args.scheduling_policy):
+        return refusal
+    # A busy port too: server.serve asks again just before it binds.
+    if text := in_use_problem(config.host, config.port):
+        return Refusal(1, f"cannot start: {text}")
+    return None
 
 
 def problem(config: ServerConfig, model: str, scheduling_policy: str | None) -> Refusal | None:
-    """What refuses this start; `scheduling_policy` as given (None: not given)."""
+    """What refuses this start's flags; `scheduling_policy` as given (None:
+    not given)."""
     if text := model_problem(model):
         return Refusal(USAGE, text)
     if text := _config_problem(config, scheduling_policy):
         return Refusal(1, text)
-    if text := in_use_problem(config.host, config.port):
-        return Refusal(1, f"cannot start: {text}")
     return None
 
 

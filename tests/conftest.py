@@ -52,12 +52,17 @@ def fault_file():
     return FAULT_FILE
 
 
-def _start_server():
-    # The HTTP front on too (its `http_target`): the load test's OpenAI agent.
+def _with_http(env: dict[str, str] | None = None) -> ServerProcess:
+    """A server on the default flags with the HTTP front on (its `http_target`)."""
     http_port = free_port()
-    proc = ServerProcess("--http-port", str(http_port), env={FAULT_FILE_ENV: str(FAULT_FILE)})
+    proc = ServerProcess("--http-port", str(http_port), env=env)
     proc.http_target = f"127.0.0.1:{http_port}"  # type: ignore[attr-defined]
-    return proc, None
+    return proc
+
+
+def _start_server():
+    # The HTTP front on too: the load test's OpenAI agent.
+    return _with_http(env={FAULT_FILE_ENV: str(FAULT_FILE)}), None
 
 
 def _start_secure():
@@ -93,10 +98,7 @@ def _start_delta_reference():
 
 def _start_own():
     # The HTTP front on too: the docs' OpenAI snippets run against it (test_snippets).
-    http_port = free_port()
-    proc = ServerProcess("--http-port", str(http_port))
-    proc.http_target = f"127.0.0.1:{http_port}"  # type: ignore[attr-defined]
-    return proc
+    return _with_http()
 
 
 def _with_ports(args: list[str], http_port: int | None, metrics_port: int) -> ServerProcess:

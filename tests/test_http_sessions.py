@@ -108,6 +108,18 @@ def _turn_segment(t: pb.GetSessionResponse, start: int) -> pb.TrajectorySegment:
     return seg
 
 
+def _long_stream(sdk):
+    """A streamed first turn long enough to be cut or updated mid-flight."""
+    return sdk.chat.completions.create(
+        model="tiny-qwen2",
+        messages=[USER],
+        stream=True,
+        max_tokens=1500,
+        temperature=0,
+        extra_body={**IDS, "ignore_eos": True},
+    )
+
+
 def test_what_a_harness_changes_in_a_message_and_what_diverges():
     """Engine-free: a returned message sent back re-serialized (arguments
     without spaces, content None, fields the SDK adds, the call's id) still
@@ -339,14 +351,7 @@ def test_a_history_that_does_not_extend_the_held_one_restarts_the_context(served
 def test_a_client_gone_mid_stream_keeps_its_partial_turn(served, grpc_client):
     opened = served.open(messages=[USER])
     with served.sdk(base_url=opened["base_url"]) as sdk:
-        stream = sdk.chat.completions.create(
-            model="tiny-qwen2",
-            messages=[USER],
-            stream=True,
-            max_tokens=1500,
-            temperature=0,
-            extra_body={**IDS, "ignore_eos": True},
-        )
+        stream = _long_stream(sdk)
         seen: list[int] = []
         for chunk in stream:
             if chunk.choices:
@@ -510,14 +515,7 @@ def test_a_keep_update_inside_a_streamed_turn_tags_each_token(served, grpc_clien
     opened = served.open(messages=[USER])
     chunks: list = []
     with served.sdk(base_url=opened["base_url"]) as sdk, served.grpc(ADMIN) as admin:
-        stream = sdk.chat.completions.create(
-            model="tiny-qwen2",
-            messages=[USER],
-            stream=True,
-            max_tokens=1500,
-            temperature=0,
-            extra_body={**IDS, "ignore_eos": True},
-        )
+        stream = _long_stream(sdk)
         info = admin.server_info()
         new = version()
         for chunk in stream:

@@ -95,13 +95,10 @@ def extend_session(session: Session, messages: list[Message], limits, tok) -> No
     held = session.chat_history
     if held is None and session.resumed_prompt is not None:
         adopted, refused = adopt(session.resumed_prompt, session.trajectory.segments, messages)
-        if refused is None:
-            held = session.chat_history = adopted
-        elif session.history_rule != pb.HISTORY_RULE_RESTART:
-            raise refused
-        else:
-            _restart(session, messages, limits, tok)
+        if refused is not None:
+            _refuse_or_restart(session, refused, messages, limits, tok)
             return
+        held = session.chat_history = adopted
         session.resumed_prompt = None
     if held is None:
         raise FailedPrecondition(
@@ -111,15 +108,19 @@ def extend_session(session: Session, messages: list[Message], limits, tok) -> No
         )
     ext = extend(held, messages)
     if ext.diverged is not None:
-        if session.history_rule != pb.HISTORY_RULE_RESTART:
-            raise diverged(ext.diverged, held, messages)
-        _restart(session, messages, limits, tok)
+        _refuse_or_restart(session, diverged(ext.diverged, held, messages), messages, limits, tok)
     elif ext.new:
         appends.append_messages(session, ext.new, limits, tok)
         held.extend(ext.new)
 
 
-def _restart(session: Session, messages: list[Message], limits, tok) -> None:
+def _refuse_or_restart(
+    session: Session, refusal: Exception, messages: list[Message], limits, tok
+) -> None:
+    """A history that does not extend the held one, by the session's rule:
+    `refusal` raised (nothing changed), or a new context from `messages`."""
+    if session.history_rule != pb.HISTORY_RULE_RESTART:
+        raise refusal
     appends.restart(session, messages, limits, tok)
     session.chat_history = list(messages)
     session.resumed_prompt = None
