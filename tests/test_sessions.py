@@ -4,6 +4,7 @@ and the hardening of every session RPC (owners, bounds, hostile input)."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -335,6 +336,76 @@ def test_a_trajectory_interrupted_twice_equals_one_never_interrupted(gen):
         turn = t.segments[-1]
         assert turn.count == total and turn.finish_reason == pb.FINISH_REASON_LENGTH
         assert list(turn.resumed_at) == [len(first), len(first) + len(second)]
+
+
+def _running_for(session, seconds: float) -> None:
+    """Returns `seconds` after the session's turn began."""
+    deadline = time.monotonic() + 30
+    while not session.trajectory().busy and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(seconds)
+
+
+def _free(session) -> None:
+    deadline = time.monotonic() + 30
+    while session.trajectory().busy and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _whole_turn(session, request_id: str, max_tokens: int, answer: dict) -> None:
+    answer["turn"] = session.generate(
+        request_id=request_id, max_tokens=max_tokens, ignore_eos=True, **GREEDY
+    )
+
+
+def test_a_whole_turn_cut_keeps_every_token_it_sampled(gen):
+    """A whole (unary) turn gets the engine's outputs only at its first token
+    and at its end; cut in between by Abort, then by its client going away,
+    the session still holds every token the engine sampled (not just the
+    first), and the turn resumed after both ends where one never cut would."""
+    total = 1500
+    with gen.open_session(prompt_token_ids=LONG[:40]) as s:
+        aborted: list[int] = []
+        for wait in (0.3, 1.0, 3.0):  # until the cut comes after the first token
+            answer: dict = {}
+            runner = threading.Thread(target=_whole_turn, args=(s, "whole-cut", total, answer))
+            runner.start()
+            _running_for(s, wait)
+            gen.abort(["whole-cut"])
+            runner.join(60)
+            completion = answer["turn"].completion
+            assert completion.finish_reason == pb.FINISH_REASON_ABORT
+            aborted = list(completion.token_ids)
+            if aborted:
+                break
+        assert list(s.trajectory().token_ids)[40:] == aborted, (
+            "the answer is what the session holds"
+        )
+        assert 1 < len(aborted) < total
+        kept = [len(aborted)]  # tokens each cut kept
+        for wait in (0.3, 0.6, 1.0):  # until the client goes after a second token
+            before = len(s.trajectory().token_ids)
+            request = pb.SessionGenerateRequest(
+                session_id=s.id,
+                sampling_params=pb.SamplingParams(max_tokens=total, ignore_eos=True, temperature=0),
+            )
+            call = gen.stub.SessionGenerate.future(request, metadata=gen.options.metadata())
+            _running_for(s, wait)
+            call.cancel()
+            _free(s)
+            if n := len(s.trajectory().token_ids) - before:
+                kept.append(n)
+            if n > 1:
+                break
+        cut = s.trajectory().segments[-1]
+        assert cut.finish_reason == pb.FINISH_REASON_ABORT, "the turn was cut, not finished"
+        assert kept[-1] > 1, f"the gone client's turn kept {kept[1:]} tokens a cut"
+        last = s.generate(max_tokens=total, ignore_eos=True, **GREEDY)
+        assert last.state.resumed
+        assert sum(kept) + len(last.completion.token_ids) == total
+        turn = s.trajectory().segments[-1]
+        assert turn.count == total and turn.finish_reason == pb.FINISH_REASON_LENGTH
+        assert list(turn.resumed_at) == list(itertools.accumulate(kept))
 
 
 def test_sessions_belong_to_their_caller(gen, gen_b, admin):

@@ -21,6 +21,7 @@ them to its own statuses.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import time
@@ -165,6 +166,39 @@ class Generations:
                 # Abort came before the engine knew the request: end it now.
                 await engine.abort(ticket.engine_id)
             yield out
+
+    async def run_whole(self, g: Admitted) -> AsyncIterator[Any]:
+        """Step 5 for a call answered at its end that keeps what it sampled
+        however it ends (a session's whole turn, whose engine request sends
+        its first output and its last): as `run`, but a cancellation (client
+        gone, deadline) aborts the engine request here rather than inside
+        AsyncLLM.generate, which would drop the abort's last output, and that
+        output (every token sampled since the first, with its logprobs and
+        versions) is still yielded before the cancellation goes on."""
+        outs: list[Any] = []
+
+        async def consume() -> None:
+            async for out in self.run(g):
+                outs.append(out)
+
+        task = asyncio.ensure_future(consume())
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await self.abort(g.call)
+            await task  # ends with the abort's output
+            for out in outs:
+                yield out
+            raise
+        for out in outs:
+            yield out
+
+    async def abort(self, call: Call) -> None:
+        """Ends a registered call: it never reaches the engine, or its engine
+        request is aborted (whose last output still comes to `run`)."""
+        call.aborted = True
+        if call.engine_id is not None:
+            await self.app.engine.abort([call.engine_id])
 
     def live_spans(self, ticket: Ticket, index: int) -> list | None:
         """vLLM's version spans of running completion `index`'s tokens so

@@ -20,13 +20,11 @@ from dataclasses import dataclass
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.engine.gate import Ticket
-from rollout_service.engine.protocol import Engine
 from rollout_service.fairness.identity import CallerId
 from rollout_service.generation.convert import EnginePrompt
 from rollout_service.generation.outputs import stream_delta_to_proto
 from rollout_service.ops import logs
 from rollout_service.ops.auth import CALLER
-from rollout_service.pipeline.calls import Call
 from rollout_service.pipeline.context import Admitted, Prepared
 from rollout_service.pipeline.generations import Generations
 from rollout_service.sessions import turns
@@ -141,7 +139,8 @@ class SessionTurns:
         async with self._guarded(request, stream, who) as turn:
             g = turn.admitted
             assert g is not None
-            async for o in self.generations.run(g):
+            run = self.generations.run if stream is not None else self.generations.run_whole
+            async for o in run(g):
                 deltas = self._deltas(turn, o, stream is not None)
                 state = self._finish(turn) if o.finished else None
                 for i, d in enumerate(deltas):
@@ -172,7 +171,7 @@ class SessionTurns:
             with app.session_store.using(session):
                 turn = await self._plan(session, request, request_id, stream)
                 with generations.registered(request_id) as call:
-                    session.abort_turn = functools.partial(_abort, call, app.engine)
+                    session.abort_turn = functools.partial(generations.abort, call)
                     try:
                         required = _required(request, session)
                         async with generations.seated(slot, call, required) as ticket:
@@ -196,7 +195,7 @@ class SessionTurns:
             request.sampling_params,
             self.app.info.limits,
             tok,
-            stream or pb.StreamOptions(omit_text=True),
+            stream,
         )
         prompt = EnginePrompt({"prompt_token_ids": plan.prompt_ids}, len(plan.prompt_ids))
         # The required version is checked at the gate (_guarded), after the plan.
@@ -234,13 +233,6 @@ class SessionTurns:
         turn.committed = True
         seg = turns.commit(turn.session, plan, out, turn.ticket.adapter_version)
         return turns.state(turn.session, plan, seg)
-
-
-async def _abort(call: Call, engine: Engine) -> None:
-    """Ends a session's running turn (CloseSession)."""
-    call.aborted = True
-    if call.engine_id is not None:
-        await engine.abort([call.engine_id])
 
 
 def _required(request, session: Session) -> str:

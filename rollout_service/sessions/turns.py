@@ -47,7 +47,8 @@ def plan_turn(
     stream: pb.StreamOptions | None,
 ) -> TurnPlan:
     """Validates a turn's sampling params against the session and builds
-    its engine request; nothing changes in the session."""
+    its engine request (a stream's deltas as `stream` asks; None: a whole
+    turn); nothing changes in the session."""
     if sp.HasField("n") and sp.n != 1:
         raise InvalidArgument(
             _F + "n", "a session turn samples one completion; open a session per sample"
@@ -94,6 +95,11 @@ def plan_turn(
             reason=pb.ERROR_REASON_SESSION_BUDGET,
         )
     convert.check_prompt_length(len(prompt), "session_id", limits)
+    if stream is None:
+        # A whole turn: the engine's first output and its last (which holds
+        # every token since, aborted or not), not one per token: each output
+        # wakes the event loop once for every running turn.
+        stream = pb.StreamOptions(omit_text=True, delta_tokens=turn.max_tokens)
     params = convert.sampling_params_from_proto(
         turn, limits, len(prompt), RequestOutputKind.DELTA, stream
     )
