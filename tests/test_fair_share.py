@@ -11,6 +11,11 @@ Latency targets (B within 5x of its idle latency; measured 3.5x to 4.4x here)
 live in that benchmark, not in this test: they depend on the machine. A's
 flood loses no request. The server's flags (tests/conftest.py) cap a caller at
 600 generations in flight: A's 601st is refused with a retry hint, B is not.
+
+The front shares itself too: gRPC accepts each method's calls in a queue of
+its own (rpc/handlers.py), so B's control calls are not accepted behind a
+burst of A's other calls. Streaming floods' latencies (B's first token,
+GetServerInfo, an Abort's lateness) are benchmarks/fair_share.py's.
 """
 
 from __future__ import annotations
@@ -142,3 +147,38 @@ def test_an_aborted_call_waiting_for_a_seat_ends_at_once(server):
     assert len(r.completions[0].token_ids) == 0
     # ... at once: before any of the calls holding the seats ended
     assert ended_before == 0 and seats > 0
+
+
+def test_a_burst_of_another_callers_calls_does_not_hold_a_control_call(server):
+    """A sends 300 Tokenize calls at once; B's GetServerInfo and Abort, sent
+    just after, are answered before most of them: with one accept queue for
+    every method (the generic handler alone) both were answered after
+    all 300 of A's (twice; registered: 16)."""
+    burst = 300
+
+    async def main():
+        async with (
+            AsyncRolloutClient(server.target, tenant="burst-a", timeout=120) as a,
+            AsyncRolloutClient(server.target, tenant="burst-b", timeout=120) as b,
+        ):
+            await asyncio.gather(a.tokenize(text="warm"), b.server_info())
+            done: list[int] = []
+
+            async def one(i: int) -> None:
+                await a.tokenize(text=f"the burst's call {i}")
+                done.append(i)
+
+            calls = asyncio.gather(*(one(i) for i in range(burst)))
+            await asyncio.sleep(0.005)  # A's calls are sent first
+            info = asyncio.ensure_future(b.server_info())
+            aborted = asyncio.ensure_future(b.abort(request_ids=["nothing-of-b"]))
+            seen = {}
+            info.add_done_callback(lambda _: seen.setdefault("info", len(done)))
+            aborted.add_done_callback(lambda _: seen.setdefault("abort", len(done)))
+            await asyncio.gather(calls, info, aborted)
+            assert list(aborted.result().request_ids) == []
+            return seen
+
+    seen = asyncio.run(main())
+    print(f"of A's {burst} calls, answered before B's GetServerInfo and Abort: {seen}")
+    assert seen["info"] < burst // 2 and seen["abort"] < burst // 2, seen

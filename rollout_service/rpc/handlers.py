@@ -61,7 +61,8 @@ def _lenient(message_cls):
 def register(methods: Mapping[str, Callable], server) -> None:
     """Registers every RPC of the proto's RolloutService, each served by
     `methods[its name]` (servicer.py maps them), with deserializers that
-    report malformed bytes as INVALID_ARGUMENT."""
+    report malformed bytes as INVALID_ARGUMENT; each method is a registered
+    method of the server as well as a generic handler's."""
     service = pb.DESCRIPTOR.services_by_name["RolloutService"]
     handlers = {
         m.name: make_handler(
@@ -76,6 +77,13 @@ def register(methods: Mapping[str, Callable], server) -> None:
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(service.full_name, handlers),)
     )
+    # Registered too (as grpc's generated add_*_to_server does): grpc.aio then
+    # accepts each method's calls in a queue of its own, one call a loop pass;
+    # with the generic handler alone all methods share one queue, and a control
+    # call (GetServerInfo, Abort) waited behind every call another caller had
+    # just sent (B's GetServerInfo behind A's 300 Tokenize calls: 93-341 ms,
+    # 2-14 ms registered; benchmarks/fair_share.py, BENCHMARKS.md).
+    server.add_registered_method_handlers(service.full_name, handlers)
 
 
 class Ending:
