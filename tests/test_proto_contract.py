@@ -2,12 +2,23 @@
 fields, and the server turns one into the other through their bytes
 (`GenerateRequest.FromString(stream_request.SerializeToString())`), so a
 field the two number or type differently, or one added to GenerateRequest
-alone, would be dropped or misread without an error. Engine-free: read from
-the generated descriptors."""
+alone, would be dropped or misread without an error.
+
+The contract's static field rules are protovalidate options (proto/buf/validate/
+validate.proto, vendored as released): the vendored file must be the schema
+the server's protovalidate reads them with, and every rule must compile.
+Engine-free: read from the generated descriptors."""
 
 from __future__ import annotations
 
-from google.protobuf.descriptor_pb2 import DescriptorProto, FieldDescriptorProto
+import protovalidate
+from buf.validate import validate_pb2
+from google.protobuf import message_factory
+from google.protobuf.descriptor_pb2 import (
+    DescriptorProto,
+    FieldDescriptorProto,
+    FileDescriptorProto,
+)
 
 from rollout.v1 import rollout_pb2 as pb
 
@@ -122,3 +133,73 @@ def test_a_stream_request_keeps_every_shared_field_through_the_servicers_convers
 
     for name in shared:
         assert getattr(request, name) == getattr(stream, name), name
+
+
+def _schema(blob: bytes) -> FileDescriptorProto:
+    """validate.proto's messages, enums and extensions as compiled: without
+    json names (protoc's Python output drops them) and file options (the
+    language packages each generator sets)."""
+    file = FileDescriptorProto.FromString(blob)
+
+    def strip(message: DescriptorProto) -> None:
+        for f in [*message.field, *message.extension]:
+            f.ClearField("json_name")
+        for nested in message.nested_type:
+            strip(nested)
+
+    for message in file.message_type:
+        strip(message)
+    for f in file.extension:
+        f.ClearField("json_name")
+    file.ClearField("source_code_info")
+    file.ClearField("options")
+    return file
+
+
+def test_the_vendored_validate_proto_is_the_one_protovalidate_reads():
+    # protovalidate's own copy, compiled into it (a protobuf-py descriptor).
+    runtime = protovalidate.ViolationPb.desc().file.proto.to_binary()
+    vendored = validate_pb2.DESCRIPTOR.serialized_pb
+    assert _schema(vendored) == _schema(runtime)
+
+    # The comparison sees a rule changed, not just a file replaced.
+    changed = _schema(vendored)
+    next(m for m in changed.message_type if m.name == "FloatRules").field[0].ClearField("options")
+    assert changed != _schema(runtime)
+
+
+def test_every_rule_of_the_contract_compiles():
+    # Validating a message compiles the rules of every message it can hold;
+    # a rule protovalidate cannot compile raises CompilationError.
+    messages = [
+        m
+        for f in pb.DESCRIPTOR.dependencies
+        if f.package == "rollout.v1"
+        for m in f.message_types_by_name.values()
+    ]
+    assert {"SamplingParams", "SleepRequest", "UpdateWeightsBegin"} <= {m.name for m in messages}
+    for m in messages:
+        protovalidate.collect_violations(message_factory.GetMessageClass(m)())
+
+
+def test_the_contract_states_the_static_ranges():
+    """A few of the rules, read back as a client in any language reads them."""
+    bad = pb.GenerateRequest(
+        prompt_token_ids=[1],
+        sampling_params=pb.SamplingParams(top_p=1.5, stop=["", "x"]),
+        messages=[pb.ChatMessage(role="")],
+    )
+    paths = {_path(v) for v in protovalidate.collect_violations(bad)}
+    assert paths == {"sampling_params.top_p", "sampling_params.stop[0]", "messages[0].role"}
+    assert [_path(v) for v in protovalidate.collect_violations(pb.SleepRequest(level=3))] == [
+        "level"
+    ]
+    assert protovalidate.collect_violations(pb.SleepRequest(level=2)) == []
+
+
+def _path(violation) -> str:
+    parts = []
+    for e in violation.proto.field.elements:
+        sub = e.subscript
+        parts.append(e.field_name + ("" if sub is None else f"[{sub.value!r}]"))
+    return ".".join(parts)

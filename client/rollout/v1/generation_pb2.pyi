@@ -1,3 +1,4 @@
+from buf.validate import validate_pb2 as _validate_pb2
 from rollout.v1 import errors_pb2 as _errors_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper

@@ -22,10 +22,11 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from buf.validate import validate_pb2 as buf_dot_validate_dot_validate__pb2
 from rollout.v1 import weights_pb2 as rollout_dot_v1_dot_weights__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rollout/v1/server.proto\x12\nrollout.v1\x1a\x18rollout/v1/weights.proto\"\x14\n\x12ResetCachesRequest\"^\n\x13ResetCachesResponse\x12-\n\x07results\x18\x01 \x03(\x0b\x32\x1c.rollout.v1.CacheResetResult\x12\x18\n\x10\x64uration_seconds\x18\x02 \x01(\x01\"/\n\x0eParameterGroup\x12\x0e\n\x06module\x18\x01 \x01(\t\x12\r\n\x05names\x18\x02 \x03(\t\"\x16\n\x14GetServerInfoRequest\"\xa5\x07\n\x15GetServerInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x16\n\x0eweight_version\x18\x04 \x01(\t\x12\x17\n\x0fsupports_images\x18\x05 \x01(\x08\x12*\n\nparameters\x18\x06 \x03(\x0b\x32\x16.rollout.v1.TensorSpec\x12\x19\n\x11max_message_bytes\x18\x07 \x01(\x04\x12\x1f\n\x17recommended_chunk_bytes\x18\x08 \x01(\x04\x12\x18\n\x10max_update_bytes\x18\t \x01(\x04\x12\x14\n\x0cmax_logprobs\x18\n \x01(\r\x12\x16\n\x0eserver_version\x18\x0b \x01(\t\x12\x10\n\x08\x64\x65graded\x18\x0c \x01(\x08\x12\x17\n\x0f\x65ngine_requests\x18\r \x01(\r\x12\x34\n\x10parameter_groups\x18\x0e \x03(\x0b\x32\x1a.rollout.v1.ParameterGroup\x12\x1d\n\x15\x64rain_timeout_seconds\x18\x0f \x01(\x01\x12/\n\rlogprobs_mode\x18\x10 \x01(\x0e\x32\x18.rollout.v1.LogprobsMode\x12,\n\ttokenizer\x18\x11 \x01(\x0b\x32\x19.rollout.v1.TokenizerInfo\x12.\n\rlora_adapters\x18\x12 \x03(\x0b\x32\x17.rollout.v1.LoraAdapter\x12+\n\x0blora_limits\x18\x13 \x01(\x0b\x32\x16.rollout.v1.LoraLimits\x12\x16\n\x0esupports_sleep\x18\x14 \x01(\x08\x12\x10\n\x08sleeping\x18\x15 \x01(\x08\x12\"\n\x1amax_generations_per_stream\x18\x16 \x01(\r\x12\x19\n\x11max_stream_tokens\x18\x17 \x01(\x04\x12\x1a\n\x12\x64\x65lta_base_version\x18\x18 \x01(\t\x12\x18\n\x10\x64\x65lta_base_bytes\x18\x19 \x01(\x04\x12\x1d\n\x15\x61\x63\x63\x65pts_chunk_batches\x18\x1a \x01(\x08\x12\x31\n\x0esession_limits\x18\x1b \x01(\x0b\x32\x19.rollout.v1.SessionLimits\x12\x15\n\ropen_sessions\x18\x1c \x01(\r\x12-\n\nfair_share\x18\x1d \x01(\x0b\x32\x19.rollout.v1.FairShareInfo\"\xf1\x01\n\rFairShareInfo\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x35\n\x06shares\x18\x02 \x03(\x0b\x32%.rollout.v1.FairShareInfo.SharesEntry\x12\x1f\n\x17max_requests_per_caller\x18\x03 \x01(\r\x12\'\n\x07\x63\x61llers\x18\x04 \x03(\x0b\x32\x16.rollout.v1.CallerLoad\x12\x1f\n\x17\x65ngine_seats_per_caller\x18\x05 \x01(\r\x1a-\n\x0bSharesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"Q\n\nCallerLoad\x12\x0e\n\x06\x63\x61ller\x18\x01 \x01(\t\x12\r\n\x05share\x18\x02 \x01(\r\x12\x11\n\tin_flight\x18\x03 \x01(\r\x12\x11\n\tin_engine\x18\x04 \x01(\r\"\xe9\x01\n\rSessionLimits\x12\x14\n\x0cmax_sessions\x18\x01 \x01(\r\x12\x1f\n\x17max_sessions_per_caller\x18\x02 \x01(\r\x12\x1a\n\x12max_session_tokens\x18\x03 \x01(\x04\x12\x1c\n\x14\x62ytes_per_held_token\x18\x04 \x01(\r\x12\x1c\n\x14idle_timeout_seconds\x18\x05 \x01(\x01\x12\x18\n\x10max_total_tokens\x18\x06 \x01(\r\x12\x14\n\x0cmax_segments\x18\x07 \x01(\r\x12\x19\n\x11\x62ytes_per_segment\x18\x08 \x01(\r\"\xe4\x01\n\rTokenizerInfo\x12\x15\n\reos_token_ids\x18\x01 \x03(\r\x12\x19\n\x0c\x62os_token_id\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x19\n\x0cpad_token_id\x18\x03 \x01(\rH\x01\x88\x01\x01\x12\x19\n\x11has_chat_template\x18\x04 \x01(\x08\x12\x19\n\x11image_placeholder\x18\x05 \x01(\t\x12\x1b\n\x0eimage_token_id\x18\x06 \x01(\rH\x02\x88\x01\x01\x42\x0f\n\r_bos_token_idB\x0f\n\r_pad_token_idB\x11\n\x0f_image_token_id\"A\n\x0bLoraAdapter\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\r\"V\n\nLoraLimits\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x10\n\x08max_rank\x18\x02 \x01(\r\x12\x11\n\tmax_loras\x18\x03 \x01(\r\x12\x12\n\nmax_loaded\x18\x04 \x01(\r\"\x1d\n\x0cSleepRequest\x12\r\n\x05level\x18\x01 \x01(\r\"\x0f\n\rSleepResponse\"\x0f\n\rWakeUpRequest\"\'\n\x0eWakeUpResponse\x12\x15\n\rneeds_weights\x18\x01 \x01(\x08*\xb5\x01\n\x0cLogprobsMode\x12\x1d\n\x19LOGPROBS_MODE_UNSPECIFIED\x10\x00\x12\x1e\n\x1aLOGPROBS_MODE_RAW_LOGPROBS\x10\x01\x12\x1c\n\x18LOGPROBS_MODE_RAW_LOGITS\x10\x02\x12$\n LOGPROBS_MODE_PROCESSED_LOGPROBS\x10\x03\x12\"\n\x1eLOGPROBS_MODE_PROCESSED_LOGITS\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rollout/v1/server.proto\x12\nrollout.v1\x1a\x1b\x62uf/validate/validate.proto\x1a\x18rollout/v1/weights.proto\"\x14\n\x12ResetCachesRequest\"^\n\x13ResetCachesResponse\x12-\n\x07results\x18\x01 \x03(\x0b\x32\x1c.rollout.v1.CacheResetResult\x12\x18\n\x10\x64uration_seconds\x18\x02 \x01(\x01\"/\n\x0eParameterGroup\x12\x0e\n\x06module\x18\x01 \x01(\t\x12\r\n\x05names\x18\x02 \x03(\t\"\x16\n\x14GetServerInfoRequest\"\xa5\x07\n\x15GetServerInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x16\n\x0eweight_version\x18\x04 \x01(\t\x12\x17\n\x0fsupports_images\x18\x05 \x01(\x08\x12*\n\nparameters\x18\x06 \x03(\x0b\x32\x16.rollout.v1.TensorSpec\x12\x19\n\x11max_message_bytes\x18\x07 \x01(\x04\x12\x1f\n\x17recommended_chunk_bytes\x18\x08 \x01(\x04\x12\x18\n\x10max_update_bytes\x18\t \x01(\x04\x12\x14\n\x0cmax_logprobs\x18\n \x01(\r\x12\x16\n\x0eserver_version\x18\x0b \x01(\t\x12\x10\n\x08\x64\x65graded\x18\x0c \x01(\x08\x12\x17\n\x0f\x65ngine_requests\x18\r \x01(\r\x12\x34\n\x10parameter_groups\x18\x0e \x03(\x0b\x32\x1a.rollout.v1.ParameterGroup\x12\x1d\n\x15\x64rain_timeout_seconds\x18\x0f \x01(\x01\x12/\n\rlogprobs_mode\x18\x10 \x01(\x0e\x32\x18.rollout.v1.LogprobsMode\x12,\n\ttokenizer\x18\x11 \x01(\x0b\x32\x19.rollout.v1.TokenizerInfo\x12.\n\rlora_adapters\x18\x12 \x03(\x0b\x32\x17.rollout.v1.LoraAdapter\x12+\n\x0blora_limits\x18\x13 \x01(\x0b\x32\x16.rollout.v1.LoraLimits\x12\x16\n\x0esupports_sleep\x18\x14 \x01(\x08\x12\x10\n\x08sleeping\x18\x15 \x01(\x08\x12\"\n\x1amax_generations_per_stream\x18\x16 \x01(\r\x12\x19\n\x11max_stream_tokens\x18\x17 \x01(\x04\x12\x1a\n\x12\x64\x65lta_base_version\x18\x18 \x01(\t\x12\x18\n\x10\x64\x65lta_base_bytes\x18\x19 \x01(\x04\x12\x1d\n\x15\x61\x63\x63\x65pts_chunk_batches\x18\x1a \x01(\x08\x12\x31\n\x0esession_limits\x18\x1b \x01(\x0b\x32\x19.rollout.v1.SessionLimits\x12\x15\n\ropen_sessions\x18\x1c \x01(\r\x12-\n\nfair_share\x18\x1d \x01(\x0b\x32\x19.rollout.v1.FairShareInfo\"\xf1\x01\n\rFairShareInfo\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x35\n\x06shares\x18\x02 \x03(\x0b\x32%.rollout.v1.FairShareInfo.SharesEntry\x12\x1f\n\x17max_requests_per_caller\x18\x03 \x01(\r\x12\'\n\x07\x63\x61llers\x18\x04 \x03(\x0b\x32\x16.rollout.v1.CallerLoad\x12\x1f\n\x17\x65ngine_seats_per_caller\x18\x05 \x01(\r\x1a-\n\x0bSharesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"Q\n\nCallerLoad\x12\x0e\n\x06\x63\x61ller\x18\x01 \x01(\t\x12\r\n\x05share\x18\x02 \x01(\r\x12\x11\n\tin_flight\x18\x03 \x01(\r\x12\x11\n\tin_engine\x18\x04 \x01(\r\"\xe9\x01\n\rSessionLimits\x12\x14\n\x0cmax_sessions\x18\x01 \x01(\r\x12\x1f\n\x17max_sessions_per_caller\x18\x02 \x01(\r\x12\x1a\n\x12max_session_tokens\x18\x03 \x01(\x04\x12\x1c\n\x14\x62ytes_per_held_token\x18\x04 \x01(\r\x12\x1c\n\x14idle_timeout_seconds\x18\x05 \x01(\x01\x12\x18\n\x10max_total_tokens\x18\x06 \x01(\r\x12\x14\n\x0cmax_segments\x18\x07 \x01(\r\x12\x19\n\x11\x62ytes_per_segment\x18\x08 \x01(\r\"\xe4\x01\n\rTokenizerInfo\x12\x15\n\reos_token_ids\x18\x01 \x03(\r\x12\x19\n\x0c\x62os_token_id\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x19\n\x0cpad_token_id\x18\x03 \x01(\rH\x01\x88\x01\x01\x12\x19\n\x11has_chat_template\x18\x04 \x01(\x08\x12\x19\n\x11image_placeholder\x18\x05 \x01(\t\x12\x1b\n\x0eimage_token_id\x18\x06 \x01(\rH\x02\x88\x01\x01\x42\x0f\n\r_bos_token_idB\x0f\n\r_pad_token_idB\x11\n\x0f_image_token_id\"A\n\x0bLoraAdapter\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\r\"V\n\nLoraLimits\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x10\n\x08max_rank\x18\x02 \x01(\r\x12\x11\n\tmax_loras\x18\x03 \x01(\r\x12\x12\n\nmax_loaded\x18\x04 \x01(\r\"(\n\x0cSleepRequest\x12\x18\n\x05level\x18\x01 \x01(\rB\t\xbaH\x06*\x04\x18\x02(\x01\"\x0f\n\rSleepResponse\"\x0f\n\rWakeUpRequest\"\'\n\x0eWakeUpResponse\x12\x15\n\rneeds_weights\x18\x01 \x01(\x08*\xb5\x01\n\x0cLogprobsMode\x12\x1d\n\x19LOGPROBS_MODE_UNSPECIFIED\x10\x00\x12\x1e\n\x1aLOGPROBS_MODE_RAW_LOGPROBS\x10\x01\x12\x1c\n\x18LOGPROBS_MODE_RAW_LOGITS\x10\x02\x12$\n LOGPROBS_MODE_PROCESSED_LOGPROBS\x10\x03\x12\"\n\x1eLOGPROBS_MODE_PROCESSED_LOGITS\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,38 +35,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_FAIRSHAREINFO_SHARESENTRY']._loaded_options = None
   _globals['_FAIRSHAREINFO_SHARESENTRY']._serialized_options = b'8\001'
-  _globals['_LOGPROBSMODE']._serialized_start=2248
-  _globals['_LOGPROBSMODE']._serialized_end=2429
-  _globals['_RESETCACHESREQUEST']._serialized_start=65
-  _globals['_RESETCACHESREQUEST']._serialized_end=85
-  _globals['_RESETCACHESRESPONSE']._serialized_start=87
-  _globals['_RESETCACHESRESPONSE']._serialized_end=181
-  _globals['_PARAMETERGROUP']._serialized_start=183
-  _globals['_PARAMETERGROUP']._serialized_end=230
-  _globals['_GETSERVERINFOREQUEST']._serialized_start=232
-  _globals['_GETSERVERINFOREQUEST']._serialized_end=254
-  _globals['_GETSERVERINFORESPONSE']._serialized_start=257
-  _globals['_GETSERVERINFORESPONSE']._serialized_end=1190
-  _globals['_FAIRSHAREINFO']._serialized_start=1193
-  _globals['_FAIRSHAREINFO']._serialized_end=1434
-  _globals['_FAIRSHAREINFO_SHARESENTRY']._serialized_start=1389
-  _globals['_FAIRSHAREINFO_SHARESENTRY']._serialized_end=1434
-  _globals['_CALLERLOAD']._serialized_start=1436
-  _globals['_CALLERLOAD']._serialized_end=1517
-  _globals['_SESSIONLIMITS']._serialized_start=1520
-  _globals['_SESSIONLIMITS']._serialized_end=1753
-  _globals['_TOKENIZERINFO']._serialized_start=1756
-  _globals['_TOKENIZERINFO']._serialized_end=1984
-  _globals['_LORAADAPTER']._serialized_start=1986
-  _globals['_LORAADAPTER']._serialized_end=2051
-  _globals['_LORALIMITS']._serialized_start=2053
-  _globals['_LORALIMITS']._serialized_end=2139
-  _globals['_SLEEPREQUEST']._serialized_start=2141
-  _globals['_SLEEPREQUEST']._serialized_end=2170
-  _globals['_SLEEPRESPONSE']._serialized_start=2172
-  _globals['_SLEEPRESPONSE']._serialized_end=2187
-  _globals['_WAKEUPREQUEST']._serialized_start=2189
-  _globals['_WAKEUPREQUEST']._serialized_end=2204
-  _globals['_WAKEUPRESPONSE']._serialized_start=2206
-  _globals['_WAKEUPRESPONSE']._serialized_end=2245
+  _globals['_SLEEPREQUEST'].fields_by_name['level']._loaded_options = None
+  _globals['_SLEEPREQUEST'].fields_by_name['level']._serialized_options = b'\272H\006*\004\030\002(\001'
+  _globals['_LOGPROBSMODE']._serialized_start=2288
+  _globals['_LOGPROBSMODE']._serialized_end=2469
+  _globals['_RESETCACHESREQUEST']._serialized_start=94
+  _globals['_RESETCACHESREQUEST']._serialized_end=114
+  _globals['_RESETCACHESRESPONSE']._serialized_start=116
+  _globals['_RESETCACHESRESPONSE']._serialized_end=210
+  _globals['_PARAMETERGROUP']._serialized_start=212
+  _globals['_PARAMETERGROUP']._serialized_end=259
+  _globals['_GETSERVERINFOREQUEST']._serialized_start=261
+  _globals['_GETSERVERINFOREQUEST']._serialized_end=283
+  _globals['_GETSERVERINFORESPONSE']._serialized_start=286
+  _globals['_GETSERVERINFORESPONSE']._serialized_end=1219
+  _globals['_FAIRSHAREINFO']._serialized_start=1222
+  _globals['_FAIRSHAREINFO']._serialized_end=1463
+  _globals['_FAIRSHAREINFO_SHARESENTRY']._serialized_start=1418
+  _globals['_FAIRSHAREINFO_SHARESENTRY']._serialized_end=1463
+  _globals['_CALLERLOAD']._serialized_start=1465
+  _globals['_CALLERLOAD']._serialized_end=1546
+  _globals['_SESSIONLIMITS']._serialized_start=1549
+  _globals['_SESSIONLIMITS']._serialized_end=1782
+  _globals['_TOKENIZERINFO']._serialized_start=1785
+  _globals['_TOKENIZERINFO']._serialized_end=2013
+  _globals['_LORAADAPTER']._serialized_start=2015
+  _globals['_LORAADAPTER']._serialized_end=2080
+  _globals['_LORALIMITS']._serialized_start=2082
+  _globals['_LORALIMITS']._serialized_end=2168
+  _globals['_SLEEPREQUEST']._serialized_start=2170
+  _globals['_SLEEPREQUEST']._serialized_end=2210
+  _globals['_SLEEPRESPONSE']._serialized_start=2212
+  _globals['_SLEEPRESPONSE']._serialized_end=2227
+  _globals['_WAKEUPREQUEST']._serialized_start=2229
+  _globals['_WAKEUPREQUEST']._serialized_end=2244
+  _globals['_WAKEUPRESPONSE']._serialized_start=2246
+  _globals['_WAKEUPRESPONSE']._serialized_end=2285
 # @@protoc_insertion_point(module_scope)

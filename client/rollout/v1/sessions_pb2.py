@@ -22,52 +22,55 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from buf.validate import validate_pb2 as buf_dot_validate_dot_validate__pb2
 from rollout.v1 import generation_pb2 as rollout_dot_v1_dot_generation__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19rollout/v1/sessions.proto\x12\nrollout.v1\x1a\x1brollout/v1/generation.proto\"\xf4\x02\n\x12OpenSessionRequest\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\r\x12\x13\n\x0bprompt_text\x18\x02 \x01(\t\x12)\n\x08messages\x18\x03 \x03(\x0b\x32\x17.rollout.v1.ChatMessage\x12\x12\n\ntools_json\x18\x04 \x03(\t\x12\x1d\n\x10max_total_tokens\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x14\n\x0clora_adapter\x18\x06 \x01(\t\x12\x1a\n\x12pin_weight_version\x18\x07 \x01(\x08\x12/\n\rappend_render\x18\x08 \x01(\x0e\x32\x18.rollout.v1.AppendRender\x12*\n\x06resume\x18\t \x01(\x0b\x32\x1a.rollout.v1.SessionHistory\x12-\n\x0chistory_rule\x18\n \x01(\x0e\x32\x17.rollout.v1.HistoryRuleB\x13\n\x11_max_total_tokens\"s\n\x0eSessionHistory\x12\x32\n\ntrajectory\x18\x01 \x01(\x0b\x32\x1e.rollout.v1.GetSessionResponse\x12-\n\x08messages\x18\x02 \x03(\x0b\x32\x1b.rollout.v1.SegmentMessages\"<\n\x0fSegmentMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.rollout.v1.ChatMessage\"\xa5\x01\n\x13OpenSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x16\n\x0eweight_version\x18\x03 \x01(\t\x12\x18\n\x10max_total_tokens\x18\x04 \x01(\r\x12\x1c\n\x14idle_timeout_seconds\x18\x05 \x01(\x01\x12\x10\n\x08\x62\x61se_url\x18\x06 \x01(\t\"\x96\x01\n\x16SessionGenerateRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x33\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x1a.rollout.v1.SamplingParams\x12\x1f\n\x17required_weight_version\x18\x04 \x01(\t\"\x8b\x01\n\x0cSessionState\x12\x15\n\rsegment_index\x18\x01 \x01(\r\x12\x14\n\x0ctotal_tokens\x18\x02 \x01(\r\x12\x18\n\x10\x62udget_remaining\x18\x03 \x01(\r\x12#\n\x1bgeneration_prompt_token_ids\x18\x04 \x03(\r\x12\x0f\n\x07resumed\x18\x05 \x01(\x08\"\xda\x01\n\x17SessionGenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12*\n\ncompletion\x18\x02 \x01(\x0b\x32\x16.rollout.v1.Completion\x12\x16\n\x0eweight_version\x18\x03 \x01(\t\x12 \n\x05usage\x18\x04 \x01(\x0b\x32\x11.rollout.v1.Usage\x12\'\n\x05state\x18\x05 \x01(\x0b\x32\x18.rollout.v1.SessionState\x12\x1c\n\x14lora_adapter_version\x18\x06 \x01(\t\"\xcf\x01\n\x1cSessionGenerateStreamRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x33\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x1a.rollout.v1.SamplingParams\x12\x31\n\x0estream_options\x18\x04 \x01(\x0b\x32\x19.rollout.v1.StreamOptions\x12\x1f\n\x17required_weight_version\x18\x05 \x01(\t\"{\n\x1dSessionGenerateStreamResponse\x12\x31\n\x05\x64\x65lta\x18\x01 \x01(\x0b\x32\".rollout.v1.GenerateStreamResponse\x12\'\n\x05state\x18\x02 \x01(\x0b\x32\x18.rollout.v1.SessionState\"j\n\x16\x41ppendToSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12)\n\x08messages\x18\x03 \x03(\x0b\x32\x17.rollout.v1.ChatMessage\"\\\n\x17\x41ppendToSessionResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x14\n\x0ctotal_tokens\x18\x02 \x01(\r\x12\x18\n\x10\x62udget_remaining\x18\x03 \x01(\r\"\xd3\x02\n\x11TrajectorySegment\x12\'\n\x06source\x18\x01 \x01(\x0e\x32\x17.rollout.v1.TokenSource\x12\r\n\x05start\x18\x02 \x01(\r\x12\r\n\x05\x63ount\x18\x03 \x01(\r\x12/\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x18.rollout.v1.FinishReason\x12\x13\n\x0bstop_reason\x18\x05 \x01(\t\x12\x12\n\nresumed_at\x18\x06 \x03(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x07 \x01(\r\x12\x1c\n\x14lora_adapter_version\x18\x08 \x01(\t\x12\x1a\n\rstop_token_id\x18\t \x01(\rH\x00\x88\x01\x01\x12\x19\n\x11generation_prompt\x18\n \x01(\x08\x12\x18\n\x10restarts_context\x18\x0b \x01(\x08\x42\x10\n\x0e_stop_token_id\"=\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x14\n\x0c\x66rom_segment\x18\x02 \x01(\r\"\xb7\x02\n\x12GetSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12(\n\x07sources\x18\x03 \x03(\x0e\x32\x17.rollout.v1.TokenSource\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\x12.\n\rversion_spans\x18\x05 \x03(\x0b\x32\x17.rollout.v1.VersionSpan\x12/\n\x08segments\x18\x06 \x03(\x0b\x32\x1d.rollout.v1.TrajectorySegment\x12\x18\n\x10max_total_tokens\x18\x07 \x01(\r\x12\x1d\n\x15pinned_weight_version\x18\x08 \x01(\t\x12\x0c\n\x04\x62usy\x18\t \x01(\x08\x12\x16\n\x0eresumed_tokens\x18\n \x01(\r\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\",\n\x14\x43loseSessionResponse\x12\x14\n\x0c\x61\x62orted_turn\x18\x01 \x01(\x08*b\n\x0c\x41ppendRender\x12\x1d\n\x19\x41PPEND_RENDER_UNSPECIFIED\x10\x00\x12\x17\n\x13\x41PPEND_RENDER_WHOLE\x10\x01\x12\x1a\n\x16\x41PPEND_RENDER_ISOLATED\x10\x02*^\n\x0bHistoryRule\x12\x1c\n\x18HISTORY_RULE_UNSPECIFIED\x10\x00\x12\x17\n\x13HISTORY_RULE_REFUSE\x10\x01\x12\x18\n\x14HISTORY_RULE_RESTART\x10\x02*y\n\x0bTokenSource\x12\x1c\n\x18TOKEN_SOURCE_UNSPECIFIED\x10\x00\x12\x17\n\x13TOKEN_SOURCE_PROMPT\x10\x01\x12\x18\n\x14TOKEN_SOURCE_SAMPLED\x10\x02\x12\x19\n\x15TOKEN_SOURCE_APPENDED\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19rollout/v1/sessions.proto\x12\nrollout.v1\x1a\x1b\x62uf/validate/validate.proto\x1a\x1brollout/v1/generation.proto\"\xfe\x02\n\x12OpenSessionRequest\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\r\x12\x13\n\x0bprompt_text\x18\x02 \x01(\t\x12)\n\x08messages\x18\x03 \x03(\x0b\x32\x17.rollout.v1.ChatMessage\x12\x12\n\ntools_json\x18\x04 \x03(\t\x12\x1d\n\x10max_total_tokens\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x14\n\x0clora_adapter\x18\x06 \x01(\t\x12\x1a\n\x12pin_weight_version\x18\x07 \x01(\x08\x12/\n\rappend_render\x18\x08 \x01(\x0e\x32\x18.rollout.v1.AppendRender\x12*\n\x06resume\x18\t \x01(\x0b\x32\x1a.rollout.v1.SessionHistory\x12\x37\n\x0chistory_rule\x18\n \x01(\x0e\x32\x17.rollout.v1.HistoryRuleB\x08\xbaH\x05\x82\x01\x02\x10\x01\x42\x13\n\x11_max_total_tokens\"s\n\x0eSessionHistory\x12\x32\n\ntrajectory\x18\x01 \x01(\x0b\x32\x1e.rollout.v1.GetSessionResponse\x12-\n\x08messages\x18\x02 \x03(\x0b\x32\x1b.rollout.v1.SegmentMessages\"<\n\x0fSegmentMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.rollout.v1.ChatMessage\"\xa5\x01\n\x13OpenSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x16\n\x0eweight_version\x18\x03 \x01(\t\x12\x18\n\x10max_total_tokens\x18\x04 \x01(\r\x12\x1c\n\x14idle_timeout_seconds\x18\x05 \x01(\x01\x12\x10\n\x08\x62\x61se_url\x18\x06 \x01(\t\"\x96\x01\n\x16SessionGenerateRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x33\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x1a.rollout.v1.SamplingParams\x12\x1f\n\x17required_weight_version\x18\x04 \x01(\t\"\x8b\x01\n\x0cSessionState\x12\x15\n\rsegment_index\x18\x01 \x01(\r\x12\x14\n\x0ctotal_tokens\x18\x02 \x01(\r\x12\x18\n\x10\x62udget_remaining\x18\x03 \x01(\r\x12#\n\x1bgeneration_prompt_token_ids\x18\x04 \x03(\r\x12\x0f\n\x07resumed\x18\x05 \x01(\x08\"\xda\x01\n\x17SessionGenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12*\n\ncompletion\x18\x02 \x01(\x0b\x32\x16.rollout.v1.Completion\x12\x16\n\x0eweight_version\x18\x03 \x01(\t\x12 \n\x05usage\x18\x04 \x01(\x0b\x32\x11.rollout.v1.Usage\x12\'\n\x05state\x18\x05 \x01(\x0b\x32\x18.rollout.v1.SessionState\x12\x1c\n\x14lora_adapter_version\x18\x06 \x01(\t\"\xcf\x01\n\x1cSessionGenerateStreamRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x33\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x1a.rollout.v1.SamplingParams\x12\x31\n\x0estream_options\x18\x04 \x01(\x0b\x32\x19.rollout.v1.StreamOptions\x12\x1f\n\x17required_weight_version\x18\x05 \x01(\t\"{\n\x1dSessionGenerateStreamResponse\x12\x31\n\x05\x64\x65lta\x18\x01 \x01(\x0b\x32\".rollout.v1.GenerateStreamResponse\x12\'\n\x05state\x18\x02 \x01(\x0b\x32\x18.rollout.v1.SessionState\"j\n\x16\x41ppendToSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12)\n\x08messages\x18\x03 \x03(\x0b\x32\x17.rollout.v1.ChatMessage\"\\\n\x17\x41ppendToSessionResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x14\n\x0ctotal_tokens\x18\x02 \x01(\r\x12\x18\n\x10\x62udget_remaining\x18\x03 \x01(\r\"\xd3\x02\n\x11TrajectorySegment\x12\'\n\x06source\x18\x01 \x01(\x0e\x32\x17.rollout.v1.TokenSource\x12\r\n\x05start\x18\x02 \x01(\r\x12\r\n\x05\x63ount\x18\x03 \x01(\r\x12/\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x18.rollout.v1.FinishReason\x12\x13\n\x0bstop_reason\x18\x05 \x01(\t\x12\x12\n\nresumed_at\x18\x06 \x03(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x07 \x01(\r\x12\x1c\n\x14lora_adapter_version\x18\x08 \x01(\t\x12\x1a\n\rstop_token_id\x18\t \x01(\rH\x00\x88\x01\x01\x12\x19\n\x11generation_prompt\x18\n \x01(\x08\x12\x18\n\x10restarts_context\x18\x0b \x01(\x08\x42\x10\n\x0e_stop_token_id\"=\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x14\n\x0c\x66rom_segment\x18\x02 \x01(\r\"\xb7\x02\n\x12GetSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12(\n\x07sources\x18\x03 \x03(\x0e\x32\x17.rollout.v1.TokenSource\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\x12.\n\rversion_spans\x18\x05 \x03(\x0b\x32\x17.rollout.v1.VersionSpan\x12/\n\x08segments\x18\x06 \x03(\x0b\x32\x1d.rollout.v1.TrajectorySegment\x12\x18\n\x10max_total_tokens\x18\x07 \x01(\r\x12\x1d\n\x15pinned_weight_version\x18\x08 \x01(\t\x12\x0c\n\x04\x62usy\x18\t \x01(\x08\x12\x16\n\x0eresumed_tokens\x18\n \x01(\r\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\",\n\x14\x43loseSessionResponse\x12\x14\n\x0c\x61\x62orted_turn\x18\x01 \x01(\x08*b\n\x0c\x41ppendRender\x12\x1d\n\x19\x41PPEND_RENDER_UNSPECIFIED\x10\x00\x12\x17\n\x13\x41PPEND_RENDER_WHOLE\x10\x01\x12\x1a\n\x16\x41PPEND_RENDER_ISOLATED\x10\x02*^\n\x0bHistoryRule\x12\x1c\n\x18HISTORY_RULE_UNSPECIFIED\x10\x00\x12\x17\n\x13HISTORY_RULE_REFUSE\x10\x01\x12\x18\n\x14HISTORY_RULE_RESTART\x10\x02*y\n\x0bTokenSource\x12\x1c\n\x18TOKEN_SOURCE_UNSPECIFIED\x10\x00\x12\x17\n\x13TOKEN_SOURCE_PROMPT\x10\x01\x12\x18\n\x14TOKEN_SOURCE_SAMPLED\x10\x02\x12\x19\n\x15TOKEN_SOURCE_APPENDED\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rollout.v1.sessions_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_APPENDRENDER']._serialized_start=2653
-  _globals['_APPENDRENDER']._serialized_end=2751
-  _globals['_HISTORYRULE']._serialized_start=2753
-  _globals['_HISTORYRULE']._serialized_end=2847
-  _globals['_TOKENSOURCE']._serialized_start=2849
-  _globals['_TOKENSOURCE']._serialized_end=2970
-  _globals['_OPENSESSIONREQUEST']._serialized_start=71
-  _globals['_OPENSESSIONREQUEST']._serialized_end=443
-  _globals['_SESSIONHISTORY']._serialized_start=445
-  _globals['_SESSIONHISTORY']._serialized_end=560
-  _globals['_SEGMENTMESSAGES']._serialized_start=562
-  _globals['_SEGMENTMESSAGES']._serialized_end=622
-  _globals['_OPENSESSIONRESPONSE']._serialized_start=625
-  _globals['_OPENSESSIONRESPONSE']._serialized_end=790
-  _globals['_SESSIONGENERATEREQUEST']._serialized_start=793
-  _globals['_SESSIONGENERATEREQUEST']._serialized_end=943
-  _globals['_SESSIONSTATE']._serialized_start=946
-  _globals['_SESSIONSTATE']._serialized_end=1085
-  _globals['_SESSIONGENERATERESPONSE']._serialized_start=1088
-  _globals['_SESSIONGENERATERESPONSE']._serialized_end=1306
-  _globals['_SESSIONGENERATESTREAMREQUEST']._serialized_start=1309
-  _globals['_SESSIONGENERATESTREAMREQUEST']._serialized_end=1516
-  _globals['_SESSIONGENERATESTREAMRESPONSE']._serialized_start=1518
-  _globals['_SESSIONGENERATESTREAMRESPONSE']._serialized_end=1641
-  _globals['_APPENDTOSESSIONREQUEST']._serialized_start=1643
-  _globals['_APPENDTOSESSIONREQUEST']._serialized_end=1749
-  _globals['_APPENDTOSESSIONRESPONSE']._serialized_start=1751
-  _globals['_APPENDTOSESSIONRESPONSE']._serialized_end=1843
-  _globals['_TRAJECTORYSEGMENT']._serialized_start=1846
-  _globals['_TRAJECTORYSEGMENT']._serialized_end=2185
-  _globals['_GETSESSIONREQUEST']._serialized_start=2187
-  _globals['_GETSESSIONREQUEST']._serialized_end=2248
-  _globals['_GETSESSIONRESPONSE']._serialized_start=2251
-  _globals['_GETSESSIONRESPONSE']._serialized_end=2562
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=2564
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=2605
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=2607
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=2651
+  _globals['_OPENSESSIONREQUEST'].fields_by_name['history_rule']._loaded_options = None
+  _globals['_OPENSESSIONREQUEST'].fields_by_name['history_rule']._serialized_options = b'\272H\005\202\001\002\020\001'
+  _globals['_APPENDRENDER']._serialized_start=2692
+  _globals['_APPENDRENDER']._serialized_end=2790
+  _globals['_HISTORYRULE']._serialized_start=2792
+  _globals['_HISTORYRULE']._serialized_end=2886
+  _globals['_TOKENSOURCE']._serialized_start=2888
+  _globals['_TOKENSOURCE']._serialized_end=3009
+  _globals['_OPENSESSIONREQUEST']._serialized_start=100
+  _globals['_OPENSESSIONREQUEST']._serialized_end=482
+  _globals['_SESSIONHISTORY']._serialized_start=484
+  _globals['_SESSIONHISTORY']._serialized_end=599
+  _globals['_SEGMENTMESSAGES']._serialized_start=601
+  _globals['_SEGMENTMESSAGES']._serialized_end=661
+  _globals['_OPENSESSIONRESPONSE']._serialized_start=664
+  _globals['_OPENSESSIONRESPONSE']._serialized_end=829
+  _globals['_SESSIONGENERATEREQUEST']._serialized_start=832
+  _globals['_SESSIONGENERATEREQUEST']._serialized_end=982
+  _globals['_SESSIONSTATE']._serialized_start=985
+  _globals['_SESSIONSTATE']._serialized_end=1124
+  _globals['_SESSIONGENERATERESPONSE']._serialized_start=1127
+  _globals['_SESSIONGENERATERESPONSE']._serialized_end=1345
+  _globals['_SESSIONGENERATESTREAMREQUEST']._serialized_start=1348
+  _globals['_SESSIONGENERATESTREAMREQUEST']._serialized_end=1555
+  _globals['_SESSIONGENERATESTREAMRESPONSE']._serialized_start=1557
+  _globals['_SESSIONGENERATESTREAMRESPONSE']._serialized_end=1680
+  _globals['_APPENDTOSESSIONREQUEST']._serialized_start=1682
+  _globals['_APPENDTOSESSIONREQUEST']._serialized_end=1788
+  _globals['_APPENDTOSESSIONRESPONSE']._serialized_start=1790
+  _globals['_APPENDTOSESSIONRESPONSE']._serialized_end=1882
+  _globals['_TRAJECTORYSEGMENT']._serialized_start=1885
+  _globals['_TRAJECTORYSEGMENT']._serialized_end=2224
+  _globals['_GETSESSIONREQUEST']._serialized_start=2226
+  _globals['_GETSESSIONREQUEST']._serialized_end=2287
+  _globals['_GETSESSIONRESPONSE']._serialized_start=2290
+  _globals['_GETSESSIONRESPONSE']._serialized_end=2601
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=2603
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=2644
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=2646
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=2690
 # @@protoc_insertion_point(module_scope)
