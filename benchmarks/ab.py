@@ -12,7 +12,7 @@ round, then the median over rounds:
     .venv/bin/python -m benchmarks.ab --sides inprocess,thin,ours --rate 20 --loads stream
     .venv/bin/python -m benchmarks.ab --sides ours,ours --env B:NAME=VALUE ...
 
-A side is `ours` (`rollout-service serve`), `thin` (benchmarks.thin_front),
+A side is `ours` (`rollout-service serve`), `thin` (benchmarks.lib.thin_front),
 `inprocess` (benchmarks.inprocess: no server to keep up, so each of its
 windows starts its engine anew) or `serve` (`vllm serve`, unary loads only:
 POST /v1/completions, placed as compare places it), with the engine arguments, environment and
@@ -24,7 +24,7 @@ the load on one stream, the deltas ready at each send in one message;
 in-process runs its per-step streams); every load flag of compare applies,
 `--rate` included. An idle engine waits on its socket and costs next to
 nothing beside the measured one. `--profile` splits each server side's
-front-end CPU by component (py-spy; benchmarks.profile_split).
+front-end CPU by component (py-spy; benchmarks.lib.profile_split).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ import statistics
 import string
 import sys
 
-from benchmarks import compare_runs, compare_servers
-from benchmarks.compare_report import front_per_engine
-from benchmarks.profile_split import format_split
+from benchmarks.lib import compare_runs, compare_servers
+from benchmarks.lib.compare_report import front_per_engine
+from benchmarks.lib.profile_split import format_split
 
 KINDS = ("ours", "thin", "inprocess", "serve")
 # load: (drive's driver suffix, tuned StreamOptions, benchmarks.inprocess mode)

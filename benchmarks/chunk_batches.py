@@ -21,8 +21,8 @@ from pathlib import Path
 
 import grpc
 
-from benchmarks.bigmodel import BIG_DIR, build_big_model
 from benchmarks.delta_sync import load
+from benchmarks.lib.bigmodel import BIG_DIR, build_big_model
 from harness.serverproc import ServerProcess
 from rollout_client import RolloutClient
 from rollout_client.weights import push

@@ -13,7 +13,7 @@ in turn:
   (b) this service, GenerateStream              tok/s, TTFT p50; by default
       (a delta per engine step, with text) and tuned (StreamOptions:
       --tuned-delta-tokens tokens per delta, omit_text)
-  (c) the thinnest gRPC front end on the same engine (benchmarks.thin_front:
+  (c) the thinnest gRPC front end on the same engine (benchmarks.lib.thin_front:
       raw bytes, none of this service's code), unary, streamed and tuned:
       the ceiling for this service's own layer that is not our code
   (d) the same AsyncLLM in-process, FINAL_ONLY  tok/s; DELTA, default and
@@ -26,8 +26,8 @@ serve`'s API server; the in-process run's one process), of its engine
 processes, and of the load client: machine-independent figures of what each
 layer costs, and the front end's ceiling (the tok/s one core of it carries).
 `--profile` splits this service's front-end CPU by component (py-spy; see
-benchmarks.profile_split). Every load runs
-in a fresh process (benchmarks.drive). Every configuration gets the
+benchmarks.lib.profile_split). Every load runs
+in a fresh process (benchmarks.lib.drive). Every configuration gets the
 same CPU placement: by default (`--placement pinned`) its processes other
 than vLLM's worker run on the cores the worker is not bound to, as
 `rollout-service serve` places itself; `--placement floating` leaves them
@@ -43,10 +43,10 @@ configurations compute them too (`--serve-logprobs none` drops them for
 `vllm serve`).
 
 This module is only the command line. The servers and the engine
-configuration (ENGINE_ENV, ENGINE_ARGS) are in benchmarks.compare_servers,
-each configuration's measured run is in benchmarks.compare_runs (both shared
+configuration (ENGINE_ENV, ENGINE_ARGS) are in benchmarks.lib.compare_servers,
+each configuration's measured run is in benchmarks.lib.compare_runs (both shared
 with benchmarks.ab), and the ratios, targets and tables are in
-benchmarks.compare_report.
+benchmarks.lib.compare_report.
 """
 
 from __future__ import annotations
@@ -56,10 +56,10 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks.compare_report import median_rows, ratio_lines, ratios, table
-from benchmarks.compare_runs import CONFIGS, EXTRA_CONFIGS, run_parser, run_round
-from benchmarks.compare_servers import ENGINE_ARGS, ENGINE_ENV, MODEL
-from benchmarks.loadgen import Range
+from benchmarks.lib.compare_report import median_rows, ratio_lines, ratios, table
+from benchmarks.lib.compare_runs import CONFIGS, EXTRA_CONFIGS, run_parser, run_round
+from benchmarks.lib.compare_servers import ENGINE_ARGS, ENGINE_ENV, MODEL
+from benchmarks.lib.loadgen import Range
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -25,7 +25,7 @@ against the full push, with and without the engine's apply (the same work
 for both, vLLM's oneDNN repack on CPU, a copy on a GPU), the server's and
 client's peak RSS, and the server's CPU seconds per GB of model received.
 Two ceilings independent of this project's code, measured in the same run:
-a bytes-only gRPC stream (benchmarks/sink_server.py, raw 1 MiB messages, on
+a bytes-only gRPC stream (benchmarks/lib/sink_server.py, raw 1 MiB messages, on
 the server's cores) of the delta's wire bytes and of the model's, whose
 ratio is what receiving a delta instead of the model could save on this
 transport at best; and memcpy, one core, against which the decode's GB/s of
@@ -53,7 +53,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from benchmarks.bigmodel import BIG_2G_DIR, BIG_DIR, build_2g_model, build_big_model
+from benchmarks.lib.bigmodel import BIG_2G_DIR, BIG_DIR, build_2g_model, build_big_model
 from benchmarks.weight_sync import MiB, to_sink
 from harness.serverproc import ServerProcess, free_port
 from rollout_client import RolloutClient
@@ -299,7 +299,7 @@ def main() -> None:
     )
     sink_port = free_port()
     sink = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.sink_server", "--port", str(sink_port)],
+        [sys.executable, "-m", "benchmarks.lib.sink_server", "--port", str(sink_port)],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -41,7 +41,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from benchmarks.loadgen import tree_cpu_seconds
+from benchmarks.lib.loadgen import tree_cpu_seconds
 from harness import noisy_neighbour as nn
 from harness.serverproc import ServerProcess
 

@@ -14,7 +14,7 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks.bigmodel import build_big_model
+from benchmarks.lib.bigmodel import build_big_model
 from harness.serverproc import ServerProcess
 from rollout_client import RolloutClient
 from rollout_client.fleet import Fleet

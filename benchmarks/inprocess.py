@@ -25,7 +25,7 @@ import time
 import uuid
 from pathlib import Path
 
-from benchmarks.loadgen import (
+from benchmarks.lib.loadgen import (
     Record,
     add_closed_loop_args,
     closed_loop_spec,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import grpc
 
-from benchmarks.loadgen import (
+from benchmarks.lib.loadgen import (
     LoadSpec,
     OneStreamDriver,
     Range,
@@ -35,7 +35,7 @@ from benchmarks.loadgen import (
     stream_options,
     summarize,
 )
-from benchmarks.mixed import UpdatePusher, analyse, format_updates
+from benchmarks.lib.mixed import UpdatePusher, analyse, format_updates
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
 from rollout_client.cli import add_connection_args, connection_options

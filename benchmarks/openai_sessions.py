@@ -4,7 +4,7 @@ service and to `vllm serve`.
 
 The workload is benchmarks.sessions' seeded plan (`--sessions` trajectories of
 `--turns` turns, all at once; skewed turn lengths, 20 to 200 tokens of
-environment between turns) as chat text (benchmarks.chat_turns): every turn
+environment between turns) as chat text (benchmarks.lib.chat_turns): every turn
 POSTs the whole conversation so far to /chat/completions, as an OpenAI client
 does, with `return_token_ids` and `logprobs`. The ways:
 
@@ -15,7 +15,7 @@ does, with `return_token_ids` and `logprobs`. The ways:
   tokenized again each turn;
 - vllm serve: `vllm serve`'s /v1/chat/completions, the same (what users run
   today), on the same model, engine arguments and environment
-  (benchmarks.compare_servers), with `--enable-prompt-tokens-details` for its
+  (benchmarks.lib.compare_servers), with `--enable-prompt-tokens-details` for its
   cached-token counts.
 
 One engine at a time (never two at once on 2 cores): per round, this
@@ -47,9 +47,9 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from benchmarks.chat_turns import Chat, ChatTally, chats, client, converse, open_session
-from benchmarks.compare_servers import MODEL, VllmServe, model_vocab, rollout_server
-from benchmarks.loadgen import tree_cpu_seconds
+from benchmarks.lib.chat_turns import Chat, ChatTally, chats, client, converse, open_session
+from benchmarks.lib.compare_servers import MODEL, VllmServe, model_vocab, rollout_server
+from benchmarks.lib.loadgen import tree_cpu_seconds
 from benchmarks.sessions import plans, server_flags, workload_args
 from harness.serverproc import free_port
 from rollout_client import AsyncRolloutClient

@@ -38,7 +38,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from benchmarks.loadgen import tree_cpu_seconds
+from benchmarks.lib.loadgen import tree_cpu_seconds
 from harness.serverproc import ServerProcess
 from rollout_client import AsyncRolloutClient, RolloutError, pb
 

@@ -4,10 +4,10 @@ at once, their loads alternating in one run.
 `vllm serve --grpc` serves AsyncLLM through smg's VllmEngineServicer (the
 `bench` extra installs it, pinned): one server-streaming Generate over token
 ids, no text (smg's router detokenizes; its servicer asks vLLM for
-detokenize=False). Both servers get benchmarks.compare_servers' engine
+detokenize=False). Both servers get benchmarks.lib.compare_servers' engine
 arguments and environment; ours places itself as `rollout-service serve`
 does, vLLM's runs as its users run it (`--pin-serve` places it too). Loads,
-each the same closed loop on both sides (benchmarks.drive, a fresh process
+each the same closed loop on both sides (benchmarks.lib.drive, a fresh process
 per window, the server's CPU read around it):
 
   unary  our Generate; vLLM's Generate with stream=false
@@ -39,9 +39,9 @@ import sys
 import uuid
 from pathlib import Path
 
-from benchmarks import compare_runs, compare_servers
 from benchmarks.ab import round_order
-from benchmarks.loadgen import Record, recorded
+from benchmarks.lib import compare_runs, compare_servers
+from benchmarks.lib.loadgen import Record, recorded
 from harness.serverproc import LoggedServer, free_port
 
 # load: (our driver, its stream flags, vLLM's driver)
@@ -62,7 +62,7 @@ FIGURES = (
 
 
 class VllmGrpcServer(compare_servers.BaselineServer):
-    """`vllm serve MODEL --grpc` (through benchmarks.vllm_serve), ready when
+    """`vllm serve MODEL --grpc` (through benchmarks.lib.vllm_serve), ready when
     its health service answers SERVING (after the servicer's warm-up)."""
 
     name = "vllm serve --grpc"
@@ -71,7 +71,7 @@ class VllmGrpcServer(compare_servers.BaselineServer):
         self.port = free_port()
         self.target = f"127.0.0.1:{self.port}"
         cmd = [
-            sys.executable, "-m", "benchmarks.vllm_serve", "serve", str(model_dir),
+            sys.executable, "-m", "benchmarks.lib.vllm_serve", "serve", str(model_dir),
             "--grpc", "--served-model-name", compare_servers.MODEL,
             "--tokenizer", str(model_dir), "--host", "127.0.0.1", "--port", str(self.port),
             *compare_servers.ENGINE_ARGS,
@@ -93,7 +93,7 @@ class VllmGrpcServer(compare_servers.BaselineServer):
 
 
 class SmgDriver:
-    """benchmarks.loadgen's driver for vLLM's gRPC front: one Generate per
+    """benchmarks.lib.loadgen's driver for vLLM's gRPC front: one Generate per
     call (token ids in, `stream` as asked), on one channel built as
     benchmarks.load builds ours."""
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks.bigmodel import build_big_model
+from benchmarks.lib.bigmodel import build_big_model
 from harness.serverproc import ServerProcess, free_port
 from harness.weights_util import random_weights
 
@@ -68,7 +68,7 @@ def memcpy(data: memoryview) -> float:
 
 def push(target: str, path: str, version: str, *extra: str) -> dict:
     out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.push_client", target, path, version, *extra],
+        [sys.executable, "-m", "benchmarks.lib.push_client", target, path, version, *extra],
         capture_output=True,
         text=True,
         check=True,
@@ -126,7 +126,7 @@ def main() -> None:
     big = ServerProcess("--model", str(model_dir), "--max-model-len", "512", *extra)
     sink_port = free_port()
     sink = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.sink_server", "--port", str(sink_port)],
+        [sys.executable, "-m", "benchmarks.lib.sink_server", "--port", str(sink_port)],
         stdout=subprocess.PIPE,
         text=True,
     )

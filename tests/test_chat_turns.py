@@ -1,9 +1,9 @@
-"""benchmarks.chat_turns' counts, engine-free: the sampled tokens a re-sent
+"""benchmarks.lib.chat_turns' counts, engine-free: the sampled tokens a re-sent
 history re-tokenized, and the OpenAI usage read as the sessions benchmark's."""
 
 from __future__ import annotations
 
-from benchmarks.chat_turns import ChatTally, drifted, usage
+from benchmarks.lib.chat_turns import ChatTally, drifted, usage
 
 SAMPLED = [7, 8, 9]
 

@@ -1,11 +1,11 @@
-"""benchmarks.loadgen: `--rate` is an open loop (arrivals do not wait for a
+"""benchmarks.lib.loadgen: `--rate` is an open loop (arrivals do not wait for a
 slow server), the default a closed loop (they do)."""
 
 import argparse
 import asyncio
 import time
 
-from benchmarks.loadgen import (
+from benchmarks.lib.loadgen import (
     OneStreamDriver,
     Range,
     Record,

@@ -1,7 +1,7 @@
-"""benchmarks.profile_split charges py-spy samples to the component a user
+"""benchmarks.lib.profile_split charges py-spy samples to the component a user
 would blame (the benchmark's by-component figures)."""
 
-from benchmarks.profile_split import NATIVE, component_of, split
+from benchmarks.lib.profile_split import NATIVE, component_of, split
 
 ROOT = "<module> (rollout-service:8);main (rollout_service/cli.py:190);run (asyncio/runners.py:190)"
 LOOP = (

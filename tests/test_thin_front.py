@@ -1,10 +1,10 @@
-"""benchmarks.thin_front's wire: what its client sends is what its server
+"""benchmarks.lib.thin_front's wire: what its client sends is what its server
 reads, and a reply's token count is what the load counts (the ceiling
 benchmarks.compare measures this service against)."""
 
 import pytest
 
-from benchmarks.thin_front import (
+from benchmarks.lib.thin_front import (
     decode_records,
     decode_reply,
     decode_request,

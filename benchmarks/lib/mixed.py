@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 import grpc
 import numpy as np
 
-from benchmarks.loadgen import RunResult
+from benchmarks.lib.loadgen import RunResult
 from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
 from rollout_client.client import ConnectionOptions

@@ -11,7 +11,7 @@ end costs on this machine (gRPC's per-call and per-message work, and a load
 client in another process); whatever separates this service from it is the
 service's own layer.
 
-    .venv/bin/python -m benchmarks.thin_front --port N -- --model tiny-qwen2 ...
+    .venv/bin/python -m benchmarks.lib.thin_front --port N -- --model tiny-qwen2 ...
 
 Arguments after -- go to `rollout-service serve`'s parser. It prints
 `thin front ready on 127.0.0.1:PORT` when it answers.
@@ -46,7 +46,7 @@ import uuid
 import grpc
 import numpy as np
 
-from benchmarks.loadgen import OneStreamDriver, Record
+from benchmarks.lib.loadgen import OneStreamDriver, Record
 
 SERVICE = "thin.Thin"
 UNARY, STREAM, MANY = "Generate", "GenerateStream", "GenerateMany"
@@ -236,7 +236,7 @@ class ThinFront:
 
 
 class ThinDriver:
-    """benchmarks.loadgen's driver for the thin front: raw bytes, one channel,
+    """benchmarks.lib.loadgen's driver for the thin front: raw bytes, one channel,
     the same connection the service's GrpcDriver opens."""
 
     def __init__(self, target: str, stream: bool, temperature: float = 0.0, options=None):
@@ -271,7 +271,7 @@ class ThinDriver:
 
 
 class ManyDriver(OneStreamDriver):
-    """benchmarks.loadgen's driver for GenerateMany: every concurrent call
+    """benchmarks.lib.loadgen's driver for GenerateMany: every concurrent call
     of the load shares one bidi stream, tagged."""
 
     def __init__(self, target: str, temperature: float = 0.0, options=None):
@@ -327,7 +327,7 @@ def main() -> int:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # as `rollout-service serve`
     argv = sys.argv[1:]
     split = argv.index("--") if "--" in argv else len(argv)
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.thin_front", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.lib.thin_front", description=__doc__)
     ap.add_argument("--port", type=int, default=0)
     args = ap.parse_args(argv[:split])
     asyncio.run(serve(args.port, argv[split + 1 :]))

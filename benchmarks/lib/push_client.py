@@ -1,5 +1,5 @@
 """One push in a fresh process, as a trainer would do it, reporting its wall
-time and memory: `python -m benchmarks.push_client TARGET PATH VERSION
+time and memory: `python -m benchmarks.lib.push_client TARGET PATH VERSION
 [--streams N] [--same-host]` prints one JSON line.
 
 Memory is the process's peak RSS above its RSS after the imports, the

@@ -1,6 +1,6 @@
 """The servers benchmarks.compare and benchmarks.ab start and measure, on one
 engine configuration: this service (harness.serverproc's ServerProcess), the
-thinnest gRPC front end (benchmarks.thin_front) and `vllm serve`, with the
+thinnest gRPC front end (benchmarks.lib.thin_front) and `vllm serve`, with the
 one CPU placement each gets and `vllm serve`'s HTTP load driver.
 
 Every server runs over harness.serverproc's LoggedServer: one lifecycle
@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.loadgen import Record
+from benchmarks.lib.loadgen import Record
 from harness.serverproc import TEST_ENGINE_ENV, LoggedServer, ServerProcess, free_port
 from rollout_service.engine import placement
 
@@ -110,7 +110,7 @@ class BaselineServer(LoggedServer):
 
 
 class ThinServer(BaselineServer):
-    """benchmarks.thin_front, with the engine arguments and placement every
+    """benchmarks.lib.thin_front, with the engine arguments and placement every
     configuration gets."""
 
     name = "thin front"
@@ -119,7 +119,7 @@ class ThinServer(BaselineServer):
         self.port = free_port()
         self.target = f"127.0.0.1:{self.port}"
         cmd = [
-            sys.executable, "-m", "benchmarks.thin_front", "--port", str(self.port),
+            sys.executable, "-m", "benchmarks.lib.thin_front", "--port", str(self.port),
             "--", "--model", MODEL, *ENGINE_ARGS, *placement_args(args),
         ]  # fmt: skip
         super().__init__(cmd, "thin-front-")
@@ -129,7 +129,7 @@ class ThinServer(BaselineServer):
 
 
 class VllmServe(BaselineServer):
-    """`vllm serve` (through benchmarks.vllm_serve)."""
+    """`vllm serve` (through benchmarks.lib.vllm_serve)."""
 
     name = "vllm serve"
 
@@ -137,7 +137,7 @@ class VllmServe(BaselineServer):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         cmd = [
-            sys.executable, "-m", "benchmarks.vllm_serve", "serve", str(model_dir),
+            sys.executable, "-m", "benchmarks.lib.vllm_serve", "serve", str(model_dir),
             "--served-model-name", MODEL, "--tokenizer", str(model_dir),
             "--host", "127.0.0.1", "--port", str(self.port),
             "--disable-uvicorn-access-log", *ENGINE_ARGS, *flags,

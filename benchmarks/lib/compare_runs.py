@@ -1,7 +1,7 @@
 """One measured run of each configuration benchmarks.compare compares (and
-benchmarks.ab drives): its server started (benchmarks.compare_servers),
+benchmarks.ab drives): its server started (benchmarks.lib.compare_servers),
 placed and ready, each of its loads driven in a fresh process
-(benchmarks.drive) with the server's CPU time measured around it, and the
+(benchmarks.lib.drive) with the server's CPU time measured around it, and the
 server stopped; the in-process AsyncLLM run in a process of its own.
 """
 
@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.compare_servers import (
+from benchmarks.lib.compare_servers import (
     ENGINE_ARGS,
     MODEL,
     ThinServer,
@@ -26,7 +26,7 @@ from benchmarks.compare_servers import (
     placement_args,
     rollout_server,
 )
-from benchmarks.loadgen import (
+from benchmarks.lib.loadgen import (
     add_closed_loop_args,
     closed_loop_spec,
     format_summary,
@@ -34,7 +34,7 @@ from benchmarks.loadgen import (
     steal_percent,
     tree_cpu_seconds,
 )
-from benchmarks.profile_split import format_split
+from benchmarks.lib.profile_split import format_split
 
 CONFIGS = ("ours", "thin", "inprocess", "serve")
 # Not run unless asked for (--only ours,floating,...): ours without CPU placement.
@@ -106,13 +106,13 @@ def rate_flags(args) -> list[str]:
 def drive(
     args, driver: str, target: str, vocab_size: int, server_pid: int, profile=False, **extra
 ) -> dict:
-    """One load through benchmarks.drive, in a fresh process (see its
+    """One load through benchmarks.lib.drive, in a fresh process (see its
     docstring for why), with the server's CPU seconds per 1,000 output tokens
     and the load client's, measured around it; `profile`: py-spy samples the
-    server's front end during the measured window (benchmarks.profile_split)."""
+    server's front end during the measured window (benchmarks.lib.profile_split)."""
     out = Path(tempfile.mkstemp(prefix="drive-", suffix=".json")[1])
     cmd = [
-        sys.executable, "-m", "benchmarks.drive", driver, target, "--json", str(out),
+        sys.executable, "-m", "benchmarks.lib.drive", driver, target, "--json", str(out),
         "--vocab-size", str(vocab_size), "--concurrency", str(args.concurrency),
         "--duration", str(args.duration), "--warmup", str(args.warmup),
         "--prompt-len", str(args.prompt_len), "--output-len", str(args.output_len),
@@ -129,12 +129,12 @@ def drive(
     load = subprocess.Popen(cmd)
     spy = None
     if profile:
-        from benchmarks.profile_split import Profile
+        from benchmarks.lib.profile_split import Profile
 
         time.sleep(args.warmup + 2)  # the drive's start-up, then its warm-up
         spy = Profile(server_pid, args.duration - 2)
     if load.wait() != 0:
-        raise RuntimeError(f"benchmarks.drive failed ({load.returncode})")
+        raise RuntimeError(f"benchmarks.lib.drive failed ({load.returncode})")
     front1, engine1 = tree_cpu_seconds(server_pid)
     summary = json.loads(out.read_text())
     summary["steal_percent"] = steal_percent(ticks0, machine_ticks())

