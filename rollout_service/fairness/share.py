@@ -20,6 +20,11 @@ once (default: max_num_seqs less an eighth); its others wait here, in
 arrival order, before the gate. Another caller's request then finds a free
 slot and joins the running batch at the engine's next step.
 
+The front shares itself the same way: one engine step wakes every running
+stream at once, and a request that came past its caller's share lets the
+others' outputs of that step go first (`gives_way`), so another caller's
+first token is not sent behind a flood's deltas.
+
 Calls past `max_per_caller` in flight get RESOURCE_EXHAUSTED
 (CALLER_QUEUE_FULL) with a retry hint, before any work is done for them.
 Everything here runs on the event loop, in O(1) per call.
@@ -190,6 +195,13 @@ class FairShare:
             load.in_flight_gauge.dec()
             if not load.in_flight:
                 del self.callers[who.key]
+
+    def gives_way(self, slot: Slot) -> bool:
+        """Whether `slot`'s outputs let other callers' go first (Generations.run):
+        fair share on, the request came past its caller's share (priority
+        over 0) and another caller has requests in flight. One caller alone
+        never waits on itself."""
+        return slot.priority > 0 and len(self.callers) > 1
 
     def to_proto(self) -> pb.FairShareInfo:
         return pb.FairShareInfo(

@@ -149,6 +149,7 @@ class Generations:
         # Resolved after admission: an adapter update that the call waited
         # for at the gate has replaced (or removed) it by now.
         engine, adapters = self.app.engine, self.app.adapters
+        gives_way = self.app.fair.gives_way
         lora = adapters.request_for(p.adapter) if p.adapter else None
         ticket.adapter_version = adapters.version_of(p.adapter) if p.adapter else ""
         ticket.engine_id = call.engine_id = f"{call.request_id}-{uuid.uuid4().hex[:8]}"
@@ -165,6 +166,11 @@ class Generations:
             if call.aborted and not out.finished:
                 # Abort came before the engine knew the request: end it now.
                 await engine.abort(ticket.engine_id)
+            if gives_way(g.slot):
+                # One engine step wakes every running request at once: the
+                # messages of a caller past its share wait one pass of the
+                # loop, so another caller's (its first token) go out first.
+                await asyncio.sleep(0)
             yield out
 
     async def run_whole(self, g: Admitted) -> AsyncIterator[Any]:
