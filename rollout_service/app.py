@@ -23,6 +23,7 @@ from rollout_service.generation.tokenizing import Tokenizing, eos_token_ids, ima
 from rollout_service.handoff.region import StagingRegion
 from rollout_service.pipeline.serving import App
 from rollout_service.sessions.store import SessionLimits, SessionStore
+from rollout_service.status import static_rules
 from rollout_service.update.delta_base import DeltaBase
 from rollout_service.update.reservation import region_bytes
 from rollout_service.update.sleep import Sleeper
@@ -81,6 +82,7 @@ async def build_app(
     # What the starting version names (version_names.py).
     await asyncio.to_thread(updater.weights.name_start, config.initial_weight_version)
     await asyncio.to_thread(delta.warm_up)
+    await asyncio.to_thread(static_rules.warm_up)
     await updater.start()
     # vLLM labels every output with its engine core's weight version
     # (per-token version spans); it starts as "default".

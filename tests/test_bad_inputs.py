@@ -282,6 +282,46 @@ def test_engine_refusals_are_invalid_argument_naming_the_field(channel, sp):
     assert healthy(channel)
 
 
+@pytest.mark.parametrize(
+    ("sp", "field", "problem"),
+    [
+        ({"stop": ["x", ""]}, "stop[1]", "must be at least 1 characters, got ''"),
+        ({"allowed_token_ids": [5, 5]}, "allowed_token_ids", "repeated value must contain unique"),
+        ({"temperature": math.nan}, "temperature", "must be finite, got nan"),
+    ],
+)
+def test_the_contracts_static_ranges_are_refused_naming_the_field(channel, sp, field, problem):
+    """A value outside a range the proto states (its protovalidate options)
+    is refused in the contract's words, the field named in the message and in
+    the BadRequest; in a GenerateMany stream only that request fails."""
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
+    stub = rollout_pb2_grpc.RolloutServiceStub(channel)
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Generate(gen(sp), timeout=30)
+    assert e.value.code() == INV, e.value.details()
+    assert e.value.details().startswith(f"sampling_params.{field}: "), e.value.details()
+    assert problem in e.value.details(), e.value.details()
+    bad = error_details_pb2.BadRequest()
+    assert rpc_status.from_call(e.value).details[0].Unpack(bad)
+    assert bad.field_violations[0].field == f"sampling_params.{field}"
+
+    def many(request_id, sp):
+        r = pb.GenerateStreamRequest(request_id=request_id, prompt_token_ids=[1, 2, 3])
+        r.sampling_params.CopyFrom(pb.SamplingParams(**sp))
+        return pb.GenerateManyRequest(request=r)
+
+    out = list(
+        stub.GenerateMany(iter([many("bad", sp), many("good", {"max_tokens": 2})]), timeout=60)
+    )
+    failures = [f for m in out for f in m.failures]
+    assert [(f.request_id, f.code) for f in failures] == [("bad", INV.value[0])]
+    assert failures[0].message.startswith(f"sampling_params.{field}: "), failures[0].message
+    finished = [d for m in out for d in m.deltas if d.request_id == "good" and d.HasField("usage")]
+    assert finished and healthy(channel)
+
+
 finite = st.floats(allow_nan=True, allow_infinity=True, width=32)
 sampling = st.fixed_dictionaries(
     {},

@@ -1,4 +1,5 @@
-"""Request validation and conversion alone (no engine)."""
+"""Request validation and conversion alone (no engine): the contract's static
+rules (status/static_rules.py), then what convert.py checks against the model."""
 
 from __future__ import annotations
 
@@ -13,14 +14,18 @@ from rollout_service.generation.convert import (
     prompt_from_request,
     sampling_params_from_proto,
 )
+from rollout_service.status import static_rules
 from rollout_service.status.errors import InvalidArgument
 
 LIMITS = ModelLimits(vocab_size=100, max_model_len=64, max_logprobs=5, supports_images=False)
 
 
 def params(**kw):
+    """As the pipeline converts: the contract's rules first, then the model's."""
+    sp = pb.SamplingParams(**kw)
+    static_rules.check(pb.GenerateRequest(sampling_params=sp))
     return sampling_params_from_proto(
-        pb.SamplingParams(**kw), LIMITS, prompt_tokens=10, output_kind=RequestOutputKind.FINAL_ONLY
+        sp, LIMITS, prompt_tokens=10, output_kind=RequestOutputKind.FINAL_ONLY
     )
 
 
@@ -87,6 +92,56 @@ def test_bad_sampling_values_name_the_field(kw, field):
     with pytest.raises(InvalidArgument) as e:
         params(**kw)
     assert e.value.field == "sampling_params." + field
+
+
+@pytest.mark.parametrize(
+    ("message", "prefix", "expected"),
+    [
+        # Every rule the first field breaks, with its value.
+        (
+            pb.SamplingParams(temperature=math.nan, top_p=2),
+            "sampling_params",
+            "sampling_params.temperature: must be greater than or equal to 0; "
+            "must be finite, got nan",
+        ),
+        (
+            pb.GenerateRequest(messages=[pb.ChatMessage(role="u"), pb.ChatMessage()]),
+            "",
+            "messages[1].role: must be at least 1 characters, got ''",
+        ),
+        (
+            pb.GenerateRequest(messages=[pb.ChatMessage(role="u", content=[pb.ContentPart()])]),
+            "",
+            "messages[0].content[0].part: exactly one field is required in oneof",
+        ),
+        (
+            pb.UpdateWeightsBegin(weight_version="v", pause_mode=9),
+            "begin",
+            "begin.pause_mode: value must be one of the defined enum values, got 9",
+        ),
+        (
+            pb.SleepRequest(level=3),
+            "",
+            "level: must be greater than or equal to 1 and less than or equal to 2, got 3",
+        ),
+        (
+            pb.SamplingParams(allowed_token_ids=[4, 4]),
+            "sampling_params",
+            "sampling_params.allowed_token_ids: repeated value must contain unique items",
+        ),
+    ],
+)
+def test_the_contracts_rules_name_the_field_as_the_server_does(message, prefix, expected):
+    with pytest.raises(InvalidArgument) as e:
+        static_rules.check(message, prefix)
+    assert str(e.value) == expected
+
+
+def test_a_request_within_the_rules_passes_and_unset_fields_take_no_rule():
+    static_rules.check(pb.GenerateRequest(prompt_token_ids=[1]))
+    static_rules.check(
+        pb.SamplingParams(max_tokens=1, temperature=0, top_k=-1, stop=["x"]), "sampling_params"
+    )
 
 
 class FakeTokenizing:

@@ -1,15 +1,18 @@
 """Pure conversions of rollout.v1 requests into what vLLM takes (the
 prompt, the sampling parameters); the way back is outputs.py.
 
-Validation lives here too, so that every bad field is caught before the
-engine sees the request, with an INVALID_ARGUMENT naming the field. Nothing in
-this module touches the engine: it is tested without one.
+The static ranges are the contract's (the proto's protovalidate options,
+checked by status/static_rules.py where a request enters the pipeline, before
+these run). What is checked here depends on the served model or on other
+fields (the context, the vocabulary, the engine's logprobs limit, min_tokens
+against max_tokens), so that every bad field is caught before the engine sees
+the request, with an INVALID_ARGUMENT naming the field. Nothing in this module
+touches the engine: it is tested without one.
 """
 
 from __future__ import annotations
 
 import io
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,12 +35,6 @@ class EnginePrompt:
     num_tokens: int | None
     # The server made the token ids (text or messages): the response returns them.
     echo_ids: bool = False
-
-
-def _finite(field: str, value: float) -> float:
-    if not math.isfinite(value):
-        raise InvalidArgument(field, f"must be a finite number, got {value}")
-    return value
 
 
 def check_prompt_length(n: int, field: str, limits: ModelLimits, at_least: bool = False) -> None:
@@ -102,15 +99,15 @@ def sampling_params_from_proto(
     output_kind: RequestOutputKind,
     stream: pb.StreamOptions | None = None,
 ) -> SamplingParams:
-    """Validates `sp` and builds the vLLM SamplingParams for it; `stream`:
-    a GenerateStream's delivery options."""
+    """Validates `sp` against the model and its own other fields, and builds
+    the vLLM SamplingParams for it; `sp` already holds to the contract's
+    static ranges (static_rules.check). `stream`: a GenerateStream's
+    delivery options."""
     stream = stream or _NO_STREAM_OPTIONS
     f = "sampling_params."
     room = limits.max_model_len - (prompt_tokens or 0)
     max_tokens: int | None
     if sp.HasField("max_tokens"):
-        if sp.max_tokens == 0:
-            raise InvalidArgument(f + "max_tokens", "must be at least 1")
         max_tokens = sp.max_tokens
         if prompt_tokens is not None and max_tokens > room:
             raise InvalidArgument(
@@ -120,21 +117,6 @@ def sampling_params_from_proto(
             )
     else:
         max_tokens = None if prompt_tokens is None else room
-    temperature = _finite(f + "temperature", sp.temperature) if sp.HasField("temperature") else 1.0
-    if temperature < 0:
-        raise InvalidArgument(f + "temperature", f"must be >= 0, got {temperature}")
-    top_p = _finite(f + "top_p", sp.top_p) if sp.HasField("top_p") else 1.0
-    if not 0 < top_p <= 1:
-        raise InvalidArgument(f + "top_p", f"must be in (0, 1], got {top_p}")
-    top_k = sp.top_k if sp.HasField("top_k") else 0
-    if top_k < -1:
-        raise InvalidArgument(f + "top_k", f"must be -1, 0 (disabled) or positive, got {top_k}")
-    min_p = _finite(f + "min_p", sp.min_p) if sp.HasField("min_p") else 0.0
-    if not 0 <= min_p <= 1:
-        raise InvalidArgument(f + "min_p", f"must be in [0, 1], got {min_p}")
-    n = sp.n if sp.HasField("n") else 1
-    if n < 1:
-        raise InvalidArgument(f + "n", "must be at least 1")
     top_logprobs = sp.logprobs if sp.HasField("logprobs") else 0
     if top_logprobs > limits.max_logprobs:
         raise InvalidArgument(
@@ -144,20 +126,6 @@ def sampling_params_from_proto(
     check_vocabulary(sp.stop_token_ids, limits.vocab_size, f + "stop_token_ids")
     allowed = list(sp.allowed_token_ids)
     check_vocabulary(allowed, limits.vocab_size, f + "allowed_token_ids")
-    if len(set(allowed)) != len(allowed):
-        raise InvalidArgument(f + "allowed_token_ids", "lists a token id twice")
-    for i, stop in enumerate(sp.stop):
-        if not stop:
-            raise InvalidArgument(f"{f}stop[{i}]", "must not be empty")
-    repetition_penalty = (
-        _finite(f + "repetition_penalty", sp.repetition_penalty)
-        if sp.HasField("repetition_penalty")
-        else 1.0
-    )
-    if repetition_penalty <= 0:
-        raise InvalidArgument(f + "repetition_penalty", f"must be > 0, got {repetition_penalty}")
-    presence_penalty = _penalty(sp, "presence_penalty")
-    frequency_penalty = _penalty(sp, "frequency_penalty")
     min_tokens = sp.min_tokens if sp.HasField("min_tokens") else 0
     if max_tokens is not None and min_tokens > max_tokens:
         raise InvalidArgument(f + "min_tokens", f"{min_tokens} is over max_tokens ({max_tokens})")
@@ -167,14 +135,15 @@ def sampling_params_from_proto(
             f + "prompt_logprobs",
             f"{prompt_logprobs} is over the engine's limit of {limits.max_logprobs}",
         )
+    # Unset: the defaults the proto names.
     return SamplingParams(
-        n=n,
+        n=sp.n if sp.HasField("n") else 1,
         max_tokens=max_tokens,
         min_tokens=min_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        min_p=min_p,
+        temperature=sp.temperature if sp.HasField("temperature") else 1.0,
+        top_p=sp.top_p if sp.HasField("top_p") else 1.0,
+        top_k=sp.top_k if sp.HasField("top_k") else 0,
+        min_p=sp.min_p if sp.HasField("min_p") else 0.0,
         seed=sp.seed if sp.HasField("seed") else None,
         # 0 asks vLLM for the sampled token's logprob only; RL trainers always
         # need it, so it is always on.
@@ -183,7 +152,7 @@ def sampling_params_from_proto(
         stop_token_ids=list(sp.stop_token_ids) or None,
         allowed_token_ids=allowed or None,
         ignore_eos=sp.ignore_eos,
-        repetition_penalty=repetition_penalty,
+        repetition_penalty=sp.repetition_penalty if sp.HasField("repetition_penalty") else 1.0,
         prompt_logprobs=prompt_logprobs,
         structured_outputs=structured_outputs_from_proto(sp.structured_output),
         output_kind=output_kind,
@@ -197,18 +166,9 @@ def sampling_params_from_proto(
         # Deltas of several tokens: fewer outputs for vLLM to build and
         # fewer messages to send (the first and the last come at once).
         stream_interval=stream.delta_tokens if stream.delta_tokens > 1 else None,
-        presence_penalty=presence_penalty,
-        frequency_penalty=frequency_penalty,
+        presence_penalty=sp.presence_penalty if sp.HasField("presence_penalty") else 0.0,
+        frequency_penalty=sp.frequency_penalty if sp.HasField("frequency_penalty") else 0.0,
     )
-
-
-def _penalty(sp: pb.SamplingParams, name: str) -> float:
-    """presence_penalty or frequency_penalty: in [-2, 2], 0 when unset."""
-    field = "sampling_params." + name
-    value = _finite(field, getattr(sp, name)) if sp.HasField(name) else 0.0
-    if not -2 <= value <= 2:
-        raise InvalidArgument(field, f"must be in [-2, 2], got {value}")
-    return value
 
 
 def _decode_images(images: Sequence[pb.Image]) -> list[Any]:

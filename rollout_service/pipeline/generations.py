@@ -43,6 +43,7 @@ from rollout_service.pipeline import many
 from rollout_service.pipeline.calls import Call, RunningCalls
 from rollout_service.pipeline.context import Admitted, Prepared
 from rollout_service.pipeline.serving import App
+from rollout_service.status import static_rules
 from rollout_service.status.errors import FailedPrecondition, engine_dead
 
 # A request of token ids this small converts in microseconds: on the loop it
@@ -98,6 +99,7 @@ class Generations:
         )
 
     def _convert(self, request: pb.GenerateRequest, kind: RequestOutputKind, stream):
+        static_rules.check(request)  # the contract's ranges, before any tokenizing
         limits = self.app.info.limits
         prompt = convert.prompt_from_request(request, limits, self.app.tokenizing)
         params = convert.sampling_params_from_proto(

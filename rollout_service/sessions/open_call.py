@@ -11,6 +11,7 @@ from rollout.v1 import rollout_pb2 as pb
 from rollout_service.sessions import resuming
 from rollout_service.sessions.opening import budget_of, open_prompt
 from rollout_service.sessions.store import Session
+from rollout_service.status import static_rules
 from rollout_service.status.errors import InvalidArgument
 
 _ISOLATED = pb.APPEND_RENDER_ISOLATED
@@ -41,8 +42,7 @@ async def open_session(
     app.served.check_serving()
     if request.lora_adapter:
         app.adapters.check_known(request.lora_adapter)
-    if request.history_rule not in pb.HistoryRule.values():
-        raise InvalidArgument("history_rule", f"{request.history_rule} is not a HistoryRule")
+    static_rules.check(request)
     limits = app.info.limits
     budget = budget_of(request, limits)
     # Counted before any tokenizing: a caller at its limit costs nothing.

@@ -20,6 +20,7 @@ from rollout_service.generation import convert, outputs
 from rollout_service.sessions.conversation import rendered_ids
 from rollout_service.sessions.store import Session
 from rollout_service.sessions.trajectory import Segment
+from rollout_service.status import static_rules
 from rollout_service.status.errors import FailedPrecondition, InvalidArgument
 
 _F = "sampling_params."
@@ -49,6 +50,7 @@ def plan_turn(
     """Validates a turn's sampling params against the session and builds
     its engine request (a stream's deltas as `stream` asks; None: a whole
     turn); nothing changes in the session."""
+    static_rules.check(sp, "sampling_params")
     if sp.HasField("n") and sp.n != 1:
         raise InvalidArgument(
             _F + "n", "a session turn samples one completion; open a session per sample"

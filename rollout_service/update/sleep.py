@@ -17,7 +17,8 @@ import logging
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.engine.served import Served
-from rollout_service.status.errors import FailedPrecondition, InvalidArgument
+from rollout_service.status import static_rules
+from rollout_service.status.errors import FailedPrecondition
 from rollout_service.update.quiesce import Quiescer
 
 log = logging.getLogger(__name__)
@@ -64,8 +65,9 @@ class Sleeper:
             raise FailedPrecondition(
                 f"Sleep: {self.refusal}", reason=pb.ERROR_REASON_SLEEP_UNAVAILABLE
             )
-        if level not in (1, 2):
-            raise InvalidArgument("level", f"must be 1 or 2, got {level}")
+        # After the platform's refusal, as before the rule moved to the
+        # contract: where sleep is unavailable, any level says so.
+        static_rules.check(pb.SleepRequest(level=level))
         self.quiescer.check_awake()
         async with self.quiescer.quiesced(pb.PAUSE_MODE_WAIT, sleep=True):
             await self.engine.sleep(level)

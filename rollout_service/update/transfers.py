@@ -34,6 +34,7 @@ import uuid
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_codecs.wire import RawChunk
+from rollout_service.status import static_rules
 from rollout_service.status.errors import (
     Aborted,
     DeadlineExceeded,
@@ -96,6 +97,7 @@ class WeightTransfers:
 
     async def begin(self, begin: pb.UpdateWeightsBegin, same_host: bool = False) -> WeightTransfer:
         """Opens an update: validates begin and takes the staging region."""
+        static_rules.check(begin, "begin")  # the contract's ranges, before any state
         await self._wait_for_twin(begin)
         self._take_slot()
         # Taken before the first await, so that a concurrent begin is refused.
