@@ -75,8 +75,6 @@ def plan_turn(
     room = session.remaining - len(gen)
     want = None
     if sp.HasField("max_tokens"):
-        if sp.max_tokens == 0:
-            raise InvalidArgument(_F + "max_tokens", "must be at least 1")
         want = sp.max_tokens - already
         if want < 1:
             raise InvalidArgument(
