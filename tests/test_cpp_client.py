@@ -37,6 +37,12 @@ from tests.support import cpp_build
 from tests.support.delta_cases import XOR8_CASES, xor8_case, xor8_entries
 from tests.support.tokens import ADMIN, GENERATE
 
+# Its tests wait for the build started at collection (tests/support/cpp_build.py,
+# at the lowest CPU priority): they run after the others, engine-free ones
+# included, so that the build has had the whole run's idle CPU, not a wait of
+# its own (55 s of setup in the engine-free tests when they ran in file order).
+pytestmark = pytest.mark.late
+
 SEED = 20240611
 PROMPT_LEN = 200  # more than one KV block, so that a repeat hits the prefix cache
 MAX_TOKENS = 16

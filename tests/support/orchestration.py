@@ -10,6 +10,12 @@ conftest.py (directly or through another fixture), or its module, or the
 module of any other fixture it uses, starts servers (imports
 harness.serverproc's ServerProcess or running). The marker is set here, from
 what each test uses, so it cannot go stale.
+
+Two markers move time that would be waited out: an `idle` test (a minute
+with an engine stopped) runs first of the engine tests and starts more
+servers ahead, whose start-ups take the CPU it leaves; `late` tests (the C++
+client's, which wait for its build) run after the rest, engine-free ones
+included, so that the build has had the run's idle CPU instead.
 """
 
 from __future__ import annotations
@@ -23,17 +29,35 @@ from tests.support import cpp_build, server_starts, shared_servers
 _STARTS_SERVERS = ("ServerProcess", "running")
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "idle: leaves the CPU idle for a long while (an engine stopped, a call"
+        " waiting): runs first of the engine tests, and more servers start ahead"
+        " meanwhile (tests.support.server_starts.IDLE_AHEAD)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "late: waits for work started in the background at collection (the C++"
+        " client's build): runs after every other test but those marked last",
+    )
+
+
 def pytest_collection_modifyitems(config, items):
     engine = pytest.mark.engine
     for item in items:
         if _needs_engine(item):
             item.add_marker(engine)
-    # Stable: within each group, the files' and tests' own order; a test that
-    # stops a shared server after all that may use it.
+    # Stable: within each group, the files' and tests' own order; an idle
+    # test first of the engine tests; late tests, engine-free or not, after
+    # them; a test that stops a shared server after all that may use it.
     items.sort(
         key=lambda item: (
-            item.get_closest_marker("engine") is not None,
+            item.get_closest_marker("engine") is not None
+            or item.get_closest_marker("late") is not None,
+            item.get_closest_marker("idle") is None,
             item.get_closest_marker("last") is not None,
+            item.get_closest_marker("late") is not None,
         )
     )
 
@@ -49,8 +73,9 @@ def pytest_collection_finish(session):
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     """Before a module's first test: its own servers, if not yet started,
-    and those of the next module that has any."""
-    server_starts.start_for(item.nodeid.split("::")[0])
+    and those of the next modules that have any (more before an idle test)."""
+    idle = item.get_closest_marker("idle") is not None
+    server_starts.start_for(item.nodeid.split("::")[0], idle=idle)
 
 
 def pytest_sessionfinish(session):
