@@ -11,16 +11,10 @@ from types import SimpleNamespace
 import pytest
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.engine.gate import AdmissionGate
-from rollout_service.engine.limits import ModelLimits
-from rollout_service.engine.served import Served
 from rollout_service.fairness.identity import CallerId
 from rollout_service.fairness.share import FairShare
-from rollout_service.generation.tokenizing import Tokenizing
-from rollout_service.pipeline.calls import RunningCalls
-from rollout_service.pipeline.generations import Generations
-from rollout_service.pipeline.many import StreamLimits
 from rollout_service.status.errors import FailedPrecondition, Unavailable
+from tests.support.stand_in_pipeline import stand_in_pipeline
 
 ANSWER = [7, 8, 9]
 
@@ -58,20 +52,9 @@ def pipeline():
     """The pipeline over a stand-in App (the real gate, fair share and
     tokenizing thread; no tokenizer, no adapters) and its engine."""
     engine = StandInEngine()
-    limits = ModelLimits(vocab_size=100, max_model_len=64, max_logprobs=5, supports_images=False)
-    served = Served("v1")
-    app = SimpleNamespace(
-        engine=engine,
-        info=SimpleNamespace(limits=limits),
-        served=served,
-        gate=AdmissionGate(served),
-        adapters=None,
-        tokenizing=Tokenizing(None),
-        fair=FairShare(True, {}, max_per_caller=4, seats=2),
-    )
-    many_limits = StreamLimits.for_server(8, 1 << 16, 4 << 20, 64)
-    yield Generations(app, RunningCalls(), many_limits), engine  # type: ignore[arg-type]
-    app.tokenizing.close()
+    generations = stand_in_pipeline(engine, FairShare(True, {}, max_per_caller=4, seats=2))
+    yield generations, engine
+    generations.app.tokenizing.close()
 
 
 def request(**fields) -> pb.GenerateRequest:

@@ -10,15 +10,10 @@ import asyncio
 from types import SimpleNamespace
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.engine.gate import AdmissionGate
-from rollout_service.engine.limits import ModelLimits
-from rollout_service.engine.served import Served
 from rollout_service.fairness.identity import CallerId
 from rollout_service.fairness.share import FairShare
-from rollout_service.generation.tokenizing import Tokenizing
-from rollout_service.pipeline.calls import RunningCalls
 from rollout_service.pipeline.generations import Generations
-from rollout_service.pipeline.many import StreamLimits
+from tests.support.stand_in_pipeline import stand_in_pipeline
 
 TOKENS = 3
 
@@ -75,19 +70,7 @@ class SteppingEngine:
 
 def _pipeline(fair: bool) -> tuple[Generations, SteppingEngine]:
     engine = SteppingEngine()
-    limits = ModelLimits(vocab_size=100, max_model_len=64, max_logprobs=5, supports_images=False)
-    served = Served("v1")
-    app = SimpleNamespace(
-        engine=engine,
-        info=SimpleNamespace(limits=limits),
-        served=served,
-        gate=AdmissionGate(served),
-        adapters=None,
-        tokenizing=Tokenizing(None),
-        fair=FairShare(fair, {}, max_per_caller=None),
-    )
-    many_limits = StreamLimits.for_server(8, 1 << 16, 4 << 20, 64)
-    return Generations(app, RunningCalls(), many_limits), engine  # type: ignore[arg-type]
+    return stand_in_pipeline(engine, FairShare(fair, {}, max_per_caller=None)), engine
 
 
 def _stream(name: str) -> pb.GenerateStreamRequest:
