@@ -178,28 +178,41 @@ class Generations:
     async def run_whole(self, g: Admitted) -> AsyncIterator[Any]:
         """Step 5 for a call answered at its end that keeps what it sampled
         however it ends (a session's whole turn, whose engine request sends
-        its first output and its last): as `run`, but a cancellation (client
-        gone, deadline) aborts the engine request here rather than inside
-        AsyncLLM.generate, which would drop the abort's last output, and that
-        output (every token sampled since the first, with its logprobs and
-        versions) is still yielded before the cancellation goes on."""
-        outs: list[Any] = []
+        its first output and its last): as `run`, each output handed on as
+        it comes (a running one's version spans are read then), but a
+        cancellation (client gone, deadline) aborts the engine request here
+        rather than inside AsyncLLM.generate, which would drop the abort's
+        last output, and that output (every token sampled since the one
+        before, with its logprobs and versions) is still handed on before
+        the cancellation goes on."""
+        arrived: asyncio.Queue[Any] = asyncio.Queue()
 
         async def consume() -> None:
             async for out in self.run(g):
-                outs.append(out)
+                arrived.put_nowait(out)
 
         task = asyncio.ensure_future(consume())
+        task.add_done_callback(lambda _: arrived.put_nowait(None))
+        cancelled = False
         try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            await self.abort(g.call)
-            await task  # ends with the abort's output
-            for out in outs:
+            while True:
+                try:
+                    out = await arrived.get()
+                except asyncio.CancelledError:
+                    if cancelled:
+                        raise
+                    cancelled = True
+                    await self.abort(g.call)  # its last output comes, then the end
+                    continue
+                if out is None:
+                    break
                 yield out
-            raise
-        for out in outs:
-            yield out
+            task.result()  # the engine's error, if it failed
+        finally:
+            if not task.done():  # the caller stopped reading: nobody keeps the rest
+                task.cancel()
+        if cancelled:
+            raise asyncio.CancelledError
 
     async def abort(self, call: Call) -> None:
         """Ends a registered call: it never reaches the engine, or its engine
