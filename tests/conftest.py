@@ -9,7 +9,7 @@ runs), which tests are marked `engine` and the suite's order (tests that
 need no engine first) are the plugin tests.support.orchestration's.
 
 Helpers that are not fixtures live in tests/support/; no test module imports
-another test module or this file (tests/test_layout.py).
+another test module or this file (tests/repo/test_layout.py).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ pytest_plugins = ["tests.support.orchestration"]
 _TMP = Path(tempfile.mkdtemp(prefix="rollout-tests-"))
 atexit.register(shutil.rmtree, _TMP, ignore_errors=True)
 FAULT_FILE = _TMP / "fail-next-load"
-# A staging segment of a process that does not exist (tests/test_hardening.py).
+# A staging segment of a process that does not exist (tests/engine/serving/test_hardening.py).
 STALE_SEGMENT = Path("/dev/shm/rollout-staging-999999999-1")
 
 
@@ -71,7 +71,7 @@ def _start_secure():
     certs = make_certs(tmp)
     tokens = tmp / "tokens"
     tokens.write_text(f"admin:{ADMIN}\ngenerate:{GENERATE}\ngenerate:{GENERATE_B}\n")
-    # Fair share's flags: tests/test_fair_share.py floods exactly the cap.
+    # Fair share's flags: tests/engine/serving/test_fair_share.py floods exactly the cap.
     fair = ("--max-requests-per-caller", "600", "--caller-shares", "admin=2")
     return ServerProcess("--tokens-file", str(tokens), *fair, *server_tls_args(certs)), certs
 
@@ -108,7 +108,7 @@ def _with_ports(args: list[str], http_port: int | None, metrics_port: int) -> Se
 
 
 def _start_http_front():
-    # tests/test_http_front.py's: its last test stops the server under a
+    # tests/engine/openai/test_http_front.py's: its last test stops the server under a
     # running stream (a grace for it); its cap test holds two streams a caller.
     folder = _TMP / "http-front"
     folder.mkdir(exist_ok=True)
@@ -125,7 +125,7 @@ def _start_http_sessions():
 
 
 def _start_hardened():
-    # tests/test_hardening.py's: tokens, mutual TLS, small limits, metrics and
+    # tests/engine/serving/test_hardening.py's: tokens, mutual TLS, small limits, metrics and
     # JSON logs on one server, which must remove at start a staging segment
     # a crashed run left (written before it starts).
     folder = _TMP / "hardened"
@@ -150,7 +150,7 @@ def _start_hardened():
 
 
 def _start_traced():
-    # tests/test_observability.py's: spans exported to a collector in this
+    # tests/engine/serving/test_observability.py's: spans exported to a collector in this
     # process every 200 ms (instead of every 5 s: the tests wait less), metrics.
     collector, receiver, otlp_port = start_collector()
     metrics_port = free_port()
@@ -184,9 +184,9 @@ _SHARED_SERVERS = {
 # its module.
 _OWN_SERVERS = {
     "own_server": _start_own,
-    # A second replica beside own_server (tests/test_fleet_urls.py).
+    # A second replica beside own_server (tests/engine/openai/test_fleet_urls.py).
     "second_own_server": _start_own,
-    # Fresh for its first update; its metrics read by tests/test_keep_switch.py.
+    # Fresh for its first update; its metrics read by tests/engine/weights/test_keep_switch.py.
     "keep_server": lambda: ServerProcess("--metrics-port", str(keep_mode.METRICS_PORT)),
     "draining_server": lambda: ServerProcess("--grace-seconds", "30"),
     "llava_server": lambda: ServerProcess("--model", "tiny-llava"),
@@ -262,7 +262,7 @@ def sessions_server():
 
 @pytest.fixture(scope="module")
 def http_front_server():
-    """tests/test_http_front.py's server: the HTTP front, tokens, metrics,
+    """tests/engine/openai/test_http_front.py's server: the HTTP front, tokens, metrics,
     the hermes tool parser, two generations a caller, 60 s of grace."""
     with server_starts.own("http_front_server") as proc:
         yield proc
@@ -271,14 +271,14 @@ def http_front_server():
 @pytest.fixture(scope="module")
 def http_sessions_server():
     """The HTTP front with tokens and metrics, each module's own process:
-    tests/test_http_sessions.py's, tests/test_node_openai.py's."""
+    tests/engine/openai/test_http_sessions.py's, tests/clients/test_node_openai.py's."""
     with server_starts.own("http_sessions_server") as proc:
         yield proc
 
 
 @pytest.fixture(scope="module")
 def hardened_server():
-    """tests/test_hardening.py's server (its `tls` client options and
+    """tests/engine/serving/test_hardening.py's server (its `tls` client options and
     `metrics_port`, and the `stale_segment` it removed at start)."""
     try:
         with server_starts.own("hardened_server") as proc:
@@ -289,7 +289,7 @@ def hardened_server():
 
 @pytest.fixture(scope="module")
 def traced_server():
-    """tests/test_observability.py's server: its spans go to its `collector`
+    """tests/engine/serving/test_observability.py's server: its spans go to its `collector`
     (tests/support/otlp_collector.py), its `metrics_port`."""
     with server_starts.own("traced_server") as proc:
         try:
@@ -316,7 +316,7 @@ def tp2_servers():
 @pytest.fixture(scope="session")
 def delta_reference():
     """A fresh engine on the last step of tests/support/delta_steps.py's
-    simulated training (tests/test_delta.py), with a quarter of GenerateMany's
+    simulated training (tests/engine/weights/test_delta.py), with a quarter of GenerateMany's
     default stream budget (test_generate_many's waiting reader)."""
     proc, _ = server_starts.started("delta_reference")
     with shared_servers.serving("delta reference server", proc):

@@ -72,7 +72,7 @@ def check_supported(engine_args) -> None:
             f"its own ({WORKER_EXTENSION}) to load weights safely; vLLM takes only one"
         )
     # Tensor parallelism is supported (every rank maps the staging region and
-    # loads its own shard; tests/test_parallel.py). The rest is refused until
+    # loads its own shard; tests/engine/generation/test_parallel.py). The rest is refused until
     # it is built and tested:
     if (engine_args.pipeline_parallel_size or 1) > 1:
         raise UnsupportedConfig(

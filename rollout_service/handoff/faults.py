@@ -19,7 +19,7 @@ set. What the file says, while it exists:
   the answer of a server whose update gate let calls through on the old
   weights, whose tokens a client then receives tagged older than an update it
   was acknowledged. The load test's watcher must fail the run on it
-  (tests/test_load_locust.py).
+  (tests/engine/serving/test_load_locust.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The C++ client's build for tests/test_cpp_client.py: started in the
+"""The C++ client's build for tests/clients/test_cpp_client.py: started in the
 background when the tests are collected, at the lowest CPU priority (it takes
 what the tests leave idle: an engine stopped, a call waiting), and waited for
 by the module's `trainer` fixture.
@@ -28,7 +28,7 @@ BUILD_DIR = REPO / "build" / "cpp-tests"
 BUILD_FLAGS = ["-DCMAKE_BUILD_TYPE=None", "-DCMAKE_CXX_FLAGS=-Og -DNDEBUG"]
 BINARY = BUILD_DIR / "rollout_trainer"
 TOOLS = ("cmake", "make", "c++", "protoc", "grpc_cpp_plugin")
-MODULE = "tests/test_cpp_client.py"
+MODULE = "tests/clients/test_cpp_client.py"
 
 _lock = threading.Lock()
 _thread: threading.Thread | None = None

@@ -17,7 +17,7 @@ from rollout_client import pb
 PROMPT = list(range(3, 40))
 RANK = 8
 
-# LoRA on, with the other engine options tests/test_engine_options.py checks
+# LoRA on, with the other engine options tests/engine/generation/test_engine_options.py checks
 # on the same server: processed logprobs, whitespace-free JSON, a stream interval.
 SERVER_FLAGS = (
     "--enable-lora",

@@ -3,7 +3,10 @@ the servers' start-up (tests.support.server_starts) tied to collection and to
 each module's first test, every test that needs an engine marked `engine`,
 and the suite's order.
 
-Tests that need no engine run first, so a broken converter fails in seconds,
+The tree is by tier, then concern: tests/unit/ (engine-free, by package),
+tests/engine/, tests/clients/, tests/repo/ (engine-free checks of the
+repository); a test under tests/unit/ or tests/repo/ that needs an engine is
+refused at collection. Tests that need no engine run first, so a broken converter fails in seconds,
 not after the engine tests; `-m "not engine"` (`scripts/test --fast`) runs
 only those. A test needs an engine when it uses a server fixture of
 conftest.py (directly or through another fixture), or its module, or the
@@ -43,10 +46,24 @@ def pytest_configure(config):
     )
 
 
+# The folders whose tests need no engine: a test there that needs one is
+# refused at collection (it belongs under tests/engine/ or tests/clients/).
+ENGINE_FREE = ("tests/unit/", "tests/repo/")
+
+
+def misplaced(nodeid: str, needs_engine: bool) -> bool:
+    return needs_engine and nodeid.startswith(ENGINE_FREE)
+
+
 def pytest_collection_modifyitems(config, items):
     engine = pytest.mark.engine
     for item in items:
         if _needs_engine(item):
+            if misplaced(item.nodeid, True):
+                raise pytest.UsageError(
+                    f"{item.nodeid} needs an engine: tests under {' and '.join(ENGINE_FREE)} "
+                    "need none (move it under tests/engine/ or tests/clients/)"
+                )
             item.add_marker(engine)
     # Stable: within each group, the files' and tests' own order; an idle
     # test first of the engine tests; late tests, engine-free or not, after

@@ -1,6 +1,6 @@
 """An OTLP/gRPC trace collector run in the test process: what a server
 started with vLLM's --otlp-traces-endpoint exports its spans to
-(tests/test_observability.py)."""
+(tests/engine/serving/test_observability.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The code blocks of the README and docs/*.md, each with the marker that may
 say it is not run here, and each shell block as the bash script that runs it
-(tests/test_snippets.py runs them against a server).
+(tests/engine/docs/test_snippets.py runs them against a server).
 
 A block is a fenced block: a line of three backticks and a language, the code,
 a line of three backticks. The line before the opening fence may hold a marker,

@@ -1,4 +1,4 @@
-"""The tensor-parallel layouts tests/test_parallel.py serves (their servers
+"""The tensor-parallel layouts tests/engine/generation/test_parallel.py serves (their servers
 start a module ahead: tests/conftest.py)."""
 
 from __future__ import annotations

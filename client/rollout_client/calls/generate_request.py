@@ -6,7 +6,7 @@ The options are TypedDicts, so that the clients' `**options:
 Unpack[GenerateOptions]` shows every name and type to a type checker and an
 editor, and a misspelled name fails before any call: at type-check time, and
 at run time as the TypeError Python raises for an unknown keyword
-(tests/test_client_surface.py checks that every proto field has its option).
+(tests/unit/client/test_client_surface.py checks that every proto field has its option).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ while the engine loads the group before; a tensor refused after the engine
 was touched puts the base back and has the engine load it again, and one
 refused in the first group never touches the engine. The real engine's side
 (several update_weights calls in one reload, the served weights after a
-refusal) is tests/test_delta.py's."""
+refusal) is tests/engine/weights/test_delta.py's."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ import pytest
 
 from tests.support import snippets
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 DOC_TARGET = "127.0.0.1:50051"
 DOC_HTTP = "127.0.0.1:8000"  # the HTTP front's (--http-port 8000)

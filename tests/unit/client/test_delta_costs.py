@@ -1,6 +1,6 @@
 """The client's choice between a delta and a full push (delta_costs.py),
 without a server: from measured costs, not from a fixed share. The choice
-against a real server, both ways, is tests/test_delta_auto.py's."""
+against a real server, both ways, is tests/engine/weights/test_delta_auto.py's."""
 
 from __future__ import annotations
 

@@ -71,7 +71,7 @@ def test_nothing_moves_without_a_bound_process(tree):
     assert thread_cpus(root) == os.sched_getaffinity(0)
 
 
-# --- binding several CPU workers (tests/test_parallel.py starts one) --------
+# --- binding several CPU workers (tests/engine/generation/test_parallel.py starts one) --------
 
 
 @pytest.mark.parametrize(

@@ -13,14 +13,14 @@ import pytest
 
 from rollout_client import RolloutClient
 
-LOOP = Path(__file__).resolve().parents[1] / "examples" / "agent_loop.py"
+LOOP = Path(__file__).resolve().parents[3] / "examples" / "agent_loop.py"
 STEPS, GROUP, TURNS, TOKENS = 4, 4, 3, 48
 TASKS = 3  # agent_loop.TASKS
 TRAJECTORIES = TASKS * GROUP
 TOOL_SECONDS = 1.0
 
 # |trainer - service| logprob of a sampled token on its own version, as
-# tests/test_reference_loop.py bounds it for bf16: the served weights are
+# tests/engine/trainers/test_reference_loop.py bounds it for bf16: the served weights are
 # exact on both sides, but both compute in bf16 (8 significant bits) with
 # different kernels, and logits of magnitude ~5 round by ~0.02 each. The
 # longer contexts here (~450 tokens) add little: measured mean 4e-3 to 8e-3,

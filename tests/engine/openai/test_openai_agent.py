@@ -1,7 +1,7 @@
 """examples/openai_agent.py, an agent written only against the `openai` SDK
 trained with GRPO on session URLs, run as a user runs it against a server
 with the HTTP front (tokens, JSON without free whitespace: the same flags as
-tests/test_http_sessions.py's), what it prints checked against the server."""
+tests/engine/openai/test_http_sessions.py's), what it prints checked against the server."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from rollout_client import RolloutClient
 from tests.support.tokens import ADMIN
 
-AGENT = Path(__file__).resolve().parents[1] / "examples" / "openai_agent.py"
+AGENT = Path(__file__).resolve().parents[3] / "examples" / "openai_agent.py"
 STEPS, GROUP, TURNS = 2, 3, 3
 STEP_LINE = re.compile(
     r"^step (\d+): .* mismatch (\d+) of (\d+) sampled tokens \| prompt ids are the "

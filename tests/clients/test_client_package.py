@@ -45,7 +45,7 @@ from uv import find_uv_bin
 
 from harness.weights_util import random_weights, version
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OPTIONAL = ("numpy", "torch", "tqdm", "crc32c", "safetensors")
 
 # Run in the fresh venv: argv is target, a safetensors file, a version.

@@ -1,5 +1,5 @@
 """Caller JSON, adapter names and configs, and echoed input, checked alone
-(no engine): what tests/test_bad_inputs.py sends a real server, one rule at
+(no engine): what tests/engine/generation/test_bad_inputs.py sends a real server, one rule at
 a time."""
 
 from __future__ import annotations

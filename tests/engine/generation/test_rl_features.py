@@ -41,8 +41,9 @@ def gen(stub, **kw) -> pb.GenerateResponse:
 
 
 def test_logprobs_come_from_the_reported_distribution(info):
-    # vLLM's default: the raw model distribution (tests/test_engine_options.py runs a
-    # server with --logprobs-mode processed_logprobs).
+    # vLLM's default: the raw model distribution
+    # (tests/engine/generation/test_engine_options.py runs a server with
+    # --logprobs-mode processed_logprobs).
     assert info.logprobs_mode == pb.LOGPROBS_MODE_RAW_LOGPROBS
 
 
@@ -210,7 +211,7 @@ def test_structured_outputs_constrain_what_a_random_model_says(stub, seed):
     assert choice.text in {"alpha", "beta", "gamma"}
     regex = constrained(stub, seed, regex=r"[a-c]{2,4}-[0-9]{2}")
     assert re.fullmatch(r"[a-c]{2,4}-[0-9]{2}", regex.text), regex.text
-    # JSON schemas: tests/test_engine_options.py (a weak model pads JSON with
+    # JSON schemas: tests/engine/generation/test_engine_options.py (a weak model pads JSON with
     # whitespace unless the engine's structured-outputs config forbids it)
 
 

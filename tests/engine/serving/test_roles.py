@@ -28,7 +28,7 @@ from rollout_service.ops.auth import (
 )
 from tests.support.tokens import ADMIN, GENERATE, GENERATE_B
 
-API_DOC = Path(__file__).parents[1] / "docs/api.md"
+API_DOC = Path(__file__).parents[3] / "docs/api.md"
 SERVICE = pb.DESCRIPTOR.services_by_name["RolloutService"]
 TOKENS = {GENERATE: "generate", GENERATE_B: "generate", ADMIN: "admin"}
 DENIED = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED}

@@ -8,16 +8,19 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parent
+from tests.support import orchestration
+
+TESTS = Path(__file__).resolve().parents[1]
 
 
 def _banned(module: str) -> bool:
-    """tests.test_x, tests.test_x.y, tests.conftest (absolute names)."""
+    """tests.test_x, tests.unit.x.test_y.z, tests.conftest (absolute names:
+    a test module in any folder of tests/)."""
     parts = module.split(".")
     return (
         len(parts) >= 2
         and parts[0] == "tests"
-        and (parts[1] == "conftest" or parts[1].startswith("test_"))
+        and (parts[1] == "conftest" or any(p.startswith("test_") for p in parts[1:]))
     )
 
 
@@ -74,6 +77,10 @@ def test_every_kind_of_such_import_is_caught(tmp_path):
         "from tests.support.lora import CONFIG\n"  # allowed
     )
     (tmp_path / "support" / "x.py").write_text("from ..test_b import X\nfrom . import lora\n")
+    (tmp_path / "unit").mkdir()
+    (tmp_path / "unit" / "test_c.py").write_text(
+        "from tests.engine.weights.test_d import Y\nfrom ..repo import test_e\n"
+    )
     assert bad_imports(tmp_path) == [
         "tests/support/x.py:1: tests.test_b",
         "tests/test_a.py:1: tests.test_b",
@@ -82,4 +89,17 @@ def test_every_kind_of_such_import_is_caught(tmp_path):
         "tests/test_a.py:4: tests.test_b",
         "tests/test_a.py:5: tests.conftest",
         "tests/test_a.py:7: tests.conftest",
+        "tests/unit/test_c.py:1: tests.engine.weights.test_d",
+        "tests/unit/test_c.py:2: tests.repo.test_e",
     ]
+
+
+def test_the_engine_free_folders_refuse_an_engine_test():
+    """tests/unit/ and tests/repo/ hold no test that needs an engine: the
+    collection refuses one (tests/support/orchestration.py); the other
+    folders take both kinds."""
+    assert orchestration.misplaced("tests/unit/generation/x::t", True)
+    assert orchestration.misplaced("tests/repo/x::t", True)
+    assert not orchestration.misplaced("tests/unit/generation/x::t", False)
+    assert not orchestration.misplaced("tests/engine/weights/x::t", True)
+    assert not orchestration.misplaced("tests/clients/x::t", True)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-LOOP = Path(__file__).resolve().parents[1] / "examples" / "grpo_loop.py"
+LOOP = Path(__file__).resolve().parents[3] / "examples" / "grpo_loop.py"
 STEPS = 8
 
 # Bounds on |trainer - service| logprob of a sampled token, on the token's

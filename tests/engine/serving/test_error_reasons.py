@@ -1,7 +1,8 @@
 """Every status the service makes carries a documented ErrorInfo reason, and
 RolloutError exposes it: real refusals from the real server, one per reason
 that the session server can produce (auth, limits and queue reasons:
-tests/test_hardening.py; ENGINE_FAILURE and DEGRADED: tests/test_weights.py)."""
+tests/engine/serving/test_hardening.py; ENGINE_FAILURE and DEGRADED:
+tests/engine/weights/test_weights.py)."""
 
 from __future__ import annotations
 
@@ -92,7 +93,7 @@ def test_abort_and_tokenize_through_the_client(client):
 def test_the_api_docs_table_every_reason_with_its_code():
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
+    text = (Path(__file__).resolve().parents[3] / "docs" / "api.md").read_text()
     rows = {
         cells[1].strip("` "): cells[2].strip()
         for line in text.splitlines()

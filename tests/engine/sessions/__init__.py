@@ -1,0 +1,1 @@
+"""Tests against the real vLLM engine: sessions."""
