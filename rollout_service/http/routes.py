@@ -13,11 +13,15 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.http import metrics
+from rollout_service.http import batch, metrics
 from rollout_service.http.body import read_bounded
 from rollout_service.http.callers import authorize
 from rollout_service.http.chat import prepare_chat
-from rollout_service.http.completions import completion_response, prepare_completion
+from rollout_service.http.completions import (
+    completion_response,
+    one_version,
+    prepare_completion,
+)
 from rollout_service.http.errors import HttpError, error_body, error_response
 from rollout_service.http.front import Front
 from rollout_service.http.replies import VERSION_HEADER, streamed, until_disconnected
@@ -62,45 +66,74 @@ def build_api(front: Front) -> Measured:
 
     @api.post("/v1/chat/completions")
     async def chat(request: Request):
-        return await _generate(front, request, "/v1/chat/completions")
+        return await _chat(front, request)
 
     @api.post("/v1/completions")
     async def completions(request: Request):
-        return await _generate(front, request, "/v1/completions")
+        return await _complete(front, request)
 
     add_session_routes(api, front)
     return Measured(api)
 
 
-async def _generate(front: Front, request: Request, route: str):
-    chat = route == "/v1/chat/completions"
-    prompt_field = "messages" if chat else "prompt"
+async def _prepared(front: Front, request: Request, prepare):
+    """The caller, the pipeline and the request parsed by `prepare` (on the
+    tokenizing thread)."""
+    who = authorize(front.tokens, request)
+    ready = front.ready()
+    raw = await read_bounded(request)
+    call = await ready.app.tokenizing.off_loop(prepare, raw, front, ready.app)
+    return who, ready, call
+
+
+async def _chat(front: Front, request: Request):
+    route = "/v1/chat/completions"
     try:
-        who = authorize(front.tokens, request)
-        ready = front.ready()
+        who, ready, call = await _prepared(front, request, prepare_chat)
         app = ready.app
-        raw = await read_bounded(request)
-        prepare = prepare_chat if chat else prepare_completion
-        call = await app.tokenizing.off_loop(prepare, raw, front, app)
         logged_request_id.set(call.generate.request_id)
         model = call.request.model or app.info.model
         if call.request.stream:
             stream = await app.tokenizing.off_loop(_stream_request, call.generate)
             messages = ready.generations.stream(stream, who)
-            builder = (ChatStream if chat else CompletionStream)(
-                call, model, app, call.generate.request_id
-            )
+            builder = ChatStream(call, model, app, call.generate.request_id)
             return await streamed(messages, builder, app, route)
         answer = await until_disconnected(request, ready.generations.generate(call.generate, who))
-        build = chat_response if chat else completion_response
         body = await app.tokenizing.off_loop(
-            lambda: build(call, answer, model, app).model_dump_json()
+            lambda: chat_response(call, answer, model, app).model_dump_json()
         )
         return Response(
             body, media_type="application/json", headers={VERSION_HEADER: answer.weight_version}
         )
     except Exception as e:
-        return error_response(e, route, prompt_field)
+        return error_response(e, route, "messages")
+
+
+async def _complete(front: Front, request: Request):
+    """A completion: each prompt a generation of its own (batch.py)."""
+    route = "/v1/completions"
+    try:
+        who, ready, call = await _prepared(front, request, prepare_completion)
+        app, generations = ready.app, ready.generations
+        logged_request_id.set(call.request_id)
+        batch.check_room(app.fair, who, len(call.generates))
+        model = call.request.model or app.info.model
+        if call.request.stream:
+            requests = await app.tokenizing.off_loop(
+                lambda: [_stream_request(g) for g in call.generates]
+            )
+            streams = [generations.stream(r, who) for r in requests]
+            builder = CompletionStream(call, model, app, call.request_id)
+            return await streamed(batch.merged(streams, call.request.n), builder, app, route)
+        runs = [generations.generate(g, who) for g in call.generates]
+        answers = await until_disconnected(request, batch.all_or_none(runs))
+        body = await app.tokenizing.off_loop(
+            lambda: completion_response(call, answers, model, app).model_dump_json()
+        )
+        version = one_version(a.weight_version for a in answers)
+        return Response(body, media_type="application/json", headers={VERSION_HEADER: version})
+    except Exception as e:
+        return error_response(e, route, "prompt")
 
 
 def _stream_request(request: pb.GenerateRequest) -> pb.GenerateStreamRequest:

@@ -6,8 +6,10 @@ Chat: each choice opens with its role; content follows as it comes, or, for
 an "auto" tool choice with a parser, as vLLM's parser streams it
 (`parse_delta`); a forced tool call is sent whole with the choice's last
 delta (its JSON only parses once complete). With stream_options.include_usage
-a last chunk carries the usage. Every chunk carries `weight_version` (the
-delta's: a PAUSE_MODE_KEEP update may move it on mid-stream).
+a last chunk carries the usage (summed over a completion request's prompts).
+Every chunk carries `weight_version` (the delta's: a PAUSE_MODE_KEEP update
+may move it on mid-stream, and a completion request's prompts may have been
+admitted on different versions).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.http import tools
-from rollout_service.http.completions import completion_logprobs
+from rollout_service.http.completions import completion_logprobs, summed
 from rollout_service.http.responses import FINISH, chat_logprobs, token_texts, usage_info
 
 
@@ -34,26 +36,28 @@ def sse_error(body: dict) -> str:
 
 
 class _Events:
-    """What both streams share: the usage the last delta carries, and the
-    end (the usage chunk when stream_options.include_usage asks, then
-    [DONE]). A subclass makes its route's chunk (`_chunk`)."""
+    """What both streams share: the usage the last delta of each prompt
+    carries, and the end (their sum in a usage chunk when
+    stream_options.include_usage asks, then [DONE]). A subclass makes its
+    route's chunk (`_chunk`)."""
 
     call: Any
-    usage: pb.Usage | None = None
+    usages: dict[int, pb.Usage]
 
     def _chunk(self, choices, version: str, **extra):
         raise NotImplementedError
 
-    def _keep_usage(self, d: pb.GenerateStreamResponse) -> None:
+    def _keep_usage(self, d: pb.GenerateStreamResponse, prompt: int = 0) -> None:
         if d.HasField("usage"):
-            self.usage = d.usage
+            self.usages[prompt] = d.usage
 
     def end(self, version: str) -> list[str]:
         """The usage chunk (when asked for) and [DONE]."""
         options = self.call.request.stream_options
         events = []
-        if options is not None and options.include_usage and self.usage is not None:
-            events.append(sse(self._chunk([], version, usage=usage_info(self.usage))))
+        if options is not None and options.include_usage and self.usages:
+            usage = usage_info(summed(self.usages.values()))
+            events.append(sse(self._chunk([], version, usage=usage)))
         return [*events, DONE]
 
 
@@ -64,6 +68,7 @@ class ChatStream(_Events):
     def __init__(self, call, model: str, app, request_id: str) -> None:
         self.call, self.model, self.app = call, model, app
         self.id = f"chatcmpl-{request_id}"
+        self.usages = {}
         request = call.request
         self.text = token_texts(app.tokenizing, bool(request.return_tokens_as_token_ids))
         self.opened: set[int] = set()
@@ -161,15 +166,21 @@ class ChatStream(_Events):
 
 
 class CompletionStream(_Events):
-    """One completion request's chunks (vLLM's CompletionStreamResponse)."""
+    """One completion request's chunks (vLLM's CompletionStreamResponse), its
+    prompts' messages interleaved as they come, each message's index already
+    its choice's in the response (batch.merged: prompt i's completion j is
+    i * n + j)."""
 
     def __init__(self, call, model: str, app, request_id: str) -> None:
         self.call, self.model = call, model
         self.id = f"cmpl-{request_id}"
         request = call.request
+        self.n = request.n
         self.text = token_texts(app.tokenizing, bool(request.return_tokens_as_token_ids))
-        self.prompt_ids: list[int] = list(call.generate.prompt_token_ids)
+        # Each prompt's ids: as sent, or as the first message of its stream says.
+        self.prompt_ids = [list(g.prompt_token_ids) for g in call.generates]
         self.offsets: dict[int, int] = {}
+        self.usages = {}
 
     def _chunk(self, choices, version: str, **extra):
         from vllm.entrypoints.openai.completion.protocol import CompletionStreamResponse
@@ -182,8 +193,9 @@ class CompletionStream(_Events):
         from vllm.entrypoints.openai.completion.protocol import CompletionResponseStreamChoice
 
         request = self.call.request
-        if d.prompt_token_ids and not self.prompt_ids:
-            self.prompt_ids = list(d.prompt_token_ids)
+        prompt = d.index // self.n
+        if d.prompt_token_ids and not self.prompt_ids[prompt]:
+            self.prompt_ids[prompt] = list(d.prompt_token_ids)
         first = d.index not in self.offsets
         offset = self.offsets.get(d.index, 0)
         logprobs = (
@@ -192,6 +204,7 @@ class CompletionStream(_Events):
             else None
         )
         self.offsets[d.index] = offset + len(d.text)
+        ids = self.prompt_ids[prompt]
         choice = CompletionResponseStreamChoice(
             index=d.index,
             text=d.text,
@@ -199,7 +212,7 @@ class CompletionStream(_Events):
             finish_reason=FINISH.get(d.finish_reason),
             stop_reason=d.stop_reason or None,
             token_ids=list(d.token_ids) if request.return_token_ids else None,
-            prompt_token_ids=self.prompt_ids if request.return_token_ids and first else None,
+            prompt_token_ids=ids if request.return_token_ids and first else None,
         )
-        self._keep_usage(d)
+        self._keep_usage(d, prompt)
         return [sse(self._chunk([choice], d.weight_version))]

@@ -155,6 +155,192 @@ def test_completions_text_ids_async_and_streamed(served, grpc_client):
     assert by_text.usage.prompt_tokens == len(ids)
 
 
+PROMPTS = ["The old man told stories", "Rivers run to the sea and"]
+
+
+def _alone(sdk, prompt, **kw):
+    """The one choice a request of this one prompt answers."""
+    [choice] = sdk.completions.create(model="tiny-qwen2", prompt=prompt, **kw).choices
+    return choice
+
+
+def test_several_prompts_answer_as_each_alone(sdk, grpc_client):
+    """prompt=[a, b]: choice i is what a request of prompt i alone answers
+    (greedy), with its own prompt's ids; usage summed; the version on the
+    response, its header and every choice. Token-id prompts alike."""
+    kw = dict(
+        max_tokens=6, temperature=0, extra_body={"ignore_eos": True, "return_token_ids": True}
+    )
+    alone = [_alone(sdk, p, **kw) for p in PROMPTS]
+    raw = sdk.completions.with_raw_response.create(model="tiny-qwen2", prompt=PROMPTS, **kw)
+    both = raw.parse()
+    assert [c.index for c in both.choices] == [0, 1]
+    for c, want in zip(both.choices, alone):
+        assert c.text == want.text and c.finish_reason == "length"
+        assert c.model_extra["token_ids"] == want.model_extra["token_ids"]
+        assert c.model_extra["prompt_token_ids"] == want.model_extra["prompt_token_ids"]
+    prompt_ids = [a.model_extra["prompt_token_ids"] for a in alone]
+    assert prompt_ids[0] != prompt_ids[1] and alone[0].text != alone[1].text
+    assert both.usage.prompt_tokens == sum(map(len, prompt_ids))
+    assert both.usage.completion_tokens == 2 * 6
+    version = grpc_client.server_info().weight_version
+    assert both.model_extra["weight_version"] == raw.headers["rollout-weight-version"] == version
+    assert {c.model_extra["weight_version"] for c in both.choices} == {version}
+    by_ids = sdk.completions.create(model="tiny-qwen2", prompt=prompt_ids, **kw)
+    assert [c.text for c in by_ids.choices] == [a.text for a in alone]
+
+
+def test_several_prompts_with_n_streamed_and_not(sdk):
+    """With n=2 (seeded: vLLM allows n > 1 only when sampling), choice
+    i * 2 + j is prompt i's completion j, as a request of prompt i alone
+    answers it; streamed, the chunks of both prompts interleave under those
+    indices, and the usage chunk sums them."""
+    kw = dict(model="tiny-qwen2", n=2, seed=7, temperature=1.0, max_tokens=8)
+    kw["extra_body"] = {"ignore_eos": True}
+    alone = [sdk.completions.create(prompt=p, **kw) for p in PROMPTS]
+    both = sdk.completions.create(prompt=PROMPTS, **kw)
+    assert [c.index for c in both.choices] == [0, 1, 2, 3]
+    assert [c.text for c in both.choices] == [c.text for a in alone for c in a.choices]
+    assert both.usage.completion_tokens == 4 * 8
+    stream = sdk.completions.create(
+        prompt=PROMPTS, stream=True, stream_options={"include_usage": True}, **kw
+    )
+    texts: dict[int, str] = {}
+    order, chunks = [], list(stream)
+    for chunk in chunks:
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+            order.append(c.index)
+    assert texts == {c.index: c.text for c in both.choices}
+    # Interleaved as they came: prompt 1's first chunk before prompt 0's last.
+    assert order.index(2) < len(order) - 1 - order[::-1].index(0)
+    assert chunks[-1].usage.completion_tokens == 4 * 8
+    assert chunks[-1].usage.prompt_tokens == both.usage.prompt_tokens
+
+
+def _prompt_tokens(served) -> float:
+    """Prompt tokens the pipeline counted, every caller's."""
+    for line in httpx.get(served.metrics).text.splitlines():
+        if line.startswith('rollout_generate_tokens_total{kind="prompt"}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_too_many_prompts_are_refused_before_any_work(served, sdk):
+    """Over MAX_PROMPTS (128), or more than the caller may have in flight
+    (--max-requests-per-caller 2 here: a batch of k is k calls), 400 naming
+    `prompt` before anything runs: no prompt token is counted."""
+    before = _prompt_tokens(served)
+    for count, words in ((129, "at most 128 prompts"), (3, "send at most 2")):
+        with pytest.raises(openai.BadRequestError) as refused:
+            sdk.completions.create(model="tiny-qwen2", prompt=["hi"] * count, max_tokens=1)
+        assert refused.value.body["param"] == "prompt"
+        assert words in refused.value.body["message"], refused.value.body
+    assert _prompt_tokens(served) == before
+    assert (
+        len(sdk.completions.create(model="tiny-qwen2", prompt=["hi"] * 2, max_tokens=1).choices)
+        == 2
+    )
+    assert _prompt_tokens(served) > before
+
+
+BATCH_HOSTILE = [
+    # (prompt, the field the error names, words of its message)
+    ([], "prompt", "empty list"),
+    (["hi", [1, 2]], "prompt[1]", "strings only, or lists of token ids only"),
+    ([[1, 2], "hi"], "prompt[1]", "strings only, or lists of token ids only"),
+    ([[1, 2], [3, "x"]], "prompt[1][1]", "a token id"),
+    ([[1], [[2]]], "prompt[1][0]", "a token id"),
+    (["hi", ""], "prompt[1]", "is empty"),
+    ([[1], []], "prompt[1]", "is empty"),
+    ([[1], [10**6]], "prompt[1][0]", "outside the vocabulary"),
+    ([1 << 40], "prompt[0]", "a token id"),
+]
+
+
+@pytest.mark.parametrize(("prompt", "field", "words"), BATCH_HOSTILE, ids=range(len(BATCH_HOSTILE)))
+def test_a_malformed_list_of_prompts_is_400_naming_the_prompt(served, prompt, field, words):
+    answer = _post(served, {"prompt": prompt, "max_tokens": 2}, "/v1/completions")
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == field and words in error["message"], error
+    assert httpx.get(served.url + "/health").status_code == 200
+
+
+def test_one_prompt_refused_fails_the_request_and_ends_the_others(served, grpc_client):
+    """A prompt too long fails the whole request (400 naming it, as `vllm
+    serve` answers); the other prompt, which asked for 2,000 tokens, is
+    aborted: the engine goes idle at once and its caller counts none."""
+    caller = f'caller="generate:{hashlib.sha256(GENERATE_B.encode()).hexdigest()[:12]}"'
+    before = _caller_tokens(httpx.get(served.metrics).text, caller)
+    too_long = "word " * (grpc_client.server_info().max_model_len + 8)
+    body = {"prompt": ["hello there", too_long], "max_tokens": 2000, "ignore_eos": True}
+    headers = {"Authorization": f"Bearer {GENERATE_B}"}
+    answer = httpx.post(served.url + "/v1/completions", json=body, headers=headers, timeout=60)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"] == "prompt[1]"
+    deadline = time.monotonic() + 10
+    while grpc_client.server_info().engine_requests:
+        assert time.monotonic() < deadline, "the engine still runs the other prompt"
+        time.sleep(0.05)
+    assert _caller_tokens(httpx.get(served.metrics).text, caller) == before
+
+
+def test_a_client_gone_ends_every_prompt_of_its_stream(served, grpc_client):
+    """A streamed batch whose client disconnects after its first chunk: both
+    prompts' engine requests end, short of the 2,000 tokens each asked for
+    (a cancelled call counts none). While they run, the same caller's batch
+    of 2 is 429 before any work: they are 2 of its calls (the cap is 2)."""
+    caller = f'caller="generate:{hashlib.sha256(GENERATE_B.encode()).hexdigest()[:12]}"'
+    before = _caller_tokens(httpx.get(served.metrics).text, caller)
+    url, headers = served.url + "/v1/completions", {"Authorization": f"Bearer {GENERATE_B}"}
+    body = {"prompt": PROMPTS, "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    with (
+        httpx.Client(timeout=60) as client,
+        client.stream("POST", url, json=body, headers=headers) as a,
+    ):
+        assert a.status_code == 200
+        lines = a.iter_lines()
+        assert next(lines).startswith("data:")
+        over = httpx.post(url, json={"prompt": PROMPTS, "max_tokens": 1}, headers=headers)
+        assert over.status_code == 429, over.text
+        assert over.json()["error"]["code"] == "CALLER_QUEUE_FULL"
+        assert "sent 2 prompts" in over.json()["error"]["message"]
+    deadline = time.monotonic() + 10
+    while grpc_client.server_info().engine_requests:
+        assert time.monotonic() < deadline, "the engine still runs the abandoned prompts"
+        time.sleep(0.05)
+    assert _caller_tokens(httpx.get(served.metrics).text, caller) == before
+
+
+def test_grpc_abort_ends_every_prompt_of_a_request(served, grpc_client):
+    """The prompts of a request share its request_id: one Abort over gRPC
+    ends them all, each with its tokens so far."""
+    result = {}
+
+    def run():
+        with served.sdk() as client:
+            result["batch"] = client.completions.create(
+                model="tiny-qwen2",
+                prompt=PROMPTS,
+                max_tokens=1500,
+                extra_body={"ignore_eos": True, "request_id": "http-batch-abort"},
+            )
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while grpc_client.server_info().engine_requests < 2:  # both prompts registered and running
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert grpc_client.abort(["http-batch-abort"]).request_ids == ["http-batch-abort"]
+    thread.join(60)
+    choices = result["batch"].choices
+    assert [c.index for c in choices] == [0, 1]
+    assert all(c.finish_reason == "abort" for c in choices), choices
+    assert result["batch"].usage.completion_tokens < 3000
+
+
 def test_n_seed_stop_and_max_completion_tokens(sdk):
     def chat(**kw):
         return sdk.chat.completions.create(model="tiny-qwen2", messages=MESSAGES, **kw)

@@ -1,0 +1,1 @@
+"""Engine-free tests: http."""
