@@ -121,8 +121,10 @@ class BaseWeights:
         self.names.served(version, named)
 
     def plan(self, begin: pb.UpdateWeightsBegin) -> UpdatePlan:
-        """Validates `begin` against the served model; a full update's
-        slots count as no longer holding the served bytes from here."""
+        """Validates `begin` against the served model. A full update's
+        slots count as no longer holding the served bytes once its first
+        byte is written into them (upload.py), not from here: one aborted
+        before that leaves the delta base offered."""
         offered, why = self.base.offered(self.served.version, self.served.degraded)
         last = self._last
         plan = plan_update(
@@ -140,13 +142,12 @@ class BaseWeights:
                 incoming=self.base.incoming,
                 delta_base=offered,
                 no_base_why=why,
+                base=self.base,
             ),
             self.max_update_bytes,
         )
         if begin.weight_version != self.served.version:
             self.names.check_begin(begin, full=self._full(begin))
-        if plan.writes_slots:
-            self.base.writing(plan.names)
         return plan
 
     async def apply(self, update: ReceivedUpdate, arrival: Arrival) -> pb.UpdateWeightsResponse:

@@ -29,7 +29,10 @@ each tensor); while it loads, on the server's own cores only.
 The base is offered (GetServerInfo.delta_base_version) only while every slot
 holds the served version's bytes. A full update that writes slots and then
 does not apply (refused, aborted, failed) leaves those slots stale until an
-update that sends those tensors succeeds.
+update that sends those tensors succeeds: a slot from the first byte written
+into it (upload.py), so that an update aborted before any byte came in
+costs the base nothing; a same-host update's slots from its begin, since
+its client writes into the region unseen.
 """
 
 from __future__ import annotations
@@ -147,7 +150,7 @@ class DeltaBase:
         log.info("delta base: %s from the checkpoint (%d bytes)", version, self.nbytes)
 
     def writing(self, names: set[str]) -> None:
-        """A full update is about to write these slots."""
+        """A full update writes into these slots now (its first bytes)."""
         self.stale |= names
 
     def installed(self, version: str, names: set[str]) -> None:

@@ -25,6 +25,7 @@ from rollout.v1 import rollout_pb2 as pb
 from rollout_codecs import delta, dtypes
 from rollout_service.handoff.region import ALIGN, StagingRegion, StagingSpaceError
 from rollout_service.status.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from rollout_service.update.delta_base import DeltaBase
 
 # The longest weight_version accepted.
 MAX_VERSION_CHARS = 256
@@ -43,6 +44,9 @@ class Placement:
     # GetServerInfo.delta_base_version now, and why it is empty when it is.
     delta_base: str = ""
     no_base_why: str = "this server keeps no delta base"
+    # What `slots` hold: a slot an update writes into no longer holds the
+    # served bytes from its first byte on (upload.py, delta_base.writing).
+    base: DeltaBase | None = None
 
 
 @dataclass(frozen=True)
@@ -114,7 +118,8 @@ class UpdatePlan:
 
     @property
     def writes_slots(self) -> bool:
-        """Its bytes overwrite slots of the served model (delta_base.writing)."""
+        """Its bytes overwrite slots of the served model (upload.py marks
+        each stale as its first byte comes: delta_base.writing)."""
         return not self.packed
 
     def reserve(self) -> memoryview:

@@ -117,7 +117,8 @@ class WeightTransfers:
             raise
         finally:
             self._opening = False
-        transfer = self._current = WeightTransfer(Upload(plan, buf), same_host, started)
+        upload = Upload(plan, buf, same_host=same_host)
+        transfer = self._current = WeightTransfer(upload, same_host, started)
         # Referenced from the transfer: the loop keeps only weak references.
         transfer.expiry = asyncio.ensure_future(self._expire_when_idle(transfer))
         return transfer

@@ -41,7 +41,7 @@ class Applier(Protocol):
         """Until the region its updates are written into is free."""
 
     def plan(self, begin: pb.UpdateWeightsBegin) -> UpdatePlan:
-        """Validates begin (pure but for the delta base's bookkeeping)."""
+        """Validates begin and lays it out (pure)."""
         ...
 
     async def apply(self, update: ReceivedUpdate, arrival: Arrival) -> pb.UpdateWeightsResponse:

@@ -74,13 +74,21 @@ class Coverage:
 class Upload:
     """Writes the chunks of one planned update into `buf` (plan.reserve())."""
 
-    def __init__(self, plan: UpdatePlan, buf: memoryview) -> None:
+    def __init__(self, plan: UpdatePlan, buf: memoryview, same_host: bool = False) -> None:
         self.plan = plan
         self._buf = buf
         self._tensors: tuple[PlannedTensor, ...] = plan.tensors
         self._coverage = [Coverage() for _ in plan.tensors]
         self._committed = False
         self.bytes_received = 0
+        # The delta base, when this update writes into its slots: a slot is
+        # stale from the first byte written into it, so that an update
+        # aborted before any costs the base nothing. A same-host client
+        # writes into the region itself, unseen: every slot is stale from
+        # the moment the region is handed to it.
+        self._base = plan.placement.base if plan.writes_slots else None
+        if self._base is not None and same_host:
+            self._base.writing(plan.names)
 
     @property
     def total_bytes(self) -> int:
@@ -134,7 +142,9 @@ class Upload:
                 f"{t.spec.name}: bytes [{start}, {end}) run past "
                 f"the tensor's end ({t.wire_nbytes} bytes)",
             )
-        refused = self._coverage[tensor_index].add(start, end)
+        coverage = self._coverage[tensor_index]
+        first = coverage.received == 0
+        refused = coverage.add(start, end)
         if refused == "overlap":
             raise InvalidArgument(
                 f"{where}.offset",
@@ -146,6 +156,8 @@ class Upload:
                 f"{t.spec.name}: its bytes so far form {MAX_RANGES} separate ranges, the most "
                 "one tensor may; send each tensor's chunks in order",
             )
+        if first and self._base is not None:
+            self._base.writing({t.spec.name})
         self._buf[t.offset + start : t.offset + end] = data
         self.bytes_received += size
 

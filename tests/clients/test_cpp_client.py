@@ -95,9 +95,10 @@ def admin(secure):
 @pytest.fixture
 def base_offered(admin):
     """The secure server offering a delta base, as a fresh one does: an
-    earlier module's update that did not apply (or a staged update opened and
-    aborted, as the suite's check between modules does) leaves slots stale
-    until a full update sends them, so one is pushed first when needed."""
+    earlier module's update that wrote bytes and did not apply leaves slots
+    stale until a full update sends them (the suite's check between modules,
+    a staged update opened and aborted before any byte, leaves them as they
+    were), so one is pushed first when needed."""
     if not admin.server_info().delta_base_version:
         admin.update_weights(served_checkpoint(admin), f"cpp-base-{uuid.uuid4().hex[:12]}")
     assert admin.server_info().delta_base_version

@@ -9,8 +9,9 @@ import pytest
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.status.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from rollout_service.update import upload as upload_module
+from rollout_service.update.delta_base import DeltaBase, slot_layout
 from rollout_service.update.plan import Placement, Target
-from rollout_service.update.upload import Coverage
+from rollout_service.update.upload import Coverage, Upload
 from tests.support.regions import FakeRegion
 from tests.support.update_stream import UpdateStream
 
@@ -202,3 +203,43 @@ def test_the_served_version_is_accepted_only_as_a_retry_of_its_update():
         assembler(current="v1").feed(begin(MANIFEST["a"], version="v1"))
     asm = UpdateStream(Target(MANIFEST, "v1", replayable_version="v1"))
     asm.feed(begin(MANIFEST["a"], version="v1"))  # compared by content later (base_weights.py)
+
+
+def _slotted() -> tuple[DeltaBase, UpdateStream]:
+    """A delta base holding "v0" in every slot, and an update stream whose
+    full updates write into those slots (base_weights.plan's placement)."""
+    staging, incoming = FakeRegion(), FakeRegion()
+    staging.ensure(slot_layout(MANIFEST)[1])
+    base = DeltaBase(MANIFEST, staging, incoming)
+    base.installed("v0", set(MANIFEST))
+    placement = Placement(staging, base.offsets, incoming, delta_base="v0", base=base)
+    return base, UpdateStream(Target(MANIFEST, "v0"), placement)
+
+
+def test_a_slot_is_stale_from_its_first_byte_not_from_begin():
+    base, asm = _slotted()
+    plan = asm.begin(begin(MANIFEST["a"], MANIFEST["b"]).begin)
+    assert plan.writes_slots and base.offered("v0", False) == ("v0", "")
+    with pytest.raises(InvalidArgument):
+        asm.add_chunk(1, 4, b"xyz")  # past b's end: refused, nothing written
+    assert base.offered("v0", False) == ("v0", "")
+    asm.add_chunk(1, 0, b"x")
+    assert base.stale == {"b"} and base.offered("v0", False)[0] == ""
+    asm.add_chunk(1, 1, b"y")
+    assert base.stale == {"b"}
+
+
+def test_a_same_host_update_makes_its_slots_stale_from_begin():
+    base, asm = _slotted()
+    plan = asm.begin(begin(MANIFEST["a"]).begin)
+    assert not base.stale
+    Upload(plan, plan.reserve(), same_host=True)  # the client writes unseen
+    assert base.stale == {"a"}
+
+
+def test_a_delta_writes_no_slot_before_its_decode():
+    base, asm = _slotted()
+    a = pb.TensorSpec(name="a", dtype=pb.D_TYPE_BFLOAT16, shape=[4, 8], crc32c=0)
+    plan = asm.begin(pb.UpdateWeightsBegin(weight_version="v1", base_version="v0", tensors=[a]))
+    asm.add_chunk(0, 0, b"x")  # into the incoming region
+    assert not plan.writes_slots and not base.stale
