@@ -157,8 +157,6 @@ class Adapters:
             raise InvalidArgument(
                 "begin.pause_mode", "PAUSE_MODE_KEEP applies to base updates only"
             )
-        if t.action not in pb.AdapterAction.values():
-            raise InvalidArgument("begin.adapter.action", f"unknown value {t.action}")
         current = self._loaded.get(t.name)
         version = current.version if current is not None else ""
         if t.action == pb.ADAPTER_ACTION_REMOVE:

@@ -5,6 +5,9 @@ write (its Target: the served model's manifest, or one adapter's) and lays
 its tensors out in the staging region (its Placement), before a byte is
 received or the engine is touched: names, dtypes and shapes, encodings and
 their sizes, fused groups, the delta base, the size limit, the pause mode.
+The contract's static rules (the version's length, known enum values, a
+positive drain timeout: status/static_rules.py) are held where begin enters
+(transfers.WeightTransfers.begin), before this.
 Pure: a plan is computed, never stored anywhere but in the values that
 follow it (upload.py, received.py), and tested without an engine.
 
@@ -26,9 +29,6 @@ from rollout_codecs import delta, dtypes
 from rollout_service.handoff.region import ALIGN, StagingRegion, StagingSpaceError
 from rollout_service.status.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from rollout_service.update.delta_base import DeltaBase
-
-# The longest weight_version accepted.
-MAX_VERSION_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -188,28 +188,13 @@ def plan_update(
 
 
 def _check_begin(begin: pb.UpdateWeightsBegin, target: Target) -> None:
-    if not begin.weight_version:
-        raise InvalidArgument("begin.weight_version", "must not be empty")
-    if len(begin.weight_version) > MAX_VERSION_CHARS:
-        # Every version is remembered for the server's lifetime
-        # (version_names.py) and tags every token's spans.
-        raise InvalidArgument(
-            "begin.weight_version",
-            f"{len(begin.weight_version)} characters, at most {MAX_VERSION_CHARS}",
-        )
     if begin.weight_version == target.current_version != target.replayable_version:
         raise FailedPrecondition(
             f"begin.weight_version: {begin.weight_version!r} is already the served version",
             reason=pb.ERROR_REASON_VERSION_ALREADY_SERVED,
         )
-    if begin.HasField("drain_timeout_seconds") and not begin.drain_timeout_seconds > 0:
-        raise InvalidArgument(
-            "begin.drain_timeout_seconds", f"must be > 0, got {begin.drain_timeout_seconds}"
-        )
     if not begin.tensors and not target.allow_empty:
         raise InvalidArgument("begin.tensors", "must name at least one tensor")
-    if begin.pause_mode not in pb.PauseMode.values():
-        raise InvalidArgument("begin.pause_mode", f"unknown value {begin.pause_mode}")
     if begin.pause_mode == pb.PAUSE_MODE_KEEP and target.keep_refusal:
         raise InvalidArgument("begin.pause_mode", target.keep_refusal)
 
@@ -261,8 +246,6 @@ def _check_spec(
 def _wire_bytes(where: str, spec: pb.TensorSpec, nbytes: int, is_delta: bool) -> int:
     """How many bytes of the tensor travel; refuses a bad encoding."""
     enc = spec.encoding
-    if enc not in pb.TensorEncoding.values():
-        raise InvalidArgument(f"{where}.encoding", f"{spec.name}: unknown value {enc}")
     if is_delta and not spec.HasField("crc32c"):
         raise InvalidArgument(
             f"{where}.crc32c",

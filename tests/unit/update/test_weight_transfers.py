@@ -1,5 +1,5 @@
-"""The open-update bookkeeping alone (no engine): idle expiry, one at a
-time, a stalled UpdateWeights stream."""
+"""The open-update bookkeeping alone (no engine): the contract's rules where
+begin enters, idle expiry, one at a time, a stalled UpdateWeights stream."""
 
 from __future__ import annotations
 
@@ -9,7 +9,12 @@ import threading
 import pytest
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.status.errors import Aborted, DeadlineExceeded, FailedPrecondition
+from rollout_service.status.errors import (
+    Aborted,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+)
 from rollout_service.update.plan import Placement, Target, plan_update
 from rollout_service.update.transfers import WeightTransfers
 
@@ -27,8 +32,10 @@ class _Staging:
 class _Updater:
     def __init__(self, staging=None) -> None:
         self.staging = staging or _Staging()
+        self.planned = 0
 
     async def plan(self, begin):
+        self.planned += 1
         return plan_update(begin, Target({"a": SPEC}, "v0"), Placement(self.staging), 1 << 20)
 
 
@@ -96,5 +103,40 @@ def test_a_stalled_stream_is_cut_after_the_idle_timeout():
         with pytest.raises(DeadlineExceeded, match="no message"):
             await sessions.update_stream(stalled())
         await sessions.begin(BEGIN)  # nothing left open
+
+    asyncio.run(main())
+
+
+def _begin(**kw) -> pb.UpdateWeightsBegin:
+    return pb.UpdateWeightsBegin(**{"weight_version": "v1", "tensors": [SPEC], **kw})
+
+
+@pytest.mark.parametrize(
+    ("begin", "field"),
+    [
+        (_begin(weight_version=""), "begin.weight_version"),
+        (_begin(weight_version="v" * 257), "begin.weight_version"),
+        (_begin(drain_timeout_seconds=0), "begin.drain_timeout_seconds"),
+        (_begin(drain_timeout_seconds=float("nan")), "begin.drain_timeout_seconds"),
+        (_begin(pause_mode=77), "begin.pause_mode"),
+        (
+            _begin(tensors=[pb.TensorSpec(name="a", dtype=SPEC.dtype, shape=[4], encoding=99)]),
+            "begin.tensors[0].encoding",
+        ),
+        (_begin(adapter=pb.AdapterTarget(name="x", action=99)), "begin.adapter.action"),
+    ],
+)
+def test_a_begin_outside_the_contracts_rules_is_refused_before_it_is_planned(begin, field):
+    """The rules the proto states (static_rules) hold for every update,
+    staged or streamed: WeightTransfers.begin is where each begins."""
+
+    async def main():
+        updater = _Updater()
+        sessions = WeightTransfers(updater)
+        with pytest.raises(InvalidArgument) as e:
+            await sessions.begin(begin)
+        assert e.value.field == field and updater.planned == 0
+        s = await sessions.begin(BEGIN)  # nothing held
+        sessions.abort(s)
 
     asyncio.run(main())
