@@ -6,7 +6,8 @@ their own; shell blocks run with bash from the repository root, a file's
 variables carried from one of its shell blocks to the next. The documents'
 addresses, 127.0.0.1:50051 (gRPC) and 127.0.0.1:8000 (HTTP), are replaced by the
 server's, and each run says so.
-The server is this module's own: the snippets push weights.
+The server is the shared one (conftest's `server`): the weights the snippets push
+are put back after the module, as after every module.
 
 Blocks marked on the line before their fence (tests/support/snippets.py says
 how) are not run: `skip` (a GPU, Kubernetes, a fragment of a program of your
@@ -51,13 +52,13 @@ def test_every_block_runs_or_is_marked():
 
 @pytest.mark.timeout(900)  # the TRL example and the reference loop train for real
 @pytest.mark.parametrize("doc", RUN_DOCS, ids=_name)
-def test_snippets_run(doc, own_server, tmp_path):
-    target = own_server.target
+def test_snippets_run(doc, server, tmp_path):
+    target = server.target
     state = tmp_path / "shell-variables.sh"
     for block in snippets.blocks(doc):
         if not block.kind:
             continue
-        code = block.code.replace(DOC_TARGET, target).replace(DOC_HTTP, own_server.http_target)
+        code = block.code.replace(DOC_TARGET, target).replace(DOC_HTTP, server.http_target)
         t0 = time.monotonic()
         if block.kind == "python":
             script = tmp_path / f"block_{block.line}.py"
