@@ -53,10 +53,10 @@ def fault_file():
     return FAULT_FILE
 
 
-def _with_http(env: dict[str, str] | None = None) -> ServerProcess:
-    """A server on the default flags with the HTTP front on (its `http_target`)."""
+def _with_http(*args: str, env: dict[str, str] | None = None) -> ServerProcess:
+    """A server on the default flags and `args`, with the HTTP front on (its `http_target`)."""
     http_port = free_port()
-    proc = ServerProcess("--http-port", str(http_port), env=env)
+    proc = ServerProcess(*args, "--http-port", str(http_port), env=env)
     proc.http_target = f"127.0.0.1:{http_port}"  # type: ignore[attr-defined]
     return proc
 
@@ -194,7 +194,7 @@ _OWN_SERVERS = {
     # Fresh for its first update; its metrics read by tests/engine/weights/test_keep_switch.py.
     "keep_server": lambda: ServerProcess("--metrics-port", str(keep_mode.METRICS_PORT)),
     "draining_server": lambda: ServerProcess("--grace-seconds", "30"),
-    "llava_server": lambda: ServerProcess("--model", "tiny-llava"),
+    "llava_server": lambda: _with_http("--model", "tiny-llava"),
     "tp2_servers": start_tp2_servers,
     "sessions_server": lambda: ServerProcess(*sessions.server_args(_TMP / "sessions")),
     # The HTTP front with tokens and metrics (tests/support/http_front.py),

@@ -2,18 +2,22 @@
 ChatCompletionRequest, the chat rendered to prompt token ids with vLLM's own
 renderer (the model's chat template, or --chat-template; OpenAI messages with
 tool calls and tool results, and `tools`, as `vllm serve` renders them),
-the settings mapped to a rollout.v1 GenerateRequest. All of it runs on the
+the settings mapped to a rollout.v1 GenerateRequest. Images (data: URLs in
+image_url parts, images.py) go on as the rendered text and gRPC Images, the
+GenerateRequest a gRPC chat with images becomes: the pipeline decodes them
+and the engine's processor expands each placeholder. All of it runs on the
 tokenizing thread (`prepare_chat` is handed to `off_loop`): it grows with
-the request. A session route can render its turns with `render_chat`.
+the request.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.http import sampling, tools
+from rollout_service.http import images, sampling, tools
 from rollout_service.http.body import check_lists, parse_json, validated
 from rollout_service.status.errors import InvalidArgument
 
@@ -44,6 +48,13 @@ class ChatCall:
     prompt_ids: list[int]
     parser_cls: Any
 
+    def ran_on(self, engine_ids: Sequence[int]) -> None:
+        """A prompt with images: its ids as the engine ran it (its processor
+        expanded each placeholder), once the pipeline answers them; the
+        response's prompt_token_ids and prompt_logprobs follow those."""
+        if self.generate.images and engine_ids:
+            self.prompt_ids = list(engine_ids)
+
 
 def prepare_chat(raw: bytes, front, app) -> ChatCall:
     """The body as a ChatCall, or InvalidArgument naming what is wrong."""
@@ -54,15 +65,32 @@ def prepare_chat(raw: bytes, front, app) -> ChatCall:
     request: Any = validated(ChatCompletionRequest, data)
     sampling.refuse_unsupported(request, CHAT_FIELDS)
     parser_cls, params = chat_settings(request, front, app)
-    ids = render_chat(request, app)
+    pictures = images.take_images(
+        request.messages, app.info.limits.supports_images, images_per_prompt(app)
+    )
+    prompt = render_chat(request, app)
     generate = pb.GenerateRequest(
         request_id=request.request_id,
-        prompt_token_ids=ids,
         sampling_params=params,
         lora_adapter=adapter_of(request.model, front, app),
         required_weight_version=required_version(data),
     )
+    if pictures:
+        # As a gRPC chat with images reaches the engine: the rendered text and
+        # the images; the prompt's ids are the engine's (ChatCall.ran_on).
+        generate.prompt_text = prompt["prompt"]
+        generate.images.extend(pictures)
+        return ChatCall(request, generate, [], parser_cls)
+    ids = prompt_ids(prompt, request, app)
+    generate.prompt_token_ids.extend(ids)
     return ChatCall(request, generate, ids, parser_cls)
+
+
+def images_per_prompt(app) -> int:
+    """The engine's limit of images a prompt (vLLM's --limit-mm-per-prompt;
+    0 for a text-only model)."""
+    mm = app.engine.model_config.multimodal_config
+    return mm.get_limit_per_prompt("image") if mm is not None else 0
 
 
 def chat_settings(request, front, app) -> tuple[Any, pb.SamplingParams]:
@@ -86,11 +114,12 @@ def chat_settings(request, front, app) -> tuple[Any, pb.SamplingParams]:
     return parser_cls, sampling.sampling_params(request, max_tokens, top, structured)
 
 
-def render_chat(request, app) -> list[int]:
-    """The request's messages (and tools) rendered with the chat template and
-    tokenized, by vLLM's renderer for the served model."""
-    engine = app.engine
-    renderer = engine.renderer
+def render_chat(request, app) -> dict[str, Any]:
+    """The request's messages (and tools) rendered with the chat template by
+    vLLM's renderer for the served model, as its prompt: the text, and each
+    image's placeholder where its part was (images.take_images emptied
+    them: the renderer decodes and fetches nothing)."""
+    renderer = app.engine.renderer
     tool_dicts = [t.model_dump() for t in request.tools] if request.tools else None
     chat_params = request.build_chat_params(app.tokenizing.chat_template, "auto").with_defaults(
         {"tools": tool_dicts, "tokenize": False}
@@ -104,11 +133,15 @@ def render_chat(request, app) -> list[int]:
         if type(e).__module__.startswith("jinja2"):
             raise InvalidArgument("messages", f"the chat template failed: {e}") from e
         raise
-    if prompt.get("multi_modal_data"):
-        raise InvalidArgument("messages", "images are served over gRPC only (docs/openai.md)")
+    return prompt
+
+
+def prompt_ids(prompt: dict[str, Any], request, app) -> list[int]:
+    """A rendered prompt's token ids (tokenized by vLLM's renderer)."""
     if "prompt_token_ids" in prompt:
         return list(prompt["prompt_token_ids"])
-    tokens = renderer.tokenize_prompt(prompt, request.build_tok_params(engine.model_config))
+    tok_params = request.build_tok_params(app.engine.model_config)
+    tokens = app.engine.renderer.tokenize_prompt(prompt, tok_params)
     return list(tokens["prompt_token_ids"])
 
 

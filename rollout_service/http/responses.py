@@ -137,6 +137,7 @@ def chat_response(call, response: pb.GenerateResponse, model: str, app):
     )
 
     request = call.request
+    call.ran_on(response.prompt_token_ids)
     text = token_texts(app.tokenizing, bool(request.return_tokens_as_token_ids))
     choices = []
     for c in response.completions:

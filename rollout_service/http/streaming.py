@@ -130,6 +130,7 @@ class ChatStream(_Events):
         )
 
         request = self.call.request
+        self.call.ran_on(d.prompt_token_ids)  # the first delta's, with images
         events = []
         if d.index not in self.opened:
             self.opened.add(d.index)

@@ -1,10 +1,20 @@
-"""Images on the embedded tiny LLaVA, and staleness after a vision-only update."""
+"""Images on the embedded tiny LLaVA, over gRPC and in OpenAI chat messages
+over the HTTP front (data: URLs, the same tokens as gRPC; no URL fetched,
+hostile images refused naming the part), and staleness after a vision-only
+update."""
 
 from __future__ import annotations
 
+import base64
+import http.server
 import io
+import struct
+import threading
+import zlib
 
 import grpc
+import httpx
+import openai
 import pytest
 from PIL import Image
 
@@ -131,3 +141,190 @@ def test_keep_mode_is_refused_on_a_multimodal_model(llava):
     assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert "begin.pause_mode" in e.value.details and "multimodal" in e.value.details
     assert greedy(client, png(3))[0] == before
+
+
+def data_url(image: bytes, media: str = "image/png") -> str:
+    return f"data:{media};base64,{base64.b64encode(image).decode()}"
+
+
+def image_part(url: str) -> dict:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def bomb() -> bytes:
+    """A PNG of 8192 x 8192 zero pixels (64M) in about 65 KB."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = struct.pack(">I", zlib.crc32(kind + data))
+        return struct.pack(">I", len(data)) + kind + data + crc
+
+    rows = zlib.compress(b"\x00" * (8193 * 8192))
+    ihdr = struct.pack(">IIBBBBB", 8192, 8192, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", rows) + chunk(b"IEND", b"")
+
+
+@pytest.fixture(scope="module")
+def agent(llava_server):
+    """The official SDK on the llava server's HTTP front, and its model's name."""
+    with openai.OpenAI(
+        base_url=f"http://{llava_server.http_target}/v1",
+        api_key="unused-without-auth",
+        max_retries=0,
+        timeout=120,
+    ) as sdk:
+        yield sdk, sdk.models.list().data[0].id
+
+
+def test_http_chat_images_are_grpc_chat_images(llava, agent):
+    """Data: URLs in OpenAI image_url parts reach the engine as the same
+    images in gRPC chat messages do: greedy, the same token ids and logprobs,
+    the same prompt ids (each placeholder expanded by the processor), for a
+    PNG, a JPEG and two images in one message, streamed or not; prompt
+    logprobs over the expanded prompt too."""
+    from rollout_client import pb
+
+    _, client = llava
+    sdk, model = agent
+    cases = [
+        [(png(7), "image/png"), " What is it?"],
+        [(jpeg_red(), "image/jpeg"), " And this?"],
+        ["Two: ", (png(1), "image/png"), " and ", (jpeg_red(), "image/jpeg")],
+    ]
+    for parts in cases:
+        openai_parts = [
+            image_part(data_url(*p)) if isinstance(p, tuple) else {"type": "text", "text": p}
+            for p in parts
+        ]
+        grpc_parts = [
+            pb.ContentPart(image=pb.Image(data=p[0]))
+            if isinstance(p, tuple)
+            else pb.ContentPart(text=p)
+            for p in parts
+        ]
+        want = client.stub.Generate(
+            pb.GenerateRequest(
+                messages=[pb.ChatMessage(role="user", content=grpc_parts)],
+                sampling_params=pb.SamplingParams(max_tokens=12, temperature=0, prompt_logprobs=1),
+            ),
+            timeout=120,
+        )
+        [w] = want.completions
+        messages = [{"role": "user", "content": openai_parts}]
+        extra = {"return_token_ids": True, "prompt_logprobs": 1}
+        chat = sdk.chat.completions.create(
+            model=model, messages=messages, max_tokens=12, temperature=0, logprobs=True,
+            extra_body=extra,
+        )  # fmt: skip
+        [choice] = chat.choices
+        assert choice.model_extra["token_ids"] == list(w.token_ids)
+        got = [t.logprob for t in choice.logprobs.content]
+        assert got == pytest.approx(list(w.logprobs), abs=1e-5)
+        prompt_ids = chat.model_extra["prompt_token_ids"]
+        assert prompt_ids == list(want.prompt_token_ids)
+        assert client.server_info().tokenizer.image_token_id in prompt_ids
+        assert chat.usage.prompt_tokens == len(prompt_ids)
+        first, *rest = chat.model_extra["prompt_logprobs"]
+        assert first is None
+        got = [entry[str(i)]["logprob"] for entry, i in zip(rest, prompt_ids[1:], strict=True)]
+        assert got == pytest.approx(list(want.prompt_logprobs), abs=1e-5)
+
+        chunks = list(
+            sdk.chat.completions.create(
+                model=model, messages=messages, max_tokens=12, temperature=0, stream=True,
+                extra_body={"return_token_ids": True},
+            )
+        )  # fmt: skip
+        assert chunks[0].model_extra["prompt_token_ids"] == prompt_ids
+        streamed = [
+            t for c in chunks for ch in c.choices for t in ch.model_extra.get("token_ids") or []
+        ]
+        assert streamed == list(w.token_ids)
+
+
+class _Listener(http.server.BaseHTTPRequestHandler):
+    hits: list[str] = []
+
+    def do_GET(self):
+        _Listener.hits.append(self.path)
+        self.send_response(200)
+        self.send_header("Content-Type", "image/png")
+        self.end_headers()
+        self.wfile.write(png(1))
+
+    def log_message(self, *args):
+        pass
+
+
+def test_http_image_refusals_name_the_part(llava, agent, server):
+    """No URL is fetched (a listener the request names sees no request), and
+    every image past a limit is refused 400 naming its part, before any work:
+    remote and file URLs, a malformed data: URL, bytes that are no image, a
+    payload over the bytes an image may hold, a decompression bomb, more
+    images than the engine takes a prompt. A text-only model refuses the
+    part; a session's URL refuses it (sessions take text only, as gRPC's
+    do). The server serves images after all of it."""
+    llava_proc, _ = llava
+    sdk, model = agent
+    listener = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Listener)
+    threading.Thread(target=listener.serve_forever, daemon=True).start()
+    remote = f"http://127.0.0.1:{listener.server_address[1]}/cat.png"
+    field = "messages[1].content[0].image_url"
+    refused = [
+        (remote, "fetches no URL"),
+        ("https://example.com/cat.png", "fetches no URL"),
+        ("file:///etc/passwd", "fetches no URL"),
+        ("data:image/png,not-base64", "not a data: URL in base64"),
+        (data_url(b"%PDF-1.4 not an image"), "not a PNG or JPEG image"),
+        ("data:image/png;base64," + "A" * (12 << 20), "bytes, the most an image may"),
+        (data_url(bomb()), "pixels in all"),
+    ]
+
+    def ask(parts, to=sdk, name=model):
+        return to.chat.completions.create(
+            model=name,
+            messages=[
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": parts},
+            ],
+            max_tokens=4,
+        )
+
+    try:
+        for url, words in refused:
+            with pytest.raises(openai.BadRequestError) as e:
+                ask([image_part(url), {"type": "text", "text": " What is it?"}])
+            assert e.value.status_code == 400 and e.value.body["param"] == field, e.value.body
+            assert words in e.value.body["message"], e.value.body
+        assert _Listener.hits == []
+    finally:
+        listener.shutdown()
+        listener.server_close()
+
+    # vLLM's default limit a prompt (the engine's: a gRPC request of more is refused too).
+    many = [image_part("data:,") for _ in range(1000)]
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(many)
+    assert e.value.body["param"] == "messages[1].content[999].image_url", e.value.body
+    assert "at most 999 images" in e.value.body["message"]
+
+    with openai.OpenAI(
+        base_url=f"http://{server.http_target}/v1", api_key="x", max_retries=0, timeout=120
+    ) as text_only:
+        with pytest.raises(openai.BadRequestError) as e:
+            ask([image_part(data_url(png(1)))], text_only, "tiny-qwen2")
+    assert e.value.body["param"] == "messages[1].content[0]", e.value.body
+    assert "text-only" in e.value.body["message"]
+
+    opened = httpx.post(
+        f"http://{llava_proc.http_target}/sessions",
+        json={"messages": [{"role": "system", "content": "Be brief."}]},
+        timeout=120,
+    ).json()
+    with openai.OpenAI(base_url=opened["base_url"], api_key="x", max_retries=0) as session:
+        with pytest.raises(openai.BadRequestError) as e:
+            ask([image_part(data_url(png(1)))], session)
+    assert e.value.body["param"] == "messages[1].content[0]", e.value.body
+    assert "text parts only" in e.value.body["message"]
+
+    fine = ask([image_part(data_url(png(1))), {"type": "text", "text": " What is it?"}])
+    assert fine.choices[0].finish_reason in ("stop", "length")
