@@ -12,7 +12,6 @@ touches the engine: it is tested without one.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ from vllm.sampling_params import RequestOutputKind
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.engine.limits import ModelLimits
+from rollout_service.generation.images import decoded_images
 from rollout_service.generation.structured import structured_outputs_from_proto
 from rollout_service.status.errors import InvalidArgument, ResourceExhausted
 
@@ -171,22 +171,6 @@ def sampling_params_from_proto(
     )
 
 
-def _decode_images(images: Sequence[pb.Image]) -> list[Any]:
-    from PIL import Image, UnidentifiedImageError
-
-    decoded = []
-    for i, image in enumerate(images):
-        try:
-            img = Image.open(io.BytesIO(image.data))
-            img.load()
-        except (UnidentifiedImageError, OSError, ValueError) as e:
-            raise InvalidArgument(f"images[{i}].data", f"is not a PNG or JPEG image ({e})") from e
-        if img.format not in ("PNG", "JPEG"):
-            raise InvalidArgument(f"images[{i}].data", f"is {img.format}, expected PNG or JPEG")
-        decoded.append(img.convert("RGB"))
-    return decoded
-
-
 def prompt_field(request) -> str:
     """Which one of a request's prompt_token_ids, prompt_text and messages
     is set (Generate and OpenSession alike); INVALID_ARGUMENT unless one is."""
@@ -231,7 +215,7 @@ def prompt_from_request(request: pb.GenerateRequest, limits: ModelLimits, tok) -
     if images:
         # The processor expands image placeholders, so the length is known
         # only to the engine; it validates the total itself.
-        prompt: dict[str, Any] = {"multi_modal_data": {"image": _decode_images(images)}}
+        prompt: dict[str, Any] = {"multi_modal_data": {"image": decoded_images(images)}}
         if field == "prompt_token_ids":
             prompt["prompt_token_ids"] = list(request.prompt_token_ids)
         else:

@@ -21,22 +21,16 @@ from __future__ import annotations
 
 import base64
 import binascii
-import io
 from collections.abc import Sequence
 from typing import Any
 
 from rollout.v1 import rollout_pb2 as pb
+from rollout_service.generation.images import MAX_PIXELS, checked_pixels
 from rollout_service.status.errors import InvalidArgument
 
-# The formats generation/convert.py decodes (what gRPC's Image takes); PIL
-# is told to try no other decoder on a caller's bytes.
-FORMATS = ("PNG", "JPEG")
 # One image's bytes: what the 16 MiB body leaves room for, with the chat's
 # text, and more than a 4096 x 4096 JPEG photograph takes.
 MAX_IMAGE_BYTES = 8 << 20
-# All of a request's images, decoded (3 bytes a pixel: 96 MiB); one image
-# may take it all (8192 x 4096). PIL's own bomb check stops at 179M.
-MAX_PIXELS = 1 << 25
 # Base64 of MAX_IMAGE_BYTES, padded: longer holds more.
 _MAX_BASE64 = 4 * -(-MAX_IMAGE_BYTES // 3)
 _EXAMPLE = "data:image/png;base64,..."
@@ -141,30 +135,3 @@ def image_bytes(part: dict[str, Any], field: str) -> bytes:
     if not data:
         raise InvalidArgument(field, "holds no bytes")
     return data
-
-
-def checked_pixels(data: bytes, field: str, room: int) -> int:
-    """The pixels of the image in `data`, read from its header (and a PNG's
-    chunks checked whole, without decompressing them); 400 naming `field`
-    for bytes that are not a PNG or JPEG image, or for more than `room`
-    pixels."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(io.BytesIO(data), formats=FORMATS) as img:
-            width, height = img.size
-            if width * height > room:
-                raise InvalidArgument(
-                    field,
-                    f"is {width}x{height} pixels: a request's images may hold "
-                    f"{MAX_PIXELS:,} pixels in all ({room:,} left for this one)",
-                )
-            img.verify()  # a PNG's chunks and their checksums, to its end
-    except InvalidArgument:
-        raise
-    except Image.DecompressionBombError as e:
-        raise InvalidArgument(field, f"is over the pixels an image may hold ({e})") from None
-    except Exception as e:  # PIL's errors on a caller's bytes are of many types
-        why = "" if isinstance(e, UnidentifiedImageError) else f" ({e})"
-        raise InvalidArgument(field, f"is not a PNG or JPEG image{why}") from None
-    return width * height

@@ -8,9 +8,7 @@ from __future__ import annotations
 import base64
 import http.server
 import io
-import struct
 import threading
-import zlib
 
 import grpc
 import httpx
@@ -21,6 +19,7 @@ from PIL import Image
 from harness.weights_util import checkpoint_tensors, random_weights, version
 from rollout_client import RolloutClient, RolloutError
 from rollout_service.engine.tiny_models import ensure_model
+from tests.support.images import png_of
 
 PROMPT = "<image> Describe the picture in one sentence."
 
@@ -62,11 +61,21 @@ def test_images_change_the_output(llava):
     assert greedy(c, png(1))[:2] == a  # deterministic
 
 
-def test_bad_images_are_rejected(llava):
+@pytest.mark.parametrize(
+    ("images", "words"),
+    [
+        ([b"not an image"], "images[0].data: is not a PNG or JPEG image"),
+        # A decompression bomb by its header (PIL's own check: over 179M pixels).
+        ([png_of(20000, 20000)], "images[0].data: is over the pixels an image may hold"),
+        # Under PIL's check, over the request's budget (generation/images.py).
+        ([png_of(4096, 4096), png_of(4096, 4097)], "images[1].data: is 4096x4097 pixels"),
+    ],
+)
+def test_bad_images_are_rejected(llava, images, words):
     _, c = llava
     with pytest.raises(RolloutError) as e:
-        c.generate(prompt_text=PROMPT, images=[b"not an image"], max_tokens=4)
-    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and "images[0]" in e.value.details
+        c.generate(prompt_text=PROMPT, images=images, max_tokens=4)
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and words in e.value.details
     assert greedy(c, png(1))[0]
 
 
@@ -153,14 +162,7 @@ def image_part(url: str) -> dict:
 
 def bomb() -> bytes:
     """A PNG of 8192 x 8192 zero pixels (64M) in about 65 KB."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        crc = struct.pack(">I", zlib.crc32(kind + data))
-        return struct.pack(">I", len(data)) + kind + data + crc
-
-    rows = zlib.compress(b"\x00" * (8193 * 8192))
-    ihdr = struct.pack(">IIBBBBB", 8192, 8192, 8, 0, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", rows) + chunk(b"IEND", b"")
+    return png_of(8192, 8192, b"\x00" * (8193 * 8192))
 
 
 @pytest.fixture(scope="module")

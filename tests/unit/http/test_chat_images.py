@@ -7,40 +7,20 @@ from __future__ import annotations
 
 import base64
 import io
-import struct
-import zlib
 
 import pytest
 from PIL import Image
 
-from rollout_service.http.images import (
-    MAX_IMAGE_BYTES,
-    MAX_PIXELS,
-    checked_pixels,
-    take_images,
-)
+from rollout_service.generation.images import MAX_PIXELS, checked_pixels
+from rollout_service.http.images import MAX_IMAGE_BYTES, take_images
 from rollout_service.status.errors import InvalidArgument
+from tests.support.images import png_of
 
 
 def encoded(fmt: str, size=(8, 6), color=(200, 30, 40)) -> bytes:
     buf = io.BytesIO()
     Image.new("RGB", size, color).save(buf, format=fmt)
     return buf.getvalue()
-
-
-def png_of(width: int, height: int, rows: bytes | None = None) -> bytes:
-    """A grayscale PNG of `width` x `height` whose chunks are whole and
-    checksummed (PIL's verify passes) but whose pixel data is `rows` (none:
-    empty): what a header promises, at no cost to make."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return (
-            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-        )
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    idat = zlib.compress(rows or b"")
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
 
 
 def url(data: bytes, media: str = "image/png") -> str:
