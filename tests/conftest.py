@@ -1,8 +1,7 @@
 """Shared fixtures: the session's real-engine servers (the default one, a
 secure one, a float32 one with LoRA on, a fresh one on test_delta's last
-step, one with the HTTP front and tokens), the servers a module has to
-itself, the packed Node client, and the check after each module that it
-left every shared server as it found it.
+step), the servers a module has to itself, the packed Node client, and the
+check after each module that it left every shared server as it found it.
 
 How each server starts is declared here; when it starts (the shared ones as
 soon as the tests are collected, a module's own while the module before it
@@ -119,13 +118,10 @@ def _start_http_front():
 
 
 def _start_http_sessions():
-    # Shared by the modules that drive sessions through the HTTP front:
-    # tests/engine/openai/test_http_sessions.py, test_openai_agent.py and
-    # tests/clients/test_node_openai.py (each reads its own sessions only).
     folder = _TMP / "http-sessions"
     folder.mkdir(exist_ok=True)
     args, http_port, metrics_port = http_flags(folder)
-    return _with_ports(args, http_port, metrics_port), None
+    return _with_ports(args, http_port, metrics_port)
 
 
 def _start_hardened():
@@ -181,7 +177,6 @@ _SHARED_SERVERS = {
     "shared_secure": _start_secure,
     "fp32_server": _start_fp32,
     "delta_reference": _start_delta_reference,
-    "http_sessions_server": _start_http_sessions,
 }
 # Servers one module has to itself (it kills, stops or restarts them, or no
 # other module runs its flags), by module-scoped fixture: a process, or
@@ -197,9 +192,10 @@ _OWN_SERVERS = {
     "llava_server": lambda: _with_http("--model", "tiny-llava"),
     "tp2_servers": start_tp2_servers,
     "sessions_server": lambda: ServerProcess(*sessions.server_args(_TMP / "sessions")),
-    # The HTTP front with tokens and metrics (tests/support/http_front.py),
-    # test_http_front's flags.
+    # The HTTP front with tokens and metrics (tests/support/http_front.py):
+    # test_http_front's flags, and test_http_sessions' (its sessions' state).
     "http_front_server": _start_http_front,
+    "http_sessions_server": _start_http_sessions,
     "hardened_server": _start_hardened,
     "traced_server": _start_traced,
     # A fresh server with metrics, scraped by test_dashboard's Prometheus.
@@ -272,14 +268,11 @@ def http_front_server():
         yield proc
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def http_sessions_server():
-    """The HTTP front with tokens and metrics (tests/support/http_front.py),
-    shared like `server` by the modules that drive sessions over HTTP:
-    tests/engine/openai/test_http_sessions.py's, test_openai_agent.py's,
-    tests/clients/test_node_openai.py's."""
-    proc, _ = server_starts.started("http_sessions_server")
-    with shared_servers.serving("HTTP sessions server", proc, {"token": ADMIN}):
+    """The HTTP front with tokens and metrics, each module's own process:
+    tests/engine/openai/test_http_sessions.py's, tests/clients/test_node_openai.py's."""
+    with server_starts.own("http_sessions_server") as proc:
         yield proc
 
 
