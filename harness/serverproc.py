@@ -103,6 +103,9 @@ class ServerProcess(LoggedServer):
 
     # Each check waits up to 2 s on the health service itself.
     poll_seconds = 0.0
+    # Flags every server gets before its own (a test suite sets a smaller
+    # KV cache here: tests/conftest.py).
+    default_args: tuple[str, ...] = ()
 
     def __init__(
         self, *args: str, env: dict[str, str] | None = None, port: int | None = None
@@ -116,6 +119,7 @@ class ServerProcess(LoggedServer):
             str(self.port),
             "--grace-seconds",
             "5",
+            *self.default_args,
             *args,
         ]
         super().__init__(cmd, env=env, log_prefix="rollout-server-")

@@ -111,8 +111,10 @@ def _refuse(refusal: start_checks.Refusal) -> NoReturn:
 def _serve(argv: list[str]) -> int:
     logs.configure(json_lines="--log-json" in argv)
     # On CPU vLLM sizes its KV cache from this (GiB); its default fraction of
-    # host memory fails on small machines. GPU builds ignore it.
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # host memory fails on small machines. GPU builds ignore it. Not when the
+    # size is given in bytes: vLLM's CPU platform would put this over it.
+    if not any(a.startswith("--kv-cache-memory-bytes") for a in argv):
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     top, rest = _top_parser().parse_known_args(argv[:1])
     argv = argv[1:] + rest
     # Before vLLM's import (10 to 15 s): refused at once, nothing imported.

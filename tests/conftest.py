@@ -36,6 +36,12 @@ from tests.support.tp2 import start_tp2_servers
 
 pytest_plugins = ["tests.support.orchestration"]
 
+# Every server the suite starts holds a 256 MiB KV cache, not the default
+# 1 GiB (resident: about 1.5 GB a server in all, and the suite runs up to a
+# dozen at once on 24 GiB; the embedded models' longest test needs a few MB).
+KV_CACHE_BYTES = 256 << 20
+ServerProcess.default_args = ("--kv-cache-memory-bytes", str(KV_CACHE_BYTES))
+
 # The session's files (certificates, the fault file, the float32 checkpoint),
 # made before any fixture runs: the shared servers start at collection.
 _TMP = Path(tempfile.mkdtemp(prefix="rollout-tests-"))

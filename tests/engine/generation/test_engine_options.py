@@ -187,3 +187,12 @@ def test_the_adapter_folder_is_removed_at_shutdown(lora_client, lora_server):
     assert len(written) == 1 and any(written[0].iterdir())
     assert lora_server.stop() == 0
     assert not written[0].parent.exists()
+
+
+def test_a_kv_cache_size_in_bytes_is_the_engines(server):
+    """--kv-cache-memory-bytes (every suite server's: tests/conftest.py) sizes
+    the engine's KV cache; the server's own default (1 GiB, through vLLM's
+    VLLM_CPU_KVCACHE_SPACE) does not put itself over it."""
+    log = server.log.read_text(errors="replace")
+    assert "--kv-cache-memory-bytes" in server.proc.args
+    assert "Explicitly set (0.25/" in log, [line for line in log.splitlines() if "KV" in line]
