@@ -44,6 +44,12 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
 
+# How long the engine core has to exit after its SIGTERM before vLLM kills it
+# (and with it the cleanup of its shared memory). It stops its worker in about
+# 0.5 s, then its interpreter's teardown takes 1.5 to 3.7 s on an idle host and
+# took over 8 s on a loaded CI host, where 10 s was not enough.
+ENGINE_EXIT_SECONDS = 30.0
+
 # Keepalive (docs/operations.md, "Keepalive"). A unary Generate
 # writes nothing until its rollout ends, minutes later, and load balancers,
 # meshes and grpc-go/grpc-js users ping such connections every 10 to 60 s.
@@ -296,7 +302,7 @@ async def serve(config: ServerConfig, engine_args) -> int:
             stopping.append(http.stop())
         await asyncio.gather(*stopping)
         if engine is not None:
-            engine.shutdown(timeout=10)
+            engine.shutdown(timeout=ENGINE_EXIT_SECONDS)
         # After the engine: its workers read the region and the adapters' folder.
         if app is not None:
             app.close()
