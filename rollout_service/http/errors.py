@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.status.errors import (
+    Code,
     InvalidArgument,
     RpcError,
     as_rpc_error,
@@ -80,6 +81,14 @@ def openai_field(field: str, prompt_field: str = "messages") -> str:
     return field
 
 
+# An HTTP status of the front's own -> the gRPC status it stands for (its log
+# level: a caller's mistake is a refusal, logged at INFO, not a failure).
+_CODE_OF_STATUS = {int(http): Code[name] for name, http in reversed(HTTP_STATUS.items())} | {
+    413: Code.RESOURCE_EXHAUSTED,
+    405: Code.UNIMPLEMENTED,
+}
+
+
 class HttpError(RpcError):
     """An error whose HTTP status is its own (a body over the size limit: 413;
     no credentials: 401, as gRPC's UNAUTHENTICATED)."""
@@ -91,7 +100,8 @@ class HttpError(RpcError):
         field: str | None = None,
         reason: pb.ErrorReason = pb.ERROR_REASON_INVALID_FIELD,
     ) -> None:
-        super().__init__(message, reason=reason)
+        default = Code.INVALID_ARGUMENT if status < 500 else Code.INTERNAL
+        super().__init__(message, code=_CODE_OF_STATUS.get(status, default), reason=reason)
         self.status = status
         self.field = field
 
