@@ -1,15 +1,21 @@
 """A /v1/completions request of several prompts (docs/openai.md): each prompt
 is a generation of its own through the pipeline, exactly as a request of one
-prompt is, all run at once under the request's caller.
+prompt is: all prepared first, then all run at once under the request's
+caller.
 
 - **The caller's cap.** A batch of k is k of its caller's calls: each takes
   its own slot (priority, engine seat) in the fair share. One that cannot
   fit under --max-requests-per-caller is refused whole before any work
   (`check_room`), not started in part.
-- **All or none.** The first prompt that fails (refused, like a prompt too
-  long, or failing in the engine) fails the request: the others are
-  cancelled, their engine requests aborted, before the error is answered, as
-  `vllm serve` answers the whole request with the error.
+- **Every prompt ready before any runs.** Each prompt takes its slot and
+  is checked and tokenized (`Generations.ready`), in order, before any is
+  registered or on the engine (`each_ready`), as `vllm serve` renders every
+  prompt before it starts any: the first prompt refused fails the request,
+  naming it, and no engine request exists.
+- **All or none.** A prompt that fails after that (its gate, a wrong weight
+  version, the engine) fails the request: the others are cancelled, their
+  engine requests aborted, before the error is answered, as `vllm serve`
+  answers the whole request with the error.
 - **Streams** are merged as they come (`merged`), each message renumbered
   to its choice in the response (`i * n + j`, as vLLM numbers them); a
   client gone closes the merge, which cancels every prompt's generation.
@@ -23,14 +29,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Awaitable, Sequence
-from typing import Any, TypeVar
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.fairness.identity import CallerId
 from rollout_service.fairness.share import RETRY_AFTER_SECONDS, FairShare
 from rollout_service.http.errors import openai_field
 from rollout_service.status.errors import InvalidArgument, ResourceExhausted
+
+if TYPE_CHECKING:
+    from rollout_service.pipeline.context import Ready
+    from rollout_service.pipeline.generations import Generations
 
 T = TypeVar("T")
 Stream = AsyncGenerator[pb.GenerateStreamResponse, None]
@@ -74,6 +84,57 @@ def of_prompt(e: BaseException, index: int) -> BaseException:
     out.reason = e.reason
     out.__cause__ = e
     return out
+
+
+async def generate(
+    generations: Generations, requests: Sequence[pb.GenerateRequest], who: CallerId
+) -> list[pb.GenerateResponse]:
+    """Every prompt's answer, in order: all ready (`each_ready`), then all
+    run at once, all or none. One prompt is a Generate."""
+    if len(requests) == 1:
+        return [await generations.generate(requests[0], who)]
+    async with each_ready(generations, requests, who) as ready:
+        return await all_or_none([generations.answer(r) for r in ready])
+
+
+def stream(
+    generations: Generations, requests: Sequence[pb.GenerateStreamRequest], who: CallerId, n: int
+) -> AsyncIterator[pb.GenerateStreamResponse]:
+    """Every prompt's messages, merged (`merged`) once all are ready
+    (`each_ready`): a prompt refused raises at the first message, before
+    any is started. One prompt is a GenerateStream."""
+    if len(requests) == 1:
+        return generations.stream(requests[0], who)
+    return _stream(generations, requests, who, n)
+
+
+async def _stream(generations, requests, who, n: int) -> Stream:
+    async with each_ready(generations, requests, who) as ready:
+        async for message in merged([generations.streamed(r) for r in ready], n):
+            yield message
+
+
+@contextlib.asynccontextmanager
+async def each_ready(
+    generations: Generations,
+    requests: Sequence[pb.GenerateRequest | pb.GenerateStreamRequest],
+    who: CallerId,
+) -> AsyncIterator[list[Ready]]:
+    """Every prompt ready, in order (its slot, its checks and its tokens,
+    off the loop: `Generations.ready`), their slots held until the context
+    ends; the first refused raises its error naming it, none registered or
+    on the engine (module docstring)."""
+    async with contextlib.AsyncExitStack() as stack:
+        ready = []
+        for i, request in enumerate(requests):
+            try:
+                ready.append(await stack.enter_async_context(generations.ready(request, who)))
+            except Exception as e:
+                named = of_prompt(e, i)
+                if named is e:
+                    raise
+                raise named from e
+        yield ready
 
 
 async def all_or_none(generations: list[Awaitable[T]]) -> list[T]:

@@ -122,11 +122,11 @@ async def _complete(front: Front, request: Request):
             requests = await app.tokenizing.off_loop(
                 lambda: [_stream_request(g) for g in call.generates]
             )
-            streams = [generations.stream(r, who) for r in requests]
+            messages = batch.stream(generations, requests, who, call.request.n)
             builder = CompletionStream(call, model, app, call.request_id)
-            return await streamed(batch.merged(streams, call.request.n), builder, app, route)
-        runs = [generations.generate(g, who) for g in call.generates]
-        answers = await until_disconnected(request, batch.all_or_none(runs))
+            return await streamed(messages, builder, app, route)
+        run = batch.generate(generations, call.generates, who)
+        answers = await until_disconnected(request, run)
         body = await app.tokenizing.off_loop(
             lambda: completion_response(call, answers, model, app).model_dump_json()
         )

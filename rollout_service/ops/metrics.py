@@ -39,6 +39,12 @@ TOKENS = Counter(
 # The children, looked up once (labels() costs a lock and a dict per call).
 PROMPT_TOKENS = TOKENS.labels("prompt")
 COMPLETION_TOKENS = TOKENS.labels("completion")
+ENGINE_REQUESTS = Counter(
+    "rollout_engine_requests",
+    "Engine requests the pipeline made: one per generation that reached the engine, "
+    "aborted ones included (vLLM's vllm:request_success_total counts no aborted request).",
+    registry=REGISTRY,
+)
 QUEUED = Gauge(
     "rollout_generate_waiting", "Generate calls waiting at the closed gate.", registry=REGISTRY
 )

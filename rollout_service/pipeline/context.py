@@ -1,9 +1,9 @@
 """One generation's state, as the values the pipeline's steps hand each
-other: `Prepared` (what the engine will be asked) and `Admitted` (that,
-once it holds its caller's slot, its Abort registration and its gate
-ticket). Each step takes the value the step before made, so a reader
-follows one request down one call stack instead of through side
-dictionaries."""
+other: `Prepared` (what the engine will be asked), `Ready` (that, with its
+caller's slot: every check passed, nothing started yet) and `Admitted`
+(that, once it holds its Abort registration and its gate ticket). Each
+step takes the value the step before made, so a reader follows one request
+down one call stack instead of through side dictionaries."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from vllm import SamplingParams
 
+from rollout.v1 import rollout_pb2 as pb
 from rollout_service.engine.gate import Ticket
 from rollout_service.fairness.share import Slot
 from rollout_service.generation.convert import EnginePrompt
@@ -29,6 +30,18 @@ class Prepared:
     adapter: str
     # The weight version it must run on ("" for any).
     required_version: str
+
+
+@dataclass(frozen=True)
+class Ready:
+    """A prepared request counted against its caller (`slot`): refused now
+    only by what happens after it (the gate, its engine request), and
+    nothing of it registered or on the engine yet. `stream`: a streamed
+    generation's options (None: one answered whole)."""
+
+    slot: Slot
+    prepared: Prepared
+    stream: pb.StreamOptions | None
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,12 @@ One generation, in order:
 5. **run** on the engine at the slot's priority;
 6. **count** its tokens, and build its outputs (version spans and all).
 
+Steps 1 and 2 (`ready`) and steps 3 to 6 (`answer`, `streamed`) are
+apart, the value `Ready` between them: a front that runs several
+generations as one (a batch of prompts, http/batch.py) has every one ready
+before it runs any, so a prompt refused starts none of them. `generate` and
+`stream` are the two joined, for one generation.
+
 Errors are the project's RpcErrors (status/errors.py): each front maps
 them to its own statuses.
 """
@@ -41,7 +47,7 @@ from rollout_service.generation import convert, deltas, outputs
 from rollout_service.ops import logs, metrics, tracing
 from rollout_service.pipeline import many
 from rollout_service.pipeline.calls import Call, RunningCalls
-from rollout_service.pipeline.context import Admitted, Prepared
+from rollout_service.pipeline.context import Admitted, Prepared, Ready
 from rollout_service.pipeline.serving import App
 from rollout_service.status import static_rules
 from rollout_service.status.errors import FailedPrecondition, engine_dead
@@ -155,6 +161,7 @@ class Generations:
         lora = adapters.request_for(p.adapter) if p.adapter else None
         ticket.adapter_version = adapters.version_of(p.adapter) if p.adapter else ""
         ticket.engine_id = call.engine_id = f"{call.request_id}-{uuid.uuid4().hex[:8]}"
+        metrics.ENGINE_REQUESTS.inc()
         async for out in engine.generate(
             p.prompt.prompt,
             p.params,
@@ -244,16 +251,37 @@ class Generations:
         metrics.COMPLETION_TOKENS.inc(completion_tokens)
         slot.count(prompt_tokens, completion_tokens)
 
-    async def generate(self, request: pb.GenerateRequest, who: CallerId) -> pb.GenerateResponse:
-        """One generation, its outputs at the end (Generate)."""
+    @asynccontextmanager
+    async def ready(
+        self, request: pb.GenerateRequest | pb.GenerateStreamRequest, who: CallerId
+    ) -> AsyncIterator[Ready]:
+        """Steps 1 and 2: the caller's slot (held until the context ends),
+        then the request prepared, for `answer` (a GenerateRequest) or for
+        `streamed` (a GenerateStreamRequest). Nothing is registered or
+        started on the engine."""
         self.check_alive()
         # Counted (and refused past the caller's cap) before any work.
         with self.app.fair.slot(who) as slot:
-            p = await self.prepare(request, RequestOutputKind.FINAL_ONLY)
-            final = None
-            async with self.admitted(slot, p) as g:
-                async for out in self.run(g):
-                    final = out
+            if isinstance(request, pb.GenerateStreamRequest):
+                options = request.stream_options
+                request = pb.GenerateRequest.FromString(request.SerializeToString())
+                p = await self.prepare(request, RequestOutputKind.DELTA, options)
+                yield Ready(slot, p, options)
+            else:
+                yield Ready(slot, await self.prepare(request, RequestOutputKind.FINAL_ONLY), None)
+
+    async def generate(self, request: pb.GenerateRequest, who: CallerId) -> pb.GenerateResponse:
+        """One generation, its outputs at the end (Generate)."""
+        async with self.ready(request, who) as r:
+            return await self.answer(r)
+
+    async def answer(self, r: Ready) -> pb.GenerateResponse:
+        """Steps 3 to 6 of a generation `ready` prepared from a GenerateRequest."""
+        slot, p = r.slot, r.prepared
+        final = None
+        async with self.admitted(slot, p) as g:
+            async for out in self.run(g):
+                final = out
         ticket = g.ticket
         if final is None:  # aborted before it reached the engine
             return outputs.aborted_response(p.request_id, p.params.n, ticket.version)
@@ -291,40 +319,45 @@ class Generations:
         self, stream_request: pb.GenerateStreamRequest, who: CallerId
     ) -> AsyncIterator[pb.GenerateStreamResponse]:
         """One generation's messages as the engine makes them
-        (GenerateStream; `many` runs many of these), built by StreamDeltas
-        (generation/deltas.py); a request that cannot run raises at the
-        first step, before anything is started."""
-        self.check_alive()
-        with self.app.fair.slot(who) as slot:
-            request = pb.GenerateRequest.FromString(stream_request.SerializeToString())
-            options = stream_request.stream_options
-            p = await self.prepare(request, RequestOutputKind.DELTA, options)
-            async with self.admitted(slot, p) as g:
-                ticket = g.ticket
-                stream = deltas.StreamDeltas(
-                    p.request_id,
-                    ticket,
-                    functools.partial(self.live_spans, ticket),
-                    top_k=p.params.logprobs or 0,
-                    prompt_top_k=p.params.prompt_logprobs or 0,
-                    omit_text=options.omit_text,
-                    echo_prompt=p.prompt.echo_ids,
-                )
-                served = self.app.served
-                t0 = time.perf_counter()
-                async for out in self.run(g):
-                    if t0:
-                        metrics.TTFT.observe(time.perf_counter() - t0)
-                        t0 = 0.0
-                    messages = stream.step(out, served.keep_epoch)
-                    if out.finished:
-                        usage = stream.usage
-                        self.count(slot, usage.prompt_tokens, usage.completion_tokens)
-                    for message in messages:
-                        yield message
-                if ticket.engine_id is None:  # aborted before it reached the engine
-                    for message in stream.aborted(p.params.n):
-                        yield message
+        (GenerateStream; `many` runs many of these); a request that cannot
+        run raises at the first step, before anything is started."""
+        async with self.ready(stream_request, who) as r:
+            async for message in self.streamed(r):
+                yield message
+
+    async def streamed(self, r: Ready) -> AsyncIterator[pb.GenerateStreamResponse]:
+        """Steps 3 to 6 of a generation `ready` prepared from a
+        GenerateStreamRequest, its messages built by StreamDeltas
+        (generation/deltas.py) as the engine makes its outputs."""
+        slot, p, options = r.slot, r.prepared, r.stream
+        if options is None:
+            raise TypeError("streamed runs what ready prepared from a GenerateStreamRequest")
+        async with self.admitted(slot, p) as g:
+            ticket = g.ticket
+            stream = deltas.StreamDeltas(
+                p.request_id,
+                ticket,
+                functools.partial(self.live_spans, ticket),
+                top_k=p.params.logprobs or 0,
+                prompt_top_k=p.params.prompt_logprobs or 0,
+                omit_text=options.omit_text,
+                echo_prompt=p.prompt.echo_ids,
+            )
+            served = self.app.served
+            t0 = time.perf_counter()
+            async for out in self.run(g):
+                if t0:
+                    metrics.TTFT.observe(time.perf_counter() - t0)
+                    t0 = 0.0
+                messages = stream.step(out, served.keep_epoch)
+                if out.finished:
+                    usage = stream.usage
+                    self.count(slot, usage.prompt_tokens, usage.completion_tokens)
+                for message in messages:
+                    yield message
+            if ticket.engine_id is None:  # aborted before it reached the engine
+                for message in stream.aborted(p.params.n):
+                    yield message
 
     def many(self, requests, who: CallerId) -> AsyncIterator[pb.GenerateManyResponse]:
         """Many generations on one stream (GenerateMany, many.py), each run

@@ -286,6 +286,36 @@ def test_one_prompt_refused_fails_the_request_and_ends_the_others(served, grpc_c
     assert _caller_tokens(httpx.get(served.metrics).text, caller) == before
 
 
+def _engine_requests(served) -> float:
+    """Engine requests the pipeline made (aborted ones included)."""
+    for line in httpx.get(served.metrics).text.splitlines():
+        if line.startswith("rollout_engine_requests_total "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("no rollout_engine_requests_total")
+
+
+def test_a_refused_prompt_starts_no_engine_request(served, sdk, grpc_client):
+    """Every prompt of a batch is checked and tokenized before any starts,
+    as `vllm serve` renders every prompt first: prompt[1] too long (text) or
+    outside the vocabulary (ids) fails the request, streamed or not, and the
+    engine never got prompt[0]. A batch that runs makes one engine request
+    a prompt (the counter counts)."""
+    too_long = "word " * (grpc_client.server_info().max_model_len + 8)
+    before = _engine_requests(served)
+    for prompts, field in (
+        (["hello there", too_long], "prompt[1]"),
+        ([[1, 2, 3], [10**6]], "prompt[1][0]"),
+    ):
+        for stream in (False, True):
+            body = {"prompt": prompts, "max_tokens": 2000, "ignore_eos": True, "stream": stream}
+            answer = _post(served, body, "/v1/completions")
+            assert answer.status_code == 400, answer.text
+            assert answer.json()["error"]["param"] == field, answer.text
+    assert _engine_requests(served) == before
+    sdk.completions.create(model="tiny-qwen2", prompt=["hello there", "hi"], max_tokens=1)
+    assert _engine_requests(served) == before + 2
+
+
 def test_a_client_gone_ends_every_prompt_of_its_stream(served, grpc_client):
     """A streamed batch whose client disconnects after its first chunk: both
     prompts' engine requests end, short of the 2,000 tokens each asked for

@@ -3,12 +3,15 @@
 before vLLM's model reads it, a batch refused whole past its caller's cap,
 all or none (the first failure cancels the others before it is raised, naming
 its prompt), streams merged with each message renumbered to its choice, and
-one response whose choices carry their own weight versions."""
+one response whose choices carry their own weight versions; and, over the
+pipeline with a stand-in engine, every prompt prepared before any runs, so a
+refused prompt starts no engine request."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from contextlib import ExitStack
 from types import SimpleNamespace
 
@@ -26,6 +29,7 @@ from rollout_service.http.completions import (
     prompts_of,
 )
 from rollout_service.status.errors import InvalidArgument, ResourceExhausted
+from tests.support.stand_in_pipeline import stand_in_pipeline
 
 A = CallerId("token:a", "generate", "generate:a")
 
@@ -215,3 +219,113 @@ def test_choices_carry_their_own_weight_version():
     assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == 2
     same = completion_response(call, [answer("v2", "a"), answer("v2", "b")], "m", app)
     assert json.loads(same.model_dump_json())["weight_version"] == "v2"
+
+
+class RecordingEngine:
+    """A stand-in engine that answers every prompt with its own ids, in one
+    final output, and records each request in `events` as it arrives."""
+
+    errored = False
+
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+
+    async def generate(self, prompt, params, request_id, **_):
+        ids = prompt["prompt_token_ids"]
+        self.events.append(f"engine {ids[0]}")
+        completion = SimpleNamespace(
+            index=0,
+            token_ids=ids,
+            logprobs=None,
+            text="",
+            finish_reason="length",
+            stop_reason=None,
+            weight_versions=None,
+        )
+        yield SimpleNamespace(
+            outputs=[completion],
+            prompt_token_ids=ids,
+            prompt_logprobs=None,
+            num_cached_tokens=0,
+            finished=True,
+        )
+
+
+@pytest.fixture
+def batch_pipeline():
+    """The pipeline over a stand-in App (tests/support/stand_in_pipeline.py:
+    max_model_len 64, vocabulary 100), its engine recording, and every
+    request's conversion recorded with the thread it ran on."""
+    events: list[str] = []
+    generations = stand_in_pipeline(RecordingEngine(events), FairShare(True, {}, 8))
+    convert = generations._convert
+    threads: list[str] = []
+
+    def recorded(request, kind, stream):
+        events.append(f"prepare {request.prompt_token_ids[0]}")
+        threads.append(threading.current_thread().name)
+        return convert(request, kind, stream)
+
+    generations._convert = recorded  # type: ignore[method-assign]
+    yield generations, events, threads
+    generations.app.tokenizing.close()
+
+
+def _prompt(first: int, length: int = 3, **sampling) -> pb.GenerateRequest:
+    return pb.GenerateRequest(
+        request_id="batch",
+        prompt_token_ids=[first] + [1] * (length - 1),
+        sampling_params=pb.SamplingParams(max_tokens=2, **sampling),
+    )
+
+
+def test_every_prompt_is_prepared_before_any_runs(batch_pipeline):
+    """Each prompt's checks and conversion, in order, before the first
+    engine request; the answers in the prompts' order."""
+    generations, events, _ = batch_pipeline
+    answers = asyncio.run(batch.generate(generations, [_prompt(5), _prompt(6), _prompt(7)], A))
+    assert [list(a.completions[0].token_ids)[0] for a in answers] == [5, 6, 7]
+    assert events[:3] == ["prepare 5", "prepare 6", "prepare 7"]
+    assert sorted(events[3:]) == ["engine 5", "engine 6", "engine 7"]
+    assert not generations.app.fair.callers  # every slot given back
+
+
+def test_a_refused_prompt_starts_no_engine_request(batch_pipeline):
+    """prompt[1] too long (70 ids, max_model_len 64): the request fails
+    naming it with no engine request made, nothing left registered for
+    Abort and no slot held, and prompt[2] is not even prepared (its
+    tokenizing is the expensive part); streamed, the same at the first
+    message."""
+    generations, events, _ = batch_pipeline
+    prompts = [_prompt(5), _prompt(6, length=70), _prompt(7)]
+    with pytest.raises(InvalidArgument) as refused:
+        asyncio.run(batch.generate(generations, prompts, A))
+    assert refused.value.field == "prompt[1]"
+    assert events == ["prepare 5", "prepare 6"]
+    assert not generations.calls._by_id and not generations.app.fair.callers
+
+    events.clear()
+    streams = [pb.GenerateStreamRequest.FromString(p.SerializeToString()) for p in prompts]
+
+    async def first_message():
+        messages = batch.stream(generations, streams, A, 1)
+        try:
+            return await anext(messages)
+        finally:
+            await messages.aclose()  # type: ignore[attr-defined]
+
+    with pytest.raises(InvalidArgument) as refused:
+        asyncio.run(first_message())
+    assert refused.value.field == "prompt[1]"
+    assert events == ["prepare 5", "prepare 6"]
+    assert not generations.calls._by_id and not generations.app.fair.callers
+
+
+def test_a_long_prompt_is_prepared_off_the_loop(batch_pipeline):
+    """A prompt over the inline size (a 3 KiB stop string here) converts on
+    the tokenizing thread, in a batch as alone; a small one on the loop."""
+    generations, _, threads = batch_pipeline
+    prompts = [_prompt(5, stop=["x" * 3072]), _prompt(6)]
+    asyncio.run(batch.generate(generations, prompts, A))
+    loop_thread = threading.main_thread().name
+    assert threads[0] != loop_thread and threads[1] == loop_thread
