@@ -152,6 +152,9 @@ def merge_tail(whole: pb.GetSessionResponse, tail: pb.GetSessionResponse, k: int
     del whole.version_spans[:]
     whole.version_spans.extend(kept)
     whole.version_spans.extend(tail.version_spans)
+    # Aligned with the segments when every read asked for them (include_messages).
+    del whole.messages[k:]
+    whole.messages.extend(tail.messages)
     whole.session_id = tail.session_id
     whole.max_total_tokens = tail.max_total_tokens
     whole.pinned_weight_version = tail.pinned_weight_version
@@ -221,11 +224,19 @@ class Session:
         return self.client._unary(self.client.stub.AppendToSession, request, timeout)
 
     def trajectory(
-        self, *, from_segment: int = 0, timeout: float | None = None
+        self,
+        *,
+        from_segment: int = 0,
+        include_messages: bool = False,
+        timeout: float | None = None,
     ) -> pb.GetSessionResponse:
         """The trajectory, or with `from_segment` only its segments from
-        there on (GetSessionRequest.from_segment; merge_tail joins them)."""
-        request = pb.GetSessionRequest(session_id=self.id, from_segment=from_segment)
+        there on (GetSessionRequest.from_segment; merge_tail joins them);
+        `include_messages`: with the chat messages each segment came from
+        (GetSessionResponse.messages)."""
+        request = pb.GetSessionRequest(
+            session_id=self.id, from_segment=from_segment, include_messages=include_messages
+        )
         return self.client._unary(self.client.stub.GetSession, request, timeout)
 
     def close(self, *, timeout: float | None = None) -> pb.CloseSessionResponse:
@@ -288,9 +299,15 @@ class AsyncSession:
         return await self.client._unary(self.client.stub.AppendToSession, request, timeout)
 
     async def trajectory(
-        self, *, from_segment: int = 0, timeout: float | None = None
+        self,
+        *,
+        from_segment: int = 0,
+        include_messages: bool = False,
+        timeout: float | None = None,
     ) -> pb.GetSessionResponse:
-        request = pb.GetSessionRequest(session_id=self.id, from_segment=from_segment)
+        request = pb.GetSessionRequest(
+            session_id=self.id, from_segment=from_segment, include_messages=include_messages
+        )
         return await self.client._unary(self.client.stub.GetSession, request, timeout)
 
     async def close(self, *, timeout: float | None = None) -> pb.CloseSessionResponse:

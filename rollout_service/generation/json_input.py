@@ -58,15 +58,32 @@ def deeper_than(value: object, limit: int) -> bool:
     return bool(level)
 
 
+_TOO_DEEP = f"nests objects and arrays deeper than {MAX_DEPTH} levels"
+
+
+def load_loose(text: str, field: str) -> object:
+    """`text` parsed as any JSON value, or `text` itself when it is not JSON
+    (a tool call's arguments, as a model wrote them); InvalidArgument naming
+    `field` only when it nests deeper than MAX_DEPTH."""
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except RecursionError as e:
+        raise InvalidArgument(field, _TOO_DEEP) from e
+    except (_NotFinite, ValueError):
+        return text
+    if deeper_than(value, MAX_DEPTH):
+        raise InvalidArgument(field, _TOO_DEEP)
+    return value
+
+
 def load_object(text: str, field: str, what: str = "") -> dict:
     """`text` parsed as a JSON object, or InvalidArgument naming `field`:
     not JSON, nested deeper than MAX_DEPTH, holding a non-finite number, or
     not an object (`what` says which object is expected)."""
-    too_deep = f"nests objects and arrays deeper than {MAX_DEPTH} levels"
     try:
         value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except RecursionError as e:
-        raise InvalidArgument(field, too_deep) from e
+        raise InvalidArgument(field, _TOO_DEEP) from e
     except _NotFinite as e:
         raise InvalidArgument(field, str(e)) from e
     except ValueError as e:  # JSONDecodeError; an integer over 4,300 digits
@@ -74,5 +91,5 @@ def load_object(text: str, field: str, what: str = "") -> dict:
     if not isinstance(value, dict):
         raise InvalidArgument(field, f"must be a JSON object{f' ({what})' if what else ''}")
     if deeper_than(value, MAX_DEPTH):
-        raise InvalidArgument(field, too_deep)
+        raise InvalidArgument(field, _TOO_DEEP)
     return value

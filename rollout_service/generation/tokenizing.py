@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rollout.v1 import rollout_pb2 as pb
+from rollout_service.generation.chat_entries import tool_fields
 from rollout_service.status.errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -60,10 +61,12 @@ def conversation_of(
                 parts.append({"type": "image"})
             else:
                 parts.append({"type": "text", "text": part.text})
+        entry: dict[str, Any]
         if any(p["type"] == "image" for p in parts):
-            conversation.append({"role": m.role, "content": parts})
+            entry = {"role": m.role, "content": parts}
         else:
-            conversation.append({"role": m.role, "content": "".join(p["text"] for p in parts)})
+            entry = {"role": m.role, "content": "".join(p["text"] for p in parts)}
+        conversation.append(entry | tool_fields(m, f"{field_name}[{i}]"))
     return RenderedChat(text="", images=images), conversation
 
 

@@ -94,7 +94,11 @@ def extend_session(session: Session, messages: list[Message], limits, tok) -> No
     when it refuses."""
     held = session.chat_history
     if held is None and session.resumed_prompt is not None:
-        adopted, refused = adopt(session.resumed_prompt, session.trajectory.segments, messages)
+        segments = session.trajectory.segments
+        # From the context the session was re-opened in: its prompt, or its
+        # last restart (whose messages resumed_prompt then holds).
+        k = max((i for i, g in enumerate(segments) if g.restarts_context), default=0)
+        adopted, refused = adopt(session.resumed_prompt, segments[k:], messages)
         if refused is not None:
             _refuse_or_restart(session, refused, messages, limits, tok)
             return

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollout.v1 import rollout_pb2 as pb
+from rollout_service.generation.json_input import load_loose
 from rollout_service.sessions.trajectory import Segment
 from rollout_service.status.errors import FailedPrecondition, InvalidArgument
 
@@ -51,15 +52,10 @@ def text_of(content: Any, field: str) -> str:
     raise InvalidArgument(f"{field}.content", "a string or a list of text parts")
 
 
-def _arguments(value: Any) -> Any:
+def _arguments(value: Any, field: str) -> Any:
     """Tool call arguments as a JSON value (a string that does not parse as
-    JSON stays a string)."""
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value
-    return value
+    JSON stays a string; one nested past the JSON bound is refused)."""
+    return load_loose(value, field) if isinstance(value, str) else value
 
 
 def conversation_entry(m: Any, field: str) -> Message:
@@ -78,7 +74,9 @@ def conversation_entry(m: Any, field: str) -> Message:
                 "type": "function",
                 "function": {
                     "name": function["name"],
-                    "arguments": _arguments(function.get("arguments", "")),
+                    "arguments": _arguments(
+                        function.get("arguments", ""), f"{field}.tool_calls[{k}].function.arguments"
+                    ),
                 },
             }
         )

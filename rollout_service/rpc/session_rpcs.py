@@ -65,6 +65,10 @@ class SessionRpcs:
         response, first = trajectory.snapshot(t, request.from_segment)
         tok = ready.app.tokenizing
         response = await tok.off_loop(trajectory.tokens_to_proto, t, first, len(t), response)
+        if request.include_messages:
+            k = request.from_segment
+            segments = t.segments[k : k + len(response.segments)]
+            await tok.off_loop(trajectory.messages_to_proto, segments, response)
         response.session_id = session.id
         response.max_total_tokens = session.budget
         response.pinned_weight_version = session.pinned_version

@@ -12,6 +12,7 @@ from rollout_service.generation import convert
 from rollout_service.sessions.conversation import rendered_ids
 from rollout_service.sessions.opening import check_text, text_chars, text_conversation
 from rollout_service.sessions.store import Session
+from rollout_service.status import static_rules
 from rollout_service.status.errors import FailedPrecondition, InvalidArgument
 
 
@@ -22,6 +23,7 @@ def append(
     them after the history; refused with nothing changed otherwise."""
     if bool(request.token_ids) == bool(request.messages):
         raise InvalidArgument("token_ids/messages", "exactly one must be set")
+    static_rules.check(request)  # the messages' roles and tool fields
     t = session.trajectory
     if request.token_ids:
         ids = list(request.token_ids)
@@ -38,8 +40,7 @@ def append_messages(session: Session, new: list[dict[str, Any]], limits: ModelLi
     template renders them after the history (the session's base URL calls
     this too); refused with nothing changed otherwise."""
     t = session.trajectory
-    held = session.text_bytes if session.conversation is not None else 0
-    nbytes = check_text(new, "messages", held, session.budget)
+    nbytes = check_text(new, "messages", session.text_bytes, session.budget)
     if (least := tok.min_tokens(text_chars(new))) > session.remaining:
         raise FailedPrecondition(
             f"messages: at least {least} tokens do not fit the {session.remaining} left of "
@@ -50,7 +51,7 @@ def append_messages(session: Session, new: list[dict[str, Any]], limits: ModelLi
     if not ids:
         raise InvalidArgument("messages", "render to no tokens")
     session.check_room(len(ids), "messages")
-    t.append(pb.TOKEN_SOURCE_APPENDED, ids)
+    t.append(pb.TOKEN_SOURCE_APPENDED, ids).messages = new
     session.appended_messages(new, nbytes)
     return ids
 
@@ -60,13 +61,13 @@ def restart(session: Session, conversation: list[dict[str, Any]], limits: ModelL
     as a prompt is (opening.py) and appended as a segment that later turns
     are conditioned on from its start; refused with nothing changed when it
     does not fit."""
-    nbytes = check_text(conversation, "messages", 0, session.budget)
+    nbytes = check_text(conversation, "messages", session.text_bytes, session.budget)
     text = tok.render_conversation(conversation, "messages", False, tools=session.tools)
     ids = tok.encode(text, "messages", add_special_tokens=False)
     if not ids:
         raise InvalidArgument("messages", "render to no tokens")
     convert.check_prompt_length(len(ids), "messages", limits)
     session.check_room(len(ids), "messages")
-    session.trajectory.restart(ids)
+    session.trajectory.restart(ids).messages = conversation
     session.restarted_with(conversation, nbytes)
     return ids

@@ -3,6 +3,7 @@ on the tokenizing thread, before the session exists."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +41,15 @@ def budget_of(request: pb.OpenSessionRequest, limits: ModelLimits) -> int:
 
 
 def text_bytes(conversation: list[dict[str, Any]]) -> int:
-    return sum(len(m["role"].encode()) + len(m["content"].encode()) for m in conversation)
+    """Bytes of the messages' roles, contents, reasoning and tool fields."""
+    n = 0
+    for m in conversation:
+        n += len(m["role"].encode()) + len(m["content"].encode())
+        n += len(m.get("tool_call_id", "").encode()) + len((m.get("reasoning") or "").encode())
+        for call in m.get("tool_calls") or ():
+            function = call["function"]
+            n += len(function["name"].encode()) + len(json.dumps(function["arguments"]).encode())
+    return n
 
 
 def text_chars(conversation: list[dict[str, Any]]) -> int:

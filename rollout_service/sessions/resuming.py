@@ -175,9 +175,9 @@ def resume(
         at += seg.count
         field = f"resume.messages[{i}].messages"
         messages = text_conversation(entry, field) if entry else None
-        # Text is held as AppendToSession holds it: the whole conversation's.
-        held = session.text_bytes if session.conversation is not None else 0
-        nbytes = check_text(messages, field, held, session.budget) if messages else 0
+        # Text is held as the live calls hold it: every segment's messages.
+        nbytes = check_text(messages, field, session.text_bytes, session.budget) if messages else 0
+        seg.messages = messages
         if i == 0:
             session.tools = load_tools(request, messages is not None)
             session.opened_with(messages, whole, nbytes)
@@ -188,6 +188,8 @@ def resume(
         elif messages is not None and seg.restarts_context:
             session.restarted_with(messages, nbytes)
             trajectory.context_start = seg.start
+            # What its base URL's first chat must start with: the new context's.
+            session.resumed_prompt = [dict(m) for m in messages]
         elif messages is not None:
             session.appended_messages(messages, nbytes)
         elif not seg.generation_prompt:

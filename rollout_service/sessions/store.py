@@ -87,6 +87,8 @@ class Session:
     # as its Segment (its content decoded when rendered); None: isolated.
     conversation: list[Any] | None = None
     tools: list[dict[str, Any]] | None = None
+    # The text of every message its segments hold (Segment.messages), bounded
+    # by TEXT_BYTES_PER_TOKEN per token of its budget.
     text_bytes: int = 0
     # Tokens it was re-opened with (OpenSessionRequest.resume).
     resumed_tokens: int = 0
@@ -121,9 +123,9 @@ class Session:
         """The prompt: chat messages (`conversation`) or ids and text (None)."""
         self.chat = conversation is not None
         self.renders_whole = whole
+        self.text_bytes = text_bytes
         if conversation is not None and whole:
             self.conversation = list(conversation)
-            self.text_bytes = text_bytes
 
     def appended_ids(self) -> None:
         # Ids the conversation cannot describe: later messages render isolated,
@@ -134,16 +136,16 @@ class Session:
     def appended_messages(self, new: list[Any], text_bytes: int) -> None:
         if self.conversation is not None:
             self.conversation.extend(new)
-            self.text_bytes += text_bytes
+        self.text_bytes += text_bytes
         self.chat = True
 
     def restarted_with(self, conversation: list[Any], text_bytes: int) -> None:
         """A new context rendered whole from `conversation` (HISTORY_RULE_RESTART):
         later messages render after it, not after what came before."""
         self.chat = True
+        self.text_bytes += text_bytes  # the earlier segments keep their messages
         if self.renders_whole:
             self.conversation = list(conversation)
-            self.text_bytes = text_bytes
 
     def add_turn_to_conversation(self, seg: Segment) -> None:
         if self.conversation is not None and (

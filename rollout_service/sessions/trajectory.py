@@ -1,7 +1,7 @@
 """One session's trajectory: the token ids the server holds, each with its
 source, the logprob and weight version of each sampled one, and the segments
-(prompt, turns, appends) they came in. Pure data: no engine, no event loop;
-tested alone.
+(prompt, turns, appends) they came in, with the chat messages a segment
+was rendered from. Pure data: no engine, no event loop; tested alone.
 
 Memory is bounded by what it stores per token: the id (4 bytes), the source
 (1) and the logprob (4), in flat arrays, plus per segment one small object
@@ -14,8 +14,10 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from rollout.v1 import rollout_pb2 as pb
+from rollout_service.generation.chat_entries import chat_message
 
 # Flat arrays: id + source + logprob.
 TOKEN_BYTES = 9
@@ -44,6 +46,10 @@ class Segment:
     generation_prompt: bool = False
     # An appended segment that starts a new context (HISTORY_RULE_RESTART).
     restarts_context: bool = False
+    # The chat messages it was rendered from (text conversation entries): a
+    # prompt's or an append's, or a restart's whole conversation; None for
+    # turns, generation prompts, ids and text. Counted in Session.text_bytes.
+    messages: list[dict[str, Any]] | None = None
 
     @property
     def interrupted(self) -> bool:
@@ -176,6 +182,14 @@ def snapshot(t: Trajectory, from_segment: int = 0) -> tuple[pb.GetSessionRespons
         if start + count > first:
             out.version_spans.add(weight_version=version, start=start, count=count)
     return out, first
+
+
+def messages_to_proto(segments: Sequence[Segment], out: pb.GetSessionResponse) -> None:
+    """Adds the messages each of `segments` was rendered from to `out`, one
+    entry a segment, off the event loop (they grow with the history; a
+    segment's messages never change once it is added)."""
+    for seg in segments:
+        out.messages.add(messages=[chat_message(m) for m in seg.messages or ()])
 
 
 def tokens_to_proto(

@@ -12,6 +12,7 @@ from rollout.v1.generation_pb2 import StructuredOutput as StructuredOutput
 from rollout.v1.generation_pb2 import Image as Image
 from rollout.v1.generation_pb2 import ContentPart as ContentPart
 from rollout.v1.generation_pb2 import ChatMessage as ChatMessage
+from rollout.v1.generation_pb2 import ToolCall as ToolCall
 from rollout.v1.generation_pb2 import ChatOptions as ChatOptions
 from rollout.v1.generation_pb2 import GenerateRequest as GenerateRequest
 from rollout.v1.generation_pb2 import TopLogprobs as TopLogprobs

@@ -79,6 +79,7 @@ from rollout.v1.generation_pb2 import StreamOptions as StreamOptions
 from rollout.v1.generation_pb2 import StructuredOutput as StructuredOutput
 from rollout.v1.generation_pb2 import TokenizeRequest as TokenizeRequest
 from rollout.v1.generation_pb2 import TokenizeResponse as TokenizeResponse
+from rollout.v1.generation_pb2 import ToolCall as ToolCall
 from rollout.v1.generation_pb2 import TopLogprobs as TopLogprobs
 from rollout.v1.generation_pb2 import Usage as Usage
 from rollout.v1.generation_pb2 import VersionSpan as VersionSpan

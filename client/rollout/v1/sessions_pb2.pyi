@@ -202,15 +202,17 @@ class TrajectorySegment(_message.Message):
     def __init__(self, source: _Optional[_Union[TokenSource, str]] = ..., start: _Optional[int] = ..., count: _Optional[int] = ..., finish_reason: _Optional[_Union[_generation_pb2.FinishReason, str]] = ..., stop_reason: _Optional[str] = ..., resumed_at: _Optional[_Iterable[int]] = ..., cached_prompt_tokens: _Optional[int] = ..., lora_adapter_version: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., generation_prompt: bool = ..., restarts_context: bool = ...) -> None: ...
 
 class GetSessionRequest(_message.Message):
-    __slots__ = ("session_id", "from_segment")
+    __slots__ = ("session_id", "from_segment", "include_messages")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     FROM_SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     from_segment: int
-    def __init__(self, session_id: _Optional[str] = ..., from_segment: _Optional[int] = ...) -> None: ...
+    include_messages: bool
+    def __init__(self, session_id: _Optional[str] = ..., from_segment: _Optional[int] = ..., include_messages: bool = ...) -> None: ...
 
 class GetSessionResponse(_message.Message):
-    __slots__ = ("session_id", "token_ids", "sources", "logprobs", "version_spans", "segments", "max_total_tokens", "pinned_weight_version", "busy", "resumed_tokens")
+    __slots__ = ("session_id", "token_ids", "sources", "logprobs", "version_spans", "segments", "max_total_tokens", "pinned_weight_version", "busy", "resumed_tokens", "messages")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
@@ -221,6 +223,7 @@ class GetSessionResponse(_message.Message):
     PINNED_WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     BUSY_FIELD_NUMBER: _ClassVar[int]
     RESUMED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     sources: _containers.RepeatedScalarFieldContainer[TokenSource]
@@ -231,7 +234,8 @@ class GetSessionResponse(_message.Message):
     pinned_weight_version: str
     busy: bool
     resumed_tokens: int
-    def __init__(self, session_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sources: _Optional[_Iterable[_Union[TokenSource, str]]] = ..., logprobs: _Optional[_Iterable[float]] = ..., version_spans: _Optional[_Iterable[_Union[_generation_pb2.VersionSpan, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[TrajectorySegment, _Mapping]]] = ..., max_total_tokens: _Optional[int] = ..., pinned_weight_version: _Optional[str] = ..., busy: bool = ..., resumed_tokens: _Optional[int] = ...) -> None: ...
+    messages: _containers.RepeatedCompositeFieldContainer[SegmentMessages]
+    def __init__(self, session_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sources: _Optional[_Iterable[_Union[TokenSource, str]]] = ..., logprobs: _Optional[_Iterable[float]] = ..., version_spans: _Optional[_Iterable[_Union[_generation_pb2.VersionSpan, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[TrajectorySegment, _Mapping]]] = ..., max_total_tokens: _Optional[int] = ..., pinned_weight_version: _Optional[str] = ..., busy: bool = ..., resumed_tokens: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[SegmentMessages, _Mapping]]] = ...) -> None: ...
 
 class CloseSessionRequest(_message.Message):
     __slots__ = ("session_id",)

@@ -12,6 +12,7 @@ at run time as the TypeError Python raises for an unknown keyword
 from __future__ import annotations
 
 import difflib
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict, Unpack
 
@@ -105,15 +106,31 @@ def _part(part: Any) -> pb.ContentPart:
 def chat_messages(messages: Sequence[Any]) -> list[pb.ChatMessage]:
     """Chat messages from ChatMessage protos or dicts such as
     {"role": "user", "content": "Hi"} or {"role": "user", "content":
-    ["Describe", png_bytes]} (str parts are text, bytes parts images)."""
+    ["Describe", png_bytes]} (str parts are text, bytes parts images); an
+    OpenAI message's `tool_calls` (arguments as JSON text or a JSON value),
+    `tool_call_id` and `reasoning` (or `reasoning_content`) are kept."""
     out = []
     for m in messages:
         if isinstance(m, pb.ChatMessage):
             out.append(m)
             continue
-        content = m["content"]
-        parts = [content] if isinstance(content, str) else list(content)
-        out.append(pb.ChatMessage(role=m["role"], content=[_part(p) for p in parts]))
+        content = m.get("content")
+        parts = [] if content is None else [content] if isinstance(content, str) else list(content)
+        message = pb.ChatMessage(
+            role=m["role"],
+            content=[_part(p) for p in parts],
+            tool_call_id=m.get("tool_call_id") or "",
+            reasoning=m.get("reasoning") or m.get("reasoning_content") or "",
+        )
+        for call in m.get("tool_calls") or ():
+            function = call["function"]
+            arguments = function.get("arguments", "")
+            if not isinstance(arguments, str):
+                arguments = json.dumps(arguments)
+            message.tool_calls.add(
+                id=call.get("id") or "", name=function["name"], arguments=arguments
+            )
+        out.append(message)
     return out
 
 

@@ -211,11 +211,18 @@ class FleetSession:
 
     def _sync(self, k: int, messages: Sequence[Any], before: int = 0) -> None:
         """Reads the session from segment `k` on into the copy; the segments
-        new since `before` came from `messages` when they were an append."""
-        request = pb.GetSessionRequest(session_id=self.id, from_segment=k)
+        new since `before` came from `messages` when they were an append
+        (a server that says which messages each segment came from, those
+        its base URL added included, is taken at its word instead)."""
+        request = pb.GetSessionRequest(session_id=self.id, from_segment=k, include_messages=True)
         tail = self._client._unary(self._client.stub.GetSession, request, self.timeout)
         merge_tail(self.history, tail, k)
+        del self.history.messages[:]  # kept aligned in self.messages instead
         n = len(self.history.segments)
+        if tail.segments and len(tail.messages) == len(tail.segments):
+            del self.messages[k:]
+            self.messages.extend(list(m.messages) for m in tail.messages)
+            return
         del self.messages[before:]
         self.messages.extend([] for _ in range(before, n))
         if messages and n > before:

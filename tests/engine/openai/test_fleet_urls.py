@@ -6,7 +6,9 @@ replica is gone, the SDK's next call fails with APIConnectionError, the
 trainer's `sync()` re-opens the session on the other replica from the
 fleet's copy, and the agent, given the new URL, goes on with the same
 messages: the new replica's GetSession holds the old history, token for
-token, and the new turn after it."""
+token, and the new turn after it. A session whose history restarted
+(history_rule "restart": the agent compacted its conversation) moves too,
+and the new URL takes the compacted conversation as the context it holds."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from rollout_client import RolloutClient, pb
 from rollout_client.fleet import Fleet
 
 USER = {"role": "user", "content": "Plan a trip to Oslo."}
+# A harness's compaction of the conversation: not an extension of it.
+COMPACTED = [{"role": "user", "content": "Summary: a trip to Oslo. What next?"}]
 # Six tokens a turn, every turn: an immediate end of text would leave a turn empty.
 TURN = {
     "max_tokens": 6,
@@ -57,6 +61,17 @@ def test_a_lost_replicas_session_goes_on_at_the_url_the_fleet_hands_out(replicas
         s = fleet.open_session(messages=[USER], max_total_tokens=1024)
         holder, root = replicas[s.replica.target]
         assert s.base_url == f"{root}/sessions/{s.id}/v1"
+        # A second session on the same replica (the fewest sessions, then the
+        # least recently picked), whose URL restarts a diverging history.
+        filler = fleet.open_session(messages=[USER], max_total_tokens=256)
+        r = fleet.open_session(messages=[USER], max_total_tokens=1024, history_rule="restart")
+        filler.close()
+        assert r.replica.target == holder.target
+        with _sdk(r.base_url) as sdk:
+            _turn(sdk, [USER])
+            r_second, _, _ = _turn(sdk, COMPACTED)  # a new context
+        r_copy = r.sync()
+        assert [g.restarts_context for g in r_copy.segments].count(True) == 1
 
         messages = [USER]
         with _sdk(s.base_url) as sdk:
@@ -97,3 +112,20 @@ def test_a_lost_replicas_session_goes_on_at_the_url_the_fleet_hands_out(replicas
         assert held.segments[-1].source == pb.TOKEN_SOURCE_SAMPLED and len(ids3) == 6
         assert s.sync() == held
         s.close()
+
+        # The restarted session moves with the messages of its new context.
+        assert list(r.sync().token_ids) == list(r_copy.token_ids)
+        [(_, r_target, _)] = r.moves
+        assert r_target == new_target
+        r_messages = [*COMPACTED, r_second, {"role": "user", "content": "Which museum?"}]
+        with _sdk(r.base_url) as sdk:
+            _, prompt_r, ids_r = _turn(sdk, r_messages)
+        with RolloutClient(new_target) as c:
+            held_r = c.session(r.id).trajectory()
+        n = len(r_copy.token_ids)
+        assert list(held_r.token_ids[:n]) == list(r_copy.token_ids)
+        # Taken as the context it holds (no second restart), the turn follows it.
+        [restart] = [g for g in held_r.segments if g.restarts_context]
+        assert list(held_r.token_ids[restart.start :]) == prompt_r + ids_r
+        assert held_r.segments[-1].source == pb.TOKEN_SOURCE_SAMPLED and len(ids_r) == 6
+        r.close()

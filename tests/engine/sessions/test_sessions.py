@@ -521,3 +521,85 @@ def test_an_idle_session_expires(gen):
     why = refused(s.trajectory, grpc.StatusCode.NOT_FOUND, "SESSION_NOT_FOUND")
     assert "expired" in why
     assert gen.server_info().open_sessions == 0
+
+
+# A chat with a tool call and its result, as an OpenAI harness holds it.
+TOOL_CHAT = [
+    {"role": "user", "content": "Add 1 and 2."},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}
+        ],
+    },
+    {"role": "tool", "content": "3", "tool_call_id": "c1"},
+]
+
+
+def test_get_session_returns_the_messages_each_segment_came_from_and_they_reopen_it(
+    gen, hf_tokenizer
+):
+    """Tool calls and call ids in gRPC chat messages reach the template, and
+    GetSession(include_messages) gives back what a copy needs to re-open the
+    session elsewhere: the re-opened one renders the next append as the
+    first does."""
+    first = gen.open_session(messages=TOOL_CHAT, max_total_tokens=512)
+    try:
+        text = hf_tokenizer.decode(first.opened.prompt_token_ids)
+        assert '<call>add {"a": 1}</call>' in text and "3[c1]" in text
+        first.generate(max_tokens=4, ignore_eos=True, **GREEDY)
+        first.append(messages=[{"role": "user", "content": "Thanks."}])
+
+        copy = first.trajectory(include_messages=True)
+        assert not first.trajectory().messages  # only when asked
+        assert len(copy.messages) == len(copy.segments) == 4
+        prompt, generation_prompt, turn, appended = (list(m.messages) for m in copy.messages)
+        assert prompt[1].tool_calls[0] == pb.ToolCall(id="c1", name="add", arguments='{"a": 1}')
+        assert prompt[2].tool_call_id == "c1"
+        assert [m.role for m in prompt] == ["user", "assistant", "tool"]
+        assert generation_prompt == turn == []
+        assert [m.content[0].text for m in appended] == ["Thanks."]
+        tail = first.trajectory(from_segment=3, include_messages=True)
+        assert [list(m.messages) for m in tail.messages] == [appended]
+
+        history = pb.SessionHistory(trajectory=copy, messages=copy.messages)
+        del history.trajectory.messages[:]
+        opened = gen._unary(
+            gen.stub.OpenSession, pb.OpenSessionRequest(resume=history, max_total_tokens=512), 60
+        )
+        second = gen.session(opened.session_id)
+        try:
+            assert second.trajectory(include_messages=True).messages == copy.messages
+            more = [{"role": "user", "content": "And 3 and 4?"}]
+            assert list(second.append(messages=more).token_ids) == list(
+                first.append(messages=more).token_ids
+            )
+        finally:
+            second.close()
+    finally:
+        first.close()
+
+
+def test_tool_call_arguments_nested_past_the_bound_are_refused_naming_them(gen):
+    deep = {"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "f", "arguments": "[" * 100_000}}
+    ]}  # fmt: skip
+    details = refused(
+        lambda: gen.open_session(messages=[deep]),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_FIELD",
+    )
+    assert details.startswith("messages[0].tool_calls[0].arguments"), details
+    no_name = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": ""}}]}
+    details = refused(
+        lambda: gen.generate(messages=[no_name], max_tokens=1),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_FIELD",
+    )
+    assert "messages[0].tool_calls[0].name" in details, details
+    with gen.open_session(messages=TOOL_CHAT[:1]) as s:
+        details = refused(
+            lambda: s.append(messages=[no_name]), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD"
+        )
+        assert "messages[0].tool_calls[0].name" in details, details
