@@ -103,6 +103,22 @@ def _exit(code: int) -> NoReturn:
     os._exit(code)
 
 
+def _check_reasoning_parser(engine_args) -> None:
+    """vLLM's --reasoning-parser (an engine flag: the engine's structured
+    outputs start after the reasoning; the HTTP front splits it off), refused
+    at start unless vLLM registered it, as `vllm serve` refuses it."""
+    from vllm.reasoning import ReasoningParserManager
+
+    if engine_args.reasoning_parser_plugin:
+        ReasoningParserManager.import_reasoning_parser(engine_args.reasoning_parser_plugin)
+    known = ReasoningParserManager.list_registered()
+    if engine_args.reasoning_parser not in known:
+        sys.exit(
+            f"rollout-service: --reasoning-parser {engine_args.reasoning_parser}: not one of "
+            f"vLLM's reasoning parsers ({', '.join(sorted(known))})"
+        )
+
+
 def _refuse(refusal: start_checks.Refusal) -> NoReturn:
     print(f"rollout-service: {refusal.text}", file=sys.stderr)
     sys.exit(refusal.status)
@@ -141,6 +157,8 @@ def _serve(argv: list[str]) -> int:
                 f"rollout-service: --tool-call-parser {config.tool_call_parser}: not one of "
                 f"vLLM's tool parsers ({', '.join(sorted(known))})"
             )
+    if engine_args.reasoning_parser:
+        _check_reasoning_parser(engine_args)
     from rollout_service.engine.startup import UnsupportedConfig, check_supported
 
     if config.fair_share:

@@ -237,7 +237,13 @@ async def serve(config: ServerConfig, engine_args) -> int:
     try:
         if config.http_port is not None:
             # Beside gRPC, on this loop; 503 (STARTING) until the engine is warm.
-            http = HttpServer(Front(lambda: serving.ready, tokens, config.tool_call_parser), config)
+            front = Front(
+                lambda: serving.ready,
+                tokens,
+                config.tool_call_parser,
+                engine_args.reasoning_parser or None,
+            )
+            http = HttpServer(front, config)
             try:
                 http_port = await http.start()
             except OSError as e:

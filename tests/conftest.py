@@ -31,6 +31,7 @@ from tests.support.fp32_model import build_fp32_tiny_qwen2
 from tests.support.http_front import http_flags
 from tests.support.node import Packed, pack_and_install
 from tests.support.otlp_collector import start_collector
+from tests.support.think_model import build_think_model
 from tests.support.tokens import ADMIN, GENERATE, GENERATE_B
 from tests.support.tp2 import start_tp2_servers
 
@@ -170,6 +171,16 @@ def _start_traced():
     return proc
 
 
+def _start_reasoning():
+    # tests/engine/openai/test_reasoning.py's: a model that thinks on a chain
+    # (tests/support/think_model.py), vLLM's deepseek_r1 and hermes parsers.
+    model = build_think_model(_TMP / "tiny-think")
+    parsers = ("--reasoning-parser", "deepseek_r1", "--tool-call-parser", "hermes")
+    proc = _with_http("--model", str(model), *parsers)
+    proc.model = model  # type: ignore[attr-defined]
+    return proc
+
+
 def _start_metrics():
     metrics_port = free_port()
     return _with_ports(["--metrics-port", str(metrics_port)], None, metrics_port)
@@ -206,6 +217,7 @@ _OWN_SERVERS = {
     "traced_server": _start_traced,
     # A fresh server with metrics, scraped by test_dashboard's Prometheus.
     "metrics_server": _start_metrics,
+    "reasoning_server": _start_reasoning,
 }
 server_starts.declare(shared=_SHARED_SERVERS, own=_OWN_SERVERS)
 
@@ -309,6 +321,15 @@ def metrics_server():
     """A fresh server of this module's own with --metrics-port (its
     `metrics_port`), for a Prometheus to scrape."""
     with server_starts.own("metrics_server") as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def reasoning_server():
+    """A model that thinks (tests/support/think_model.py) served with
+    --reasoning-parser deepseek_r1 and --tool-call-parser hermes, the HTTP
+    front on (`http_target`), its checkpoint's folder `model`."""
+    with server_starts.own("reasoning_server") as proc:
         yield proc
 
 

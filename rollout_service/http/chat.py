@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.http import images, sampling, tools
+from rollout_service.http import images, reasoning, sampling, tools
 from rollout_service.http.body import check_lists, parse_json, validated
 from rollout_service.status.errors import InvalidArgument
 
@@ -40,13 +40,16 @@ MAX_VERSION_CHARS = 256
 @dataclass
 class ChatCall:
     """A chat request ready for the pipeline: vLLM's parsed request (the
-    response is built from it), the GenerateRequest, the prompt's ids and
-    the tool parser's class (None: no parser, or none needed)."""
+    response is built from it), the GenerateRequest, the prompt's ids, the
+    tool parser's class (composed with the reasoning parser; None: no
+    parser, or none needed) and the reasoning parser's alone (None without
+    --reasoning-parser; reasoning.py)."""
 
     request: Any
     generate: pb.GenerateRequest
     prompt_ids: list[int]
     parser_cls: Any
+    reasoning_cls: Any = None
 
     def ran_on(self, engine_ids: Sequence[int]) -> None:
         """A prompt with images: its ids as the engine ran it (its processor
@@ -64,7 +67,7 @@ def prepare_chat(raw: bytes, front, app) -> ChatCall:
     check_lists(data)
     request: Any = validated(ChatCompletionRequest, data)
     sampling.refuse_unsupported(request, CHAT_FIELDS)
-    parser_cls, params = chat_settings(request, front, app)
+    parser_cls, reasoning_cls, params = chat_settings(request, front, app)
     pictures = images.take_images(
         request.messages, app.info.limits.supports_images, images_per_prompt(app)
     )
@@ -80,10 +83,10 @@ def prepare_chat(raw: bytes, front, app) -> ChatCall:
         # the images; the prompt's ids are the engine's (ChatCall.ran_on).
         generate.prompt_text = prompt["prompt"]
         generate.images.extend(pictures)
-        return ChatCall(request, generate, [], parser_cls)
+        return ChatCall(request, generate, [], parser_cls, reasoning_cls)
     ids = prompt_ids(prompt, request, app)
     generate.prompt_token_ids.extend(ids)
-    return ChatCall(request, generate, ids, parser_cls)
+    return ChatCall(request, generate, ids, parser_cls, reasoning_cls)
 
 
 def images_per_prompt(app) -> int:
@@ -93,9 +96,10 @@ def images_per_prompt(app) -> int:
     return mm.get_limit_per_prompt("image") if mm is not None else 0
 
 
-def chat_settings(request, front, app) -> tuple[Any, pb.SamplingParams]:
-    """A parsed chat request's tool parser class (None: none needed) and
-    its SamplingParams (a forced tool call, or response_format, as its
+def chat_settings(request, front, app) -> tuple[Any, Any, pb.SamplingParams]:
+    """A parsed chat request's tool parser class (None: none needed), its
+    reasoning parser class (None: no --reasoning-parser) and its
+    SamplingParams (a forced tool call, or response_format, as its
     structured output); a session's turns take them too (session_chat.py)."""
     parser_cls = front.parser_class(app) if tools.auto(request) else None
     if tools.auto(request) and parser_cls is None:
@@ -105,13 +109,15 @@ def chat_settings(request, front, app) -> tuple[Any, pb.SamplingParams]:
             'tool_choice "required", "none" or a named function',
         )
     structured = tools.forced_structure(request) or request.extract_structured_outputs()
+    reasoning_cls = front.reasoning_class(app)
+    reasoning.refuse_hidden(request, reasoning_cls, structured)
     max_tokens = (
         request.max_completion_tokens
         if request.max_completion_tokens is not None
         else request.max_tokens
     )
     top = request.top_logprobs if request.logprobs else None
-    return parser_cls, sampling.sampling_params(request, max_tokens, top, structured)
+    return parser_cls, reasoning_cls, sampling.sampling_params(request, max_tokens, top, structured)
 
 
 def render_chat(request, app) -> dict[str, Any]:

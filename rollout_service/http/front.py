@@ -1,7 +1,8 @@
 """What the HTTP routes serve with: the server's readiness (the App and the
 pipeline over it, or UNAVAILABLE while the engine starts and once it died,
-exactly as gRPC's handlers get them), the tokens file, and the tool parser
-the command line named."""
+exactly as gRPC's handlers get them), the tokens file, and the tool and
+reasoning parsers the command line named (--tool-call-parser, and vLLM's own
+--reasoning-parser, which the engine reads too)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ class Front:
     ready: Callable[[], Any]
     tokens: Tokens | None
     tool_parser: str | None = None
+    reasoning_parser: str | None = None
     _parser: Any = field(default=None, init=False)
+    _reasoning: Any = field(default=None, init=False)
 
     def model_names(self, app) -> set[str]:
         """The names a request's `model` may give for the base model: the
@@ -30,18 +33,33 @@ class Front:
         return {app.info.model, str(mc.served_model_name), mc.model}
 
     def parser_class(self, app):
-        """vLLM's Parser class for --tool-call-parser (None without one),
-        made once, on the tokenizing thread (it imports and checks the
-        parser against the tokenizer)."""
+        """vLLM's Parser class for --tool-call-parser, composed with the
+        reasoning parser when there is one (None without a tool parser): a
+        tool_choice "auto" request's. Made once, on the tokenizing thread
+        (it imports and checks the parsers against the tokenizer)."""
         if self.tool_parser is None:
             return None
         if self._parser is None:
-            from vllm.parser import ParserManager
-
-            self._parser = ParserManager.get_parser(
-                tool_parser_name=self.tool_parser,
-                enable_auto_tools=True,
-                model_name=app.engine.model_config.model,
-                tokenizer=app.tokenizing.tokenizer,
-            )
+            self._parser = self._compose(app, self.tool_parser)
         return self._parser
+
+    def reasoning_class(self, app):
+        """vLLM's Parser class for --reasoning-parser alone (None without
+        one): every other chat request's, forced tool calls included (their
+        call is read from the content after the reasoning)."""
+        if self.reasoning_parser is None:
+            return None
+        if self._reasoning is None:
+            self._reasoning = self._compose(app, None)
+        return self._reasoning
+
+    def _compose(self, app, tool_parser: str | None):
+        from vllm.parser import ParserManager
+
+        return ParserManager.get_parser(
+            tool_parser_name=tool_parser,
+            reasoning_parser_name=self.reasoning_parser,
+            enable_auto_tools=True,
+            model_name=app.engine.model_config.model,
+            tokenizer=app.tokenizing.tokenizer,
+        )

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.http import tools
+from rollout_service.http import reasoning, tools
 
 FINISH = {
     pb.FINISH_REASON_STOP: "stop",
@@ -100,24 +100,17 @@ def prompt_logprobs(prompt_ids: Sequence[int], response, text: TokenText) -> lis
 
 
 def chat_message(call, c, app) -> tuple:
-    """One completion's ChatMessage, and whether it called tools: a forced
-    call read back from its JSON, an auto one found by the tool parser."""
+    """One completion's ChatMessage, and whether it called tools: its
+    reasoning split off (--reasoning-parser; dropped with include_reasoning
+    false), a forced call read back from its JSON, an auto one found by the
+    tool parser, both in the content only (reasoning.py)."""
     from vllm.entrypoints.openai.chat_completion.protocol import ChatMessage
 
-    request = call.request
-    if tools.forced(request):
-        calls = tools.tool_calls(tools.forced_calls(request, c.text))
-        return ChatMessage(role="assistant", content="", tool_calls=calls), bool(calls)
-    if call.parser_cls is not None:
-        parser = call.parser_cls(
-            app.tokenizing.tokenizer, request.tools, model_config=app.engine.model_config
-        )
-        _, content, found = parser.parse(
-            c.text, request, enable_auto_tools=True, model_output_token_ids=list(c.token_ids)
-        )
-        calls = tools.tool_calls(found or [])
-        return ChatMessage(role="assistant", content=content, tool_calls=calls), bool(calls)
-    return ChatMessage(role="assistant", content=c.text), False
+    thought, content, calls = reasoning.parsed(call, c.text, c.token_ids, app)
+    if not call.request.include_reasoning:
+        thought = None
+    message = ChatMessage(role="assistant", content=content, reasoning=thought, tool_calls=calls)
+    return message, bool(calls)
 
 
 def finish_reason(request, c, called: bool) -> str | None:

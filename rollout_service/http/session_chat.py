@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.http import sampling
+from rollout_service.http import reasoning, sampling
 from rollout_service.http.body import check_lists, parse_json, validated
 from rollout_service.http.chat import CHAT_FIELDS, ChatCall, chat_settings, required_version
-from rollout_service.http.responses import chat_message
 from rollout_service.http.session_history import (
     Message,
     adopt,
@@ -78,14 +77,14 @@ def prepare(raw: bytes, front, app, session: Session) -> SessionChat:
         raise InvalidArgument(
             "tools", "differ from the tools the session was opened with (its prompt renders those)"
         )
-    parser_cls, params = chat_settings(request, front, app)
+    parser_cls, reasoning_cls, params = chat_settings(request, front, app)
     generate = pb.GenerateRequest(
         request_id=request.request_id,
         sampling_params=params,
         required_weight_version=required_version(data),
     )
     messages = [conversation_entry(m, f"messages[{i}]") for i, m in enumerate(data["messages"])]
-    return SessionChat(ChatCall(request, generate, [], parser_cls), messages)
+    return SessionChat(ChatCall(request, generate, [], parser_cls, reasoning_cls), messages)
 
 
 def extend_session(session: Session, messages: list[Message], limits, tok) -> None:
@@ -193,9 +192,13 @@ def whole_turn(
 
 
 def held_message(chat: SessionChat, text: str, ids: list[int], app) -> Message:
-    """The assistant message a turn answered with, as the session holds it."""
-    c = pb.Completion(text=text, token_ids=ids)
-    message, _ = chat_message(chat.call, c, app)
+    """The assistant message a turn answered with, as the session holds it:
+    its reasoning kept even when the answer dropped it (include_reasoning
+    false), for a harness that sends it back."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatMessage
+
+    thought, content, calls = reasoning.parsed(chat.call, text, ids, app)
+    message = ChatMessage(role="assistant", content=content, reasoning=thought, tool_calls=calls)
     return conversation_entry(message.model_dump(), "message")
 
 

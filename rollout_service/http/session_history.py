@@ -5,13 +5,18 @@ A session keeps the OpenAI messages its base URL has seen, as Hugging Face
 conversation entries (`Session.chat_history`): the messages it opened with,
 each message appended, each assistant message it answered with as it was
 returned. A request's `messages` extend them when they start with them,
-compared by position on what a harness keeps of a message (`normal`): the
+compared by position on what a harness keeps of a message (`same`): the
 role, the content's text, the tool calls' names and arguments (as JSON
 values: a harness may re-serialize them) and a tool result's tool_call_id.
 Tool call ids the server made, and fields a harness adds or drops
-(`refusal`, `annotations`, `name`), are not compared. The messages after the
-held ones are new: the session appends them by its template rule, then
-samples the turn. Anything else diverges at its first differing message.
+(`refusal`, `annotations`, `name`), are not compared. An assistant
+message's reasoning (`reasoning`, or vLLM's older `reasoning_content`;
+--reasoning-parser split it off the content) is compared when the harness
+sends it back, and may be left out: reasoning harnesses strip it. Either
+way the session keeps the ids it sampled, the reasoning's included. The
+messages after the held ones are new: the session appends them by its
+template rule, then samples the turn. Anything else diverges at its first
+differing message.
 
 A session re-opened from a history (a Fleet moving it off a lost replica)
 knows the messages it opened with but not those its old URL saw: its first
@@ -84,6 +89,15 @@ def conversation_entry(m: Any, field: str) -> Message:
         entry["tool_calls"] = calls
     if m.get("tool_call_id"):
         entry["tool_call_id"] = str(m["tool_call_id"])
+    thought = m.get("reasoning")
+    if thought is None:
+        thought = m.get("reasoning_content")
+    if thought is not None and m["role"] == "assistant":
+        if not isinstance(thought, str):
+            raise InvalidArgument(f"{field}.reasoning", "a string")
+        if thought:
+            # Both names, as vLLM's renderer gives them to the chat template.
+            entry["reasoning"] = entry["reasoning_content"] = thought
     return entry
 
 
@@ -94,6 +108,14 @@ def normal(entry: Message) -> tuple:
         for c in entry.get("tool_calls") or ()
     )
     return entry["role"], entry["content"], calls, entry.get("tool_call_id", "")
+
+
+def same(held: Message, sent: Message) -> bool:
+    """Whether `sent` is the message `held` (module docstring): its
+    reasoning compared only when it has any."""
+    if normal(sent) != normal(held):
+        return False
+    return not sent.get("reasoning") or sent["reasoning"] == held.get("reasoning")
 
 
 class HistoryDiverged(FailedPrecondition):
@@ -119,7 +141,7 @@ class Extension:
 def extend(held: list[Message], messages: list[Message]) -> Extension:
     """How `messages` (conversation entries) extend `held`."""
     for i, h in enumerate(held):
-        if i >= len(messages) or normal(messages[i]) != normal(h):
+        if i >= len(messages) or not same(h, messages[i]):
             return Extension([], i)
     return Extension(messages[len(held) :])
 
@@ -134,7 +156,7 @@ def adopt(
     message (the agent sends them again). Or HISTORY_RULE_REFUSE's answer
     when they do not line up."""
     for i, p in enumerate(prompt):
-        if i >= len(messages) or normal(messages[i]) != normal(p):
+        if i >= len(messages) or not same(p, messages[i]):
             return prompt, diverged(i, prompt, messages)
     answered = [k for k, g in enumerate(segments) if g.source == _SAMPLED and not g.interrupted]
     end, seen = len(prompt), 0
@@ -164,6 +186,11 @@ def diverged(at: int, held: list[Message], messages: list[Message]) -> HistoryDi
             why = f"has role {got['role']!r:.40}; the session holds a {want['role']!r:.40} message"
         elif want["content"] != got["content"]:
             why = "has other content than the message the session holds there"
+        elif normal(want) == normal(got):
+            why = (
+                "has other reasoning than the message the session holds there "
+                "(send it as it was returned, or none)"
+            )
         else:
             why = "has other tool calls or tool_call_id than the message the session holds there"
     return HistoryDiverged(

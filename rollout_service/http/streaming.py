@@ -3,9 +3,10 @@ them) as OpenAI's server-sent events: vLLM's chunk models, one `data:` line
 each, `data: [DONE]` at the end.
 
 Chat: each choice opens with its role; content follows as it comes, or, for
-an "auto" tool choice with a parser, as vLLM's parser streams it
-(`parse_delta`); a forced tool call is sent whole with the choice's last
-delta (its JSON only parses once complete). With stream_options.include_usage
+an "auto" tool choice with a parser or under --reasoning-parser, as vLLM's
+parser streams it (`parse_delta`: the reasoning in `reasoning`, then the
+content; reasoning.py); a forced tool call is sent whole with the choice's
+last delta (its JSON only parses once complete). With stream_options.include_usage
 a last chunk carries the usage (summed over a completion request's prompts).
 Every chunk carries `weight_version` (the delta's: a PAUSE_MODE_KEEP update
 may move it on mid-stream, and a completion request's prompts may have been
@@ -18,7 +19,7 @@ import json
 from typing import Any
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.http import tools
+from rollout_service.http import reasoning, tools
 from rollout_service.http.completions import completion_logprobs, summed
 from rollout_service.http.responses import FINISH, chat_logprobs, token_texts, usage_info
 
@@ -82,6 +83,22 @@ class ChatStream(_Events):
             id=self.id, model=self.model, choices=choices, weight_version=version, **extra
         )
 
+    def _parser(self, index: int, parser_cls):
+        """The choice's vLLM parser (its stream's state lives in it)."""
+        parser = self.parsers.get(index)
+        if parser is None:
+            parser = self.parsers[index] = reasoning.make(parser_cls, self.call.request, self.app)
+        return parser
+
+    def _parse(self, d: pb.GenerateStreamResponse, parser_cls):
+        return self._parser(d.index, parser_cls).parse_delta(
+            d.text,
+            list(d.token_ids),
+            self.call.request,
+            self.call.prompt_ids,
+            finished=bool(d.finish_reason),
+        )
+
     def _delta(self, d: pb.GenerateStreamResponse):
         """The DeltaMessage for one delta's text (None: nothing to send yet)."""
         from vllm.entrypoints.generate.base.protocol import (
@@ -92,11 +109,19 @@ class ChatStream(_Events):
 
         request, finished = self.call.request, bool(d.finish_reason)
         if tools.forced(request):
-            self.forced_text[d.index] = self.forced_text.get(d.index, "") + d.text
+            # The call is read from the content, after any reasoning, which
+            # streams as it comes.
+            thought, text = None, d.text
+            if self.call.reasoning_cls is not None:
+                split = self._parse(d, self.call.reasoning_cls)
+                thought = split.reasoning if split is not None else None
+                text = (split.content or "") if split is not None else ""
+            self.forced_text[d.index] = self.forced_text.get(d.index, "") + text
             if not finished:
-                return None
+                return DeltaMessage(reasoning=thought) if thought else None
             calls = tools.tool_calls(tools.forced_calls(request, self.forced_text[d.index]))
             return DeltaMessage(
+                reasoning=thought,
                 tool_calls=[
                     DeltaToolCall(
                         index=i,
@@ -107,19 +132,12 @@ class ChatStream(_Events):
                         ),
                     )
                     for i, c in enumerate(calls)
-                ]
+                ],
             )
         if self.call.parser_cls is not None:
-            parser = self.parsers.get(d.index)
-            if parser is None:
-                parser = self.parsers[d.index] = self.call.parser_cls(
-                    self.app.tokenizing.tokenizer,
-                    request.tools,
-                    model_config=self.app.engine.model_config,
-                )
-            return parser.parse_delta(
-                d.text, list(d.token_ids), request, self.call.prompt_ids, finished=finished
-            )
+            return self._parse(d, self.call.parser_cls)
+        if self.call.reasoning_cls is not None:
+            return self._parse(d, self.call.reasoning_cls)
         return DeltaMessage(content=d.text)
 
     def step(self, d: pb.GenerateStreamResponse) -> list[str]:
@@ -143,7 +161,9 @@ class ChatStream(_Events):
             events.append(sse(self._chunk([choice], d.weight_version, **first)))
         delta = self._delta(d)
         reason = FINISH.get(d.finish_reason)
-        if delta is None and reason is None and not request.logprobs:
+        # A token a parser holds back (</think>, tool-call markup) still has
+        # its logprob and id sent when asked for, as vLLM sends them.
+        if delta is None and reason is None and not (request.logprobs or request.return_token_ids):
             return events
         called = bool(delta is not None and delta.tool_calls)
         if called and reason == "stop" and not tools.named(request):
