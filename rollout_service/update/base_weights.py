@@ -123,8 +123,9 @@ class BaseWeights:
     def plan(self, begin: pb.UpdateWeightsBegin) -> UpdatePlan:
         """Validates `begin` against the served model. A full update's
         slots count as no longer holding the served bytes once its first
-        byte is written into them (upload.py), not from here: one aborted
-        before that leaves the delta base offered."""
+        byte is written into them (upload.py, through
+        WeightUpdater.stale_slots), not from here: one aborted before that
+        leaves the delta base offered."""
         offered, why = self.base.offered(self.served.version, self.served.degraded)
         last = self._last
         plan = plan_update(
@@ -142,7 +143,6 @@ class BaseWeights:
                 incoming=self.base.incoming,
                 delta_base=offered,
                 no_base_why=why,
-                base=self.base,
             ),
             self.max_update_bytes,
         )

@@ -28,7 +28,6 @@ from rollout.v1 import rollout_pb2 as pb
 from rollout_codecs import delta, dtypes
 from rollout_service.handoff.region import ALIGN, StagingRegion, StagingSpaceError
 from rollout_service.status.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
-from rollout_service.update.delta_base import DeltaBase
 
 
 @dataclass(frozen=True)
@@ -44,9 +43,6 @@ class Placement:
     # GetServerInfo.delta_base_version now, and why it is empty when it is.
     delta_base: str = ""
     no_base_why: str = "this server keeps no delta base"
-    # What `slots` hold: a slot an update writes into no longer holds the
-    # served bytes from its first byte on (upload.py, delta_base.writing).
-    base: DeltaBase | None = None
 
 
 @dataclass(frozen=True)
@@ -118,8 +114,9 @@ class UpdatePlan:
 
     @property
     def writes_slots(self) -> bool:
-        """Its bytes overwrite slots of the served model (upload.py marks
-        each stale as its first byte comes: delta_base.writing)."""
+        """Its bytes overwrite slots of the served model (the transfer
+        marks each stale as its first byte comes: upload.py's `writing`,
+        DeltaBase.writing)."""
         return not self.packed
 
     def reserve(self) -> memoryview:

@@ -117,7 +117,9 @@ class WeightTransfers:
             raise
         finally:
             self._opening = False
-        upload = Upload(plan, buf, same_host=same_host)
+        # The served model's slots it writes into are marked stale by the
+        # updater as their first bytes come (the plan stays pure).
+        upload = Upload(plan, buf, same_host=same_host, writing=self.updater.stale_slots)
         transfer = self._current = WeightTransfer(upload, same_host, started)
         # Referenced from the transfer: the loop keeps only weak references.
         transfer.expiry = asyncio.ensure_future(self._expire_when_idle(transfer))

@@ -66,6 +66,12 @@ class WeightUpdater:
         """GetServerInfo.delta_base_version."""
         return self.weights.base.offered(self.served.version, self.served.degraded)[0]
 
+    def stale_slots(self, names: set[str]) -> None:
+        """An update writes into these slots of the served model now: they
+        no longer hold the served bytes (DeltaBase.writing; upload.py tells
+        it at each slot's first byte)."""
+        self.weights.base.writing(names)
+
     async def start(self) -> None:
         await self.weights.start()
 

@@ -11,6 +11,7 @@ over a memoryview: tested without an engine.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import crc32c
@@ -72,23 +73,32 @@ class Coverage:
 
 
 class Upload:
-    """Writes the chunks of one planned update into `buf` (plan.reserve())."""
+    """Writes the chunks of one planned update into `buf` (plan.reserve()).
+    `writing` is told the names of the served model's slots the update
+    writes into, each as its first byte comes (the transfer's: it marks
+    them stale in the delta base, DeltaBase.writing)."""
 
-    def __init__(self, plan: UpdatePlan, buf: memoryview, same_host: bool = False) -> None:
+    def __init__(
+        self,
+        plan: UpdatePlan,
+        buf: memoryview,
+        same_host: bool = False,
+        writing: Callable[[set[str]], None] | None = None,
+    ) -> None:
         self.plan = plan
         self._buf = buf
         self._tensors: tuple[PlannedTensor, ...] = plan.tensors
         self._coverage = [Coverage() for _ in plan.tensors]
         self._committed = False
         self.bytes_received = 0
-        # The delta base, when this update writes into its slots: a slot is
+        # When this update writes into the served model's slots: a slot is
         # stale from the first byte written into it, so that an update
-        # aborted before any costs the base nothing. A same-host client
-        # writes into the region itself, unseen: every slot is stale from
-        # the moment the region is handed to it.
-        self._base = plan.placement.base if plan.writes_slots else None
-        if self._base is not None and same_host:
-            self._base.writing(plan.names)
+        # aborted before any costs the delta base nothing. A same-host
+        # client writes into the region itself, unseen: every slot is stale
+        # from the moment the region is handed to it.
+        self._writing = writing if plan.writes_slots else None
+        if self._writing is not None and same_host:
+            self._writing(plan.names)
 
     @property
     def total_bytes(self) -> int:
@@ -156,8 +166,8 @@ class Upload:
                 f"{t.spec.name}: its bytes so far form {MAX_RANGES} separate ranges, the most "
                 "one tensor may; send each tensor's chunks in order",
             )
-        if first and self._base is not None:
-            self._base.writing({t.spec.name})
+        if first and self._writing is not None:
+            self._writing({t.spec.name})
         self._buf[t.offset + start : t.offset + end] = data
         self.bytes_received += size
 

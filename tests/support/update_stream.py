@@ -4,6 +4,8 @@ rest of the messages (upload.py) and `finish` returns the ReceivedUpdate."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rollout.v1 import rollout_pb2 as pb
 from rollout_service.status.errors import InvalidArgument
 from rollout_service.update.plan import Placement, Target, UpdatePlan, plan_update
@@ -18,8 +20,10 @@ class UpdateStream:
         target: Target,
         placement: Placement | None = None,
         max_update_bytes: int = 1 << 20,
+        writing: Callable[[set[str]], None] | None = None,
     ) -> None:
         self.target = target
+        self.writing = writing  # what the transfer gives its Upload (upload.py)
         self.placement = placement or Placement(FakeRegion())
         self.max_update_bytes = max_update_bytes
         self.plan: UpdatePlan | None = None
@@ -27,7 +31,7 @@ class UpdateStream:
 
     def begin(self, begin: pb.UpdateWeightsBegin) -> UpdatePlan:
         self.plan = plan_update(begin, self.target, self.placement, self.max_update_bytes)
-        self.receiver = Upload(self.plan, self.plan.reserve())
+        self.receiver = Upload(self.plan, self.plan.reserve(), writing=self.writing)
         return self.plan
 
     def feed(self, msg: pb.UpdateWeightsRequest) -> None:

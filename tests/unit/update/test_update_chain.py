@@ -204,13 +204,14 @@ def test_the_served_version_is_accepted_only_as_a_retry_of_its_update():
 
 def _slotted() -> tuple[DeltaBase, UpdateStream]:
     """A delta base holding "v0" in every slot, and an update stream whose
-    full updates write into those slots (base_weights.plan's placement)."""
+    full updates write into those slots (base_weights.plan's placement),
+    marking them as the transfer does (WeightUpdater.stale_slots)."""
     staging, incoming = FakeRegion(), FakeRegion()
     staging.ensure(slot_layout(MANIFEST)[1])
     base = DeltaBase(MANIFEST, staging, incoming)
     base.installed("v0", set(MANIFEST))
-    placement = Placement(staging, base.offsets, incoming, delta_base="v0", base=base)
-    return base, UpdateStream(Target(MANIFEST, "v0"), placement)
+    placement = Placement(staging, base.offsets, incoming, delta_base="v0")
+    return base, UpdateStream(Target(MANIFEST, "v0"), placement, writing=base.writing)
 
 
 def test_a_slot_is_stale_from_its_first_byte_not_from_begin():
@@ -230,7 +231,7 @@ def test_a_same_host_update_makes_its_slots_stale_from_begin():
     base, asm = _slotted()
     plan = asm.begin(begin(MANIFEST["a"]).begin)
     assert not base.stale
-    Upload(plan, plan.reserve(), same_host=True)  # the client writes unseen
+    Upload(plan, plan.reserve(), same_host=True, writing=base.writing)  # the client writes unseen
     assert base.stale == {"a"}
 
 

@@ -1,5 +1,7 @@
 """The open-update bookkeeping alone (no engine): the contract's rules where
-begin enters, idle expiry, one at a time, a stalled UpdateWeights stream."""
+begin enters, idle expiry, one at a time, a stalled UpdateWeights stream, and
+the served model's slots marked stale by the transfer (the plan holds no
+delta base), from their first byte or a same-host update's begin."""
 
 from __future__ import annotations
 
@@ -30,13 +32,19 @@ class _Staging:
 
 
 class _Updater:
-    def __init__(self, staging=None) -> None:
+    def __init__(self, staging=None, slots=None) -> None:
         self.staging = staging or _Staging()
+        self.slots = slots  # {"a": 0}: full updates write into the served model's slot
         self.planned = 0
+        self.stale: list[set[str]] = []
 
     async def plan(self, begin):
         self.planned += 1
-        return plan_update(begin, Target({"a": SPEC}, "v0"), Placement(self.staging), 1 << 20)
+        placement = Placement(self.staging, self.slots)
+        return plan_update(begin, Target({"a": SPEC}, "v0"), placement, 1 << 20)
+
+    def stale_slots(self, names: set[str]) -> None:
+        self.stale.append(names)
 
 
 class _Growing(_Staging):
@@ -138,5 +146,32 @@ def test_a_begin_outside_the_contracts_rules_is_refused_before_it_is_planned(beg
         assert e.value.field == field and updater.planned == 0
         s = await sessions.begin(BEGIN)  # nothing held
         sessions.abort(s)
+
+    asyncio.run(main())
+
+
+def test_the_transfer_marks_a_slot_stale_at_its_first_byte():
+    """A full update into the served model's slots: the updater hears of a
+    slot when the first byte is written into it, not at begin (an update
+    aborted before any keeps the delta base); a same-host update's at its
+    begin, since its client writes unseen; a packed update's never."""
+
+    async def main():
+        updater = _Updater(slots={"a": 0})
+        transfers = WeightTransfers(updater)
+        transfer = await transfers.begin(BEGIN)
+        assert transfer.receiver.plan.writes_slots and updater.stale == []
+        transfer.receiver.add_chunk(0, 0, b"x")
+        transfer.receiver.add_chunk(0, 1, b"y")
+        assert updater.stale == [{"a"}]
+        transfers.abort(transfer)
+
+        same_host = _Updater(slots={"a": 0})
+        await WeightTransfers(same_host).begin(BEGIN, same_host=True)
+        assert same_host.stale == [{"a"}]
+
+        packed = _Updater()  # no slots: packed in begin's order
+        (await WeightTransfers(packed).begin(BEGIN)).receiver.add_chunk(0, 0, b"x")
+        assert packed.stale == []
 
     asyncio.run(main())
