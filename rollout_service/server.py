@@ -46,8 +46,8 @@ SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_na
 
 # How long the engine core has to exit after its SIGTERM before vLLM kills it
 # (and with it the cleanup of its shared memory). It stops its worker in about
-# 0.5 s, then its interpreter's teardown takes 1.5 to 3.7 s on an idle host and
-# took over 8 s on a loaded CI host, where 10 s was not enough.
+# 0.5 s, then exits (engine/quick_exit.py): about a second in all on an idle
+# host; on a loaded CI host its teardown took over 8 s, past the 10 s it had.
 ENGINE_EXIT_SECONDS = 30.0
 
 # Keepalive (docs/operations.md, "Keepalive"). A unary Generate

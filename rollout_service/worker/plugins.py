@@ -51,8 +51,9 @@ def register() -> None:
     """Registers the staging-region weight-transfer backend, lets LLaVA
     import without torchvision, drops vLLM's log lines that are noise for
     this service (NOISE), and, in an engine process that was spawned, ends it
-    when its parent dies and makes it fork its own children (worker_fork.py)."""
-    from rollout_service.engine import parent_watch, worker_fork
+    when its parent dies, makes it fork its own children (worker_fork.py)
+    and makes its exit skip the final collection (quick_exit.py)."""
+    from rollout_service.engine import parent_watch, quick_exit, worker_fork
     from rollout_service.engine.tiny_models import install_pixtral_alias
     from rollout_service.worker.weights_backend import register as register_backend
 
@@ -61,3 +62,4 @@ def register() -> None:
     register_backend()
     worker_fork.in_engine_process()  # first: its at-fork hook binds the CPUs
     parent_watch.start_in_spawned_child()
+    quick_exit.in_spawned_child()
