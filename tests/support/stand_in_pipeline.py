@@ -16,6 +16,27 @@ from rollout_service.pipeline.generations import Generations
 from rollout_service.pipeline.many import StreamLimits
 
 
+def final_output(token_ids: list[int], prompt_token_ids: list[int]) -> SimpleNamespace:
+    """An engine's one final output for a prompt, as vLLM's AsyncLLM yields
+    it: `token_ids` sampled, finished for length."""
+    completion = SimpleNamespace(
+        index=0,
+        token_ids=token_ids,
+        logprobs=None,
+        text="",
+        finish_reason="length",
+        stop_reason=None,
+        weight_versions=None,
+    )
+    return SimpleNamespace(
+        outputs=[completion],
+        prompt_token_ids=prompt_token_ids,
+        prompt_logprobs=None,
+        num_cached_tokens=0,
+        finished=True,
+    )
+
+
 def stand_in_pipeline(engine, fair: FairShare) -> Generations:
     """Serves version "v1"; close its `app.tokenizing` when done."""
     limits = ModelLimits(vocab_size=100, max_model_len=64, max_logprobs=5, supports_images=False)

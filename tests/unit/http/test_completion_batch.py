@@ -29,7 +29,7 @@ from rollout_service.http.completions import (
     prompts_of,
 )
 from rollout_service.status.errors import InvalidArgument, ResourceExhausted
-from tests.support.stand_in_pipeline import stand_in_pipeline
+from tests.support.stand_in_pipeline import final_output, stand_in_pipeline
 
 A = CallerId("token:a", "generate", "generate:a")
 
@@ -233,22 +233,7 @@ class RecordingEngine:
     async def generate(self, prompt, params, request_id, **_):
         ids = prompt["prompt_token_ids"]
         self.events.append(f"engine {ids[0]}")
-        completion = SimpleNamespace(
-            index=0,
-            token_ids=ids,
-            logprobs=None,
-            text="",
-            finish_reason="length",
-            stop_reason=None,
-            weight_versions=None,
-        )
-        yield SimpleNamespace(
-            outputs=[completion],
-            prompt_token_ids=ids,
-            prompt_logprobs=None,
-            num_cached_tokens=0,
-            finished=True,
-        )
+        yield final_output(ids, ids)
 
 
 @pytest.fixture

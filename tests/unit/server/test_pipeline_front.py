@@ -6,7 +6,6 @@ stand-in that answers every request with the same tokens."""
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 import pytest
 
@@ -14,7 +13,7 @@ from rollout.v1 import rollout_pb2 as pb
 from rollout_service.fairness.identity import CallerId
 from rollout_service.fairness.share import FairShare
 from rollout_service.status.errors import FailedPrecondition, Unavailable
-from tests.support.stand_in_pipeline import stand_in_pipeline
+from tests.support.stand_in_pipeline import final_output, stand_in_pipeline
 
 ANSWER = [7, 8, 9]
 
@@ -29,22 +28,7 @@ class StandInEngine:
 
     async def generate(self, prompt, params, request_id, **_):
         self.asked.append((prompt["prompt_token_ids"], request_id))
-        completion = SimpleNamespace(
-            index=0,
-            token_ids=ANSWER,
-            logprobs=None,
-            text="",
-            finish_reason="length",
-            stop_reason=None,
-            weight_versions=None,
-        )
-        yield SimpleNamespace(
-            outputs=[completion],
-            prompt_token_ids=prompt["prompt_token_ids"],
-            prompt_logprobs=None,
-            num_cached_tokens=0,
-            finished=True,
-        )
+        yield final_output(ANSWER, prompt["prompt_token_ids"])
 
 
 @pytest.fixture
