@@ -56,7 +56,7 @@ class GenerateOptions(Sampling, total=False):
     messages: Sequence[Any] | None
     # Leave the last (assistant) message open: the completion continues it.
     continue_final_message: bool
-    images: Sequence[bytes] | None  # PNG or JPEG, in the order of the prompt's placeholders
+    images: Sequence[bytes] | None  # PNG, JPEG or WebP, in the order of the prompt's placeholders
     request_id: str  # for logs and abort(); the server makes one when empty
     lora_adapter: str  # a loaded LoRA adapter's name; empty: the base model
     # Run only on this weight version (else RolloutError, reason

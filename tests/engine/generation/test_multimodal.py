@@ -61,10 +61,17 @@ def test_images_change_the_output(llava):
     assert greedy(c, png(1))[:2] == a  # deterministic
 
 
+def test_a_lossless_webp_is_the_same_picture_as_its_png(llava):
+    _, c = llava
+    buf = io.BytesIO()
+    Image.open(io.BytesIO(png(1))).save(buf, format="WEBP", lossless=True)
+    assert greedy(c, buf.getvalue())[:2] == greedy(c, png(1))[:2]
+
+
 @pytest.mark.parametrize(
     ("images", "words"),
     [
-        ([b"not an image"], "images[0].data: is not a PNG or JPEG image"),
+        ([b"not an image"], "images[0].data: is not a PNG, JPEG or WebP image"),
         # A decompression bomb by its header (PIL's own check: over 179M pixels).
         ([png_of(20000, 20000)], "images[0].data: is over the pixels an image may hold"),
         # Under PIL's check, over the request's budget (generation/images.py).
@@ -276,7 +283,7 @@ def test_http_image_refusals_name_the_part(llava, agent, server):
         ("https://example.com/cat.png", "fetches no URL"),
         ("file:///etc/passwd", "fetches no URL"),
         ("data:image/png,not-base64", "not a data: URL in base64"),
-        (data_url(b"%PDF-1.4 not an image"), "not a PNG or JPEG image"),
+        (data_url(b"%PDF-1.4 not an image"), "not a PNG, JPEG or WebP image"),
         ("data:image/png;base64," + "A" * (12 << 20), "bytes, the most an image may"),
         (data_url(bomb()), "pixels in all"),
     ]

@@ -23,6 +23,13 @@ def encoded(fmt: str, size=(8, 6), color=(200, 30, 40)) -> bytes:
     return buf.getvalue()
 
 
+def animated(fmt: str) -> bytes:
+    frames = [Image.new("RGB", (8, 6), (60 * i, 30, 40)) for i in range(3)]
+    buf = io.BytesIO()
+    frames[0].save(buf, format=fmt, save_all=True, append_images=frames[1:])
+    return buf.getvalue()
+
+
 def url(data: bytes, media: str = "image/png") -> str:
     return f"data:{media};base64,{base64.b64encode(data).decode()}"
 
@@ -38,16 +45,18 @@ def chat(*parts) -> list[dict]:
 
 
 def test_images_are_taken_in_order_and_left_as_placeholders():
-    png, jpeg = encoded("PNG"), encoded("JPEG")
+    png, jpeg, webp = encoded("PNG"), encoded("JPEG"), encoded("WEBP")
     messages = chat(image_part(url(png)), {"type": "text", "text": " and "})
     messages.append({"role": "user", "content": [image_part(url(jpeg, "image/jpeg"))]})
+    messages.append({"role": "user", "content": [image_part(url(webp, "image/webp"))]})
     images = take_images(messages, True, 8)
-    assert [i.data for i in images] == [png, jpeg]
+    assert [i.data for i in images] == [png, jpeg, webp]
     assert messages[1]["content"] == [
         {"type": "image_pil", "image_pil": None},
         {"type": "text", "text": " and "},
     ]
     assert messages[2]["content"] == [{"type": "image_pil", "image_pil": None}]
+    assert messages[3]["content"] == [{"type": "image_pil", "image_pil": None}]
     assert messages[0]["content"] == "Be brief."
 
 
@@ -93,10 +102,13 @@ REFUSED = [
     ("data:image/png;base64,QUJD\nREVG", FIELD, "not valid base64"),
     ("data:image/png;base64,", FIELD, "holds no bytes"),
     ("data:image/png;base64," + TOO_BIG, FIELD, f"over {MAX_IMAGE_BYTES} bytes"),
-    (url(b"just some text, not an image"), FIELD, "not a PNG or JPEG image"),
-    (url(encoded("GIF"), "image/gif"), FIELD, "not a PNG or JPEG image"),
-    (url(encoded("WEBP"), "image/webp"), FIELD, "not a PNG or JPEG image"),
-    (url(encoded("PNG")[:-20]), FIELD, "not a PNG or JPEG image ("),
+    (url(b"just some text, not an image"), FIELD, "not a PNG, JPEG or WebP image"),
+    (url(encoded("GIF"), "image/gif"), FIELD, "not a PNG, JPEG or WebP image"),
+    (url(encoded("BMP"), "image/bmp"), FIELD, "not a PNG, JPEG or WebP image"),
+    (url(encoded("PNG")[:-20]), FIELD, "not a PNG, JPEG or WebP image ("),
+    # One frame: the model would see an animation's first alone.
+    (url(animated("WEBP"), "image/webp"), FIELD, "is animated (3 frames)"),
+    (url(animated("PNG")), FIELD, "is animated (3 frames)"),
     # A decompression bomb by its header: PIL's own check (over 179M pixels)...
     (url(png_of(20000, 20000)), FIELD, "over the pixels an image may hold"),
     # ... and the request's budget under it.
