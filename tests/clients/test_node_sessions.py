@@ -21,6 +21,7 @@ import grpc
 import pytest
 
 from rollout_client import RolloutClient, RolloutError, pb
+from rollout_client.calls import core
 from rollout_client.sessions import Session
 from tests.support.node import PACKAGE, SECURE_CLIENT_JS, secure_cfg, start_script
 from tests.support.tokens import GENERATE, GENERATE_B
@@ -189,4 +190,87 @@ def _check_open_session(out, own, other, prompt, append_ids):
     assert (e.value.code, e.value.reason) == (
         grpc.StatusCode.PERMISSION_DENIED,
         "SESSION_NOT_OWNED",
+    )
+
+
+# An OpenAI conversation with a tool call, opened from Node; its messages
+# read back per segment, whole and from segment 1 on.
+MESSAGES_SCRIPT = f"""
+const {{ RolloutClient }} = require({PACKAGE!r});
+{SECURE_CLIENT_JS}
+(async () => {{
+  const s = await client.openSession({{ messages: cfg.messages, max_total_tokens: 256 }});
+  await s.generate(cfg.turn);
+  const whole = await s.trajectory({{ includeMessages: true }});
+  const light = await s.trajectory();
+  const tail = await s.trajectory({{ fromSegment: 1, includeMessages: true }});
+  await s.close();
+  client.close();
+  console.log(JSON.stringify({{ id: s.id, whole, light, tail }}));
+  process.exit(0);
+}})().catch((e) => {{ console.error(e); process.exit(1); }});
+"""
+
+OPENAI_CHAT = [
+    {"role": "user", "content": "Add 1 and 2."},
+    {
+        "role": "assistant",
+        "content": None,
+        "reasoning": "Use the tool.",
+        "tool_calls": [{"id": "c1", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}],
+    },
+    {"role": "tool", "content": "3", "tool_call_id": "c1"},
+]
+
+
+def test_packed_client_sends_openai_messages_and_reads_each_segments_back(
+    packed, shared_secure, clients
+):
+    """OpenAI messages (tool calls, reasoning, a tool result's id) go from
+    Node as the Python client sends them, and trajectory({includeMessages})
+    reads back the messages each segment was rendered from."""
+    cfg = secure_cfg(shared_secure, GENERATE, messages=OPENAI_CHAT, turn=TURN)
+    node = start_script(packed, "session-messages.js", MESSAGES_SCRIPT, cfg)
+    out, err = node.communicate(timeout=180)
+    assert node.returncode == 0, err[-4000:]
+    got = json.loads(out.strip().splitlines()[-1])
+    whole, light, tail = got["whole"], got["light"], got["tail"]
+    assert light["messages"] == []  # only when asked
+    assert len(whole["messages"]) == len(whole["segments"]) == 3  # prompt, generation prompt, turn
+    prompt = whole["messages"][0]["messages"]
+    # As the Python client sends the same conversation, field for field.
+    expected = [
+        json.loads(json.dumps(m, default=str))
+        for m in (_as_dict(c) for c in core.chat_messages(OPENAI_CHAT))
+    ]
+    assert [_as_dict_js(m) for m in prompt] == expected
+    assert prompt[1]["tool_calls"][0]["arguments"] == '{"a": 1, "b": 2}'
+    assert [e["messages"] for e in whole["messages"][1:]] == [[], []]
+    assert [e["messages"] for e in tail["messages"]] == [[], []]
+    assert len(tail["segments"]) == 2
+
+
+def _as_dict(m: pb.ChatMessage) -> dict:
+    return {
+        "role": m.role,
+        "content": [p.text for p in m.content],
+        "tool_calls": [(c.id, c.name, json.loads(c.arguments)) for c in m.tool_calls],
+        "tool_call_id": m.tool_call_id,
+        "reasoning": m.reasoning,
+    }
+
+
+def _as_dict_js(m: dict) -> dict:
+    return json.loads(
+        json.dumps(
+            {
+                "role": m["role"],
+                "content": [p["text"] for p in m["content"]],
+                "tool_calls": [
+                    (c["id"], c["name"], json.loads(c["arguments"])) for c in m["tool_calls"]
+                ],
+                "tool_call_id": m["tool_call_id"],
+                "reasoning": m["reasoning"],
+            }
+        )
     )

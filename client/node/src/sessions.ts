@@ -56,10 +56,28 @@ export type { AppendRender, AppendRender__Output } from "./gen/rollout/v1/Append
 export type { HistoryRule, HistoryRule__Output } from "./gen/rollout/v1/HistoryRule";
 export type { TokenSource, TokenSource__Output } from "./gen/rollout/v1/TokenSource";
 
-/** A chat message as the proto has it, or with its text as a plain string
- * (as the Python client takes {"role": ..., "content": "..."}). Sessions
- * take text only. */
-export type SessionMessage = ChatMessage | { role: string; content: string };
+/** A chat message as the proto has it, or as an OpenAI chat message: its
+ * text as a plain string (or null), an assistant's `tool_calls` (arguments
+ * as JSON text or a value) and `reasoning`, a tool result's `tool_call_id`
+ * (as the Python client takes them). Sessions take text only. */
+export type SessionMessage = ChatMessage | OpenAIMessage;
+
+/** An OpenAI chat message, text only. */
+export interface OpenAIMessage {
+  role: string;
+  content: string | null;
+  tool_calls?: { id?: string; function: { name: string; arguments?: unknown } }[];
+  tool_call_id?: string;
+  reasoning?: string;
+}
+
+/** GetSession's options: `fromSegment` reads only the segments from there
+ * on; `includeMessages` also the chat messages each segment was rendered
+ * from (GetSessionResponse.messages, what a resume needs). */
+export interface TrajectoryOptions extends CallOpts {
+  fromSegment?: number;
+  includeMessages?: boolean;
+}
 
 /** What a session's base URL does with a chat whose messages do not extend
  * the held ones (HistoryRule): refuse it (HISTORY_DIVERGED), or restart the
@@ -98,11 +116,35 @@ export interface StreamTurnOptions extends TurnOptions {
   omitText?: boolean;
 }
 
-/** ChatMessage protos from messages whose content may be a plain string. */
-export function chatMessages(messages: readonly SessionMessage[]): ChatMessage[] {
-  return messages.map((m) =>
-    typeof m.content === "string" ? { role: m.role, content: [{ text: m.content }] } : (m as ChatMessage),
+function isOpenAI(m: SessionMessage): m is OpenAIMessage {
+  const calls = (m as { tool_calls?: unknown[] }).tool_calls ?? [];
+  return (
+    typeof m.content === "string" ||
+    m.content === null ||
+    calls.some((c) => typeof c === "object" && c !== null && "function" in c)
   );
+}
+
+/** ChatMessage protos from protos or OpenAI messages (SessionMessage). */
+export function chatMessages(messages: readonly SessionMessage[]): ChatMessage[] {
+  return messages.map((m) => {
+    if (!isOpenAI(m)) return m;
+    const o = m;
+    return {
+      role: o.role,
+      content: o.content ? [{ text: o.content }] : [],
+      tool_calls: (o.tool_calls ?? []).map((c) => ({
+        id: c.id ?? "",
+        name: c.function.name,
+        arguments:
+          typeof c.function.arguments === "string"
+            ? c.function.arguments
+            : JSON.stringify(c.function.arguments ?? {}),
+      })),
+      tool_call_id: o.tool_call_id ?? "",
+      reasoning: o.reasoning ?? "",
+    };
+  });
 }
 
 /** 1 for each sampled token (what a trainer's loss counts), 0 for prompt and
@@ -192,9 +234,15 @@ export class Session {
   }
 
   /** Every token id the session holds with its source, the sampled ones'
-   * logprobs and versions, and the segments (prompt, turns, appends). */
-  trajectory(opts?: CallOpts): Promise<GetSessionResponse__Output> {
-    return this.calls.unary(this.calls.stub.GetSession, { session_id: this.id }, opts);
+   * logprobs and versions, and the segments (prompt, turns, appends); with
+   * `includeMessages`, the chat messages each segment came from. */
+  trajectory(opts?: TrajectoryOptions): Promise<GetSessionResponse__Output> {
+    const request = {
+      session_id: this.id,
+      from_segment: opts?.fromSegment ?? 0,
+      include_messages: opts?.includeMessages ?? false,
+    };
+    return this.calls.unary(this.calls.stub.GetSession, request, opts);
   }
 
   /** Closes the session and frees what the server holds for it; a turn
