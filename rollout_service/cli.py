@@ -119,6 +119,32 @@ def _check_reasoning_parser(engine_args) -> None:
         )
 
 
+def _check_parsers_fit(engine_args, tool_call_parser: str | None) -> None:
+    """The parsers against the model's tokenizer, before the engine starts:
+    one whose tokens the tokenizer lacks (a reasoning parser's think tokens,
+    a tool parser's call markers) is refused now, as `vllm serve` refuses it,
+    instead of failing every chat request later."""
+    from vllm.parser import ParserManager
+    from vllm.tokenizers import get_tokenizer
+
+    tokenizer = get_tokenizer(
+        engine_args.tokenizer or engine_args.model,
+        tokenizer_mode=engine_args.tokenizer_mode,
+        trust_remote_code=engine_args.trust_remote_code,
+        revision=engine_args.tokenizer_revision,
+    )
+    try:
+        ParserManager.get_parser(
+            tool_parser_name=tool_call_parser,
+            reasoning_parser_name=engine_args.reasoning_parser or None,
+            enable_auto_tools=True,
+            model_name=engine_args.model,
+            tokenizer=tokenizer,
+        )
+    except Exception as e:  # vLLM's words name the flags and the missing tokens
+        sys.exit(f"rollout-service: {e}")
+
+
 def _refuse(refusal: start_checks.Refusal) -> NoReturn:
     print(f"rollout-service: {refusal.text}", file=sys.stderr)
     sys.exit(refusal.status)
@@ -159,6 +185,8 @@ def _serve(argv: list[str]) -> int:
             )
     if engine_args.reasoning_parser:
         _check_reasoning_parser(engine_args)
+    if config.tool_call_parser or engine_args.reasoning_parser:
+        _check_parsers_fit(engine_args, config.tool_call_parser)
     from rollout_service.engine.startup import UnsupportedConfig, check_supported
 
     if config.fair_share:

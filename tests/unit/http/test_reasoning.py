@@ -109,3 +109,23 @@ def test_reasoning_is_a_string():
     with pytest.raises(InvalidArgument) as refused:
         conversation_entry({"role": "assistant", "content": "", "reasoning": 3}, "messages[1]")
     assert refused.value.field == "messages[1].reasoning"
+
+
+def test_a_reasoning_parser_the_tokenizer_cannot_serve_is_refused_before_the_engine(
+    monkeypatch,
+):
+    """The embedded model's tokenizer has no think tokens: deepseek_r1 is
+    refused at start, naming the flag and why, and no server starts."""
+    from rollout_service import server
+
+    monkeypatch.setattr(logs, "configure", lambda json_lines: None)
+
+    async def started(*args):
+        raise AssertionError("the server started")
+
+    monkeypatch.setattr(server, "serve", started)
+    with pytest.raises(SystemExit) as refused:
+        cli._serve(["serve", "--reasoning-parser", "deepseek_r1"])
+    said = str(refused.value.code)
+    assert "--reasoning-parser deepseek_r1 cannot be used with the tokenizer" in said, said
+    assert "think start/end tokens" in said
