@@ -313,7 +313,9 @@ def _cancel(client, session, after: int, max_tokens: int) -> list[int]:
 
 
 def test_a_trajectory_interrupted_twice_equals_one_never_interrupted(gen):
-    total = 300
+    # Long enough that the Abort and the cancel land mid-turn on a fast host:
+    # 300 tokens once ended before the Abort did (finish LENGTH, a CI run).
+    total = 1500
     with gen.open_session(prompt_token_ids=LONG[:40]) as whole:
         straight = list(
             whole.generate(max_tokens=total, ignore_eos=True, **GREEDY).completion.token_ids
