@@ -90,7 +90,10 @@ def test_a_flooding_caller_does_not_starve_another_and_is_capped(shared_secure):
 
 def test_a_tenant_names_a_caller_without_auth_and_a_bad_one_is_refused(server):
     with RolloutClient(server.target, tenant="eval-job", timeout=60) as tenant:
-        stream = tenant.generate_stream(prompt_token_ids=[1, 2, 3], max_tokens=400, ignore_eos=True)
+        # Running while it is looked up: 400 tokens once ended first on a fast host.
+        stream = tenant.generate_stream(
+            prompt_token_ids=[1, 2, 3], max_tokens=2000, ignore_eos=True
+        )
         next(stream)  # running
         with RolloutClient(server.target, timeout=60) as other:
             callers = {c.caller: c.in_flight for c in other.server_info().fair_share.callers}
