@@ -18,29 +18,37 @@ from rollout.v1 import rollout_pb2 as pb
 from rollout_service.generation.json_input import load_loose
 
 
+def tool_call_entry(name: str, arguments: Any, field: str, call_id: str = "") -> dict[str, Any]:
+    """One tool call as the entry's `tool_calls` holds it; `arguments` as a
+    JSON value (text that does not parse stays text; InvalidArgument naming
+    `field` when nested past the JSON bound)."""
+    value = load_loose(arguments, field) if isinstance(arguments, str) else arguments
+    entry: dict[str, Any] = {"type": "function", "function": {"name": name, "arguments": value}}
+    if call_id:
+        entry["id"] = call_id
+    return entry
+
+
+def with_reasoning(entry: dict[str, Any], reasoning: str) -> dict[str, Any]:
+    """`entry` with its reasoning under both names, as vLLM's renderer gives
+    it to the chat template (none: unchanged)."""
+    if reasoning:
+        entry["reasoning"] = entry["reasoning_content"] = reasoning
+    return entry
+
+
 def tool_fields(m: pb.ChatMessage, field: str) -> dict[str, Any]:
-    """`m`'s tool calls, tool_call_id and reasoning as entry fields (none: {});
-    InvalidArgument naming the arguments nested past the JSON bound."""
+    """`m`'s tool calls, tool_call_id and reasoning as entry fields (none: {})."""
     out: dict[str, Any] = {}
-    calls = []
-    for k, call in enumerate(m.tool_calls):
-        entry: dict[str, Any] = {
-            "type": "function",
-            "function": {
-                "name": call.name,
-                "arguments": load_loose(call.arguments, f"{field}.tool_calls[{k}].arguments"),
-            },
-        }
-        if call.id:
-            entry["id"] = call.id
-        calls.append(entry)
+    calls = [
+        tool_call_entry(call.name, call.arguments, f"{field}.tool_calls[{k}].arguments", call.id)
+        for k, call in enumerate(m.tool_calls)
+    ]
     if calls:
         out["tool_calls"] = calls
     if m.tool_call_id:
         out["tool_call_id"] = m.tool_call_id
-    if m.reasoning:
-        out["reasoning"] = out["reasoning_content"] = m.reasoning
-    return out
+    return with_reasoning(out, m.reasoning)
 
 
 def chat_message(entry: dict[str, Any]) -> pb.ChatMessage:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_service.generation.json_input import load_loose
+from rollout_service.generation.chat_entries import tool_call_entry, with_reasoning
 from rollout_service.sessions.trajectory import Segment
 from rollout_service.status.errors import FailedPrecondition, InvalidArgument
 
@@ -57,12 +57,6 @@ def text_of(content: Any, field: str) -> str:
     raise InvalidArgument(f"{field}.content", "a string or a list of text parts")
 
 
-def _arguments(value: Any, field: str) -> Any:
-    """Tool call arguments as a JSON value (a string that does not parse as
-    JSON stays a string; one nested past the JSON bound is refused)."""
-    return load_loose(value, field) if isinstance(value, str) else value
-
-
 def conversation_entry(m: Any, field: str) -> Message:
     """An OpenAI chat message (a dict, as vLLM's request holds it) as the
     Hugging Face conversation entry the session's template renders."""
@@ -74,17 +68,9 @@ def conversation_entry(m: Any, field: str) -> Message:
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise InvalidArgument(f"{field}.tool_calls[{k}].function", "a name and arguments")
-        calls.append(
-            {
-                "type": "function",
-                "function": {
-                    "name": function["name"],
-                    "arguments": _arguments(
-                        function.get("arguments", ""), f"{field}.tool_calls[{k}].function.arguments"
-                    ),
-                },
-            }
-        )
+        arguments = function.get("arguments", "")
+        at = f"{field}.tool_calls[{k}].function.arguments"
+        calls.append(tool_call_entry(function["name"], arguments, at))
     if calls:
         entry["tool_calls"] = calls
     if m.get("tool_call_id"):
@@ -95,9 +81,7 @@ def conversation_entry(m: Any, field: str) -> Message:
     if thought is not None and m["role"] == "assistant":
         if not isinstance(thought, str):
             raise InvalidArgument(f"{field}.reasoning", "a string")
-        if thought:
-            # Both names, as vLLM's renderer gives them to the chat template.
-            entry["reasoning"] = entry["reasoning_content"] = thought
+        with_reasoning(entry, thought)
     return entry
 
 

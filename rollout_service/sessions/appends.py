@@ -51,7 +51,7 @@ def append_messages(session: Session, new: list[dict[str, Any]], limits: ModelLi
     if not ids:
         raise InvalidArgument("messages", "render to no tokens")
     session.check_room(len(ids), "messages")
-    t.append(pb.TOKEN_SOURCE_APPENDED, ids).messages = new
+    t.append(pb.TOKEN_SOURCE_APPENDED, ids, new)
     session.appended_messages(new, nbytes)
     return ids
 
@@ -68,6 +68,6 @@ def restart(session: Session, conversation: list[dict[str, Any]], limits: ModelL
         raise InvalidArgument("messages", "render to no tokens")
     convert.check_prompt_length(len(ids), "messages", limits)
     session.check_room(len(ids), "messages")
-    session.trajectory.restart(ids).messages = conversation
+    session.trajectory.restart(ids, conversation)
     session.restarted_with(conversation, nbytes)
     return ids

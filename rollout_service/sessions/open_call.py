@@ -25,7 +25,7 @@ def _hold(session: Session, request: pb.OpenSessionRequest, limits, tok) -> list
             raise InvalidArgument("resume", "re-opens a history: set no prompt field with it")
         return resuming.resume(session, request, limits, request.append_render != _ISOLATED)
     prompt = open_prompt(request, limits, tok, session.budget)
-    session.trajectory.append(pb.TOKEN_SOURCE_PROMPT, prompt.ids).messages = prompt.conversation
+    session.trajectory.append(pb.TOKEN_SOURCE_PROMPT, prompt.ids, prompt.conversation)
     session.opened_with(prompt.conversation, request.append_render != _ISOLATED, prompt.text_bytes)
     session.tools = prompt.tools
     if prompt.conversation is not None:

@@ -80,19 +80,22 @@ class Trajectory:
     def last(self) -> Segment | None:
         return self.segments[-1] if self.segments else None
 
-    def append(self, source: int, ids: Sequence[int]) -> Segment:
-        """A new segment of prompt or appended tokens."""
-        seg = Segment(source=source, start=len(self.ids), count=len(ids))
+    def append(
+        self, source: int, ids: Sequence[int], messages: list[dict[str, Any]] | None = None
+    ) -> Segment:
+        """A new segment of prompt or appended tokens (rendered from
+        `messages`, when they came as chat messages)."""
+        seg = Segment(source=source, start=len(self.ids), count=len(ids), messages=messages)
         self.ids.extend(ids)
         self.sources.extend([source] * len(ids))
         self.logprobs.extend([0.0] * len(ids))
         self.segments.append(seg)
         return seg
 
-    def restart(self, ids: Sequence[int]) -> Segment:
-        """A new context: `ids` (a whole conversation rendered) appended as a
+    def restart(self, ids: Sequence[int], conversation: list[dict[str, Any]]) -> Segment:
+        """A new context: `ids` (`conversation` rendered) appended as a
         segment that later turns are conditioned on from its start."""
-        seg = self.append(pb.TOKEN_SOURCE_APPENDED, ids)
+        seg = self.append(pb.TOKEN_SOURCE_APPENDED, ids, conversation)
         seg.restarts_context = True
         self.context_start = seg.start
         return seg
