@@ -23,7 +23,7 @@ from grpc_reflection.v1alpha import reflection
 from rollout.v1 import rollout_pb2
 from rollout_service.app import build_app
 from rollout_service.config import ServerConfig
-from rollout_service.engine import parent_watch, placement, worker_fork
+from rollout_service.engine import compile_cache, parent_watch, placement, worker_fork
 from rollout_service.engine.startup import WARM_UP_USUALLY, settle, start_engine
 from rollout_service.handoff.region import StagingRegion, StagingSpaceError, remove_stale_segments
 from rollout_service.http.front import Front
@@ -164,6 +164,10 @@ async def serve(config: ServerConfig, engine_args) -> int:
         log.warning("fault injection armed (%s=%s): for tests only", FAULT_FILE_ENV, fault_file)
     # Engine processes end if this one is killed (parent_watch.py).
     parent_watch.arm()
+    # vLLM's saved compiled model fails to load on CPU (compile_cache.py).
+    from vllm.platforms import current_platform
+
+    compile_cache.arm(current_platform.is_cpu())
     # The engine core forks its workers: vLLM is not imported twice (worker_fork.py).
     worker_fork.arm()
     # Before anything slow: a /dev/shm too small fails now (reservation.py).
