@@ -1,6 +1,6 @@
 """Shared fixtures: the session's real-engine servers (the default one, a
 secure one, a float32 one with LoRA on, a fresh one on test_delta's last
-step), the servers a module has to itself, the packed Node client, and the
+step, one with the HTTP front and tokens), the servers a module has to itself, the packed Node client, and the
 check after each module that it left every shared server as it found it.
 
 How each server starts is declared here; when it starts (the shared ones as
@@ -194,6 +194,7 @@ _SHARED_SERVERS = {
     "shared_secure": _start_secure,
     "fp32_server": _start_fp32,
     "delta_reference": _start_delta_reference,
+    "http_sessions_server": lambda: (_start_http_sessions(), None),
 }
 # Servers one module has to itself (it kills, stops or restarts them, or no
 # other module runs its flags), by module-scoped fixture: a process, or
@@ -210,9 +211,8 @@ _OWN_SERVERS = {
     "tp2_servers": start_tp2_servers,
     "sessions_server": lambda: ServerProcess(*sessions.server_args(_TMP / "sessions")),
     # The HTTP front with tokens and metrics (tests/support/http_front.py):
-    # test_http_front's flags, and test_http_sessions' (its sessions' state).
+    # test_http_front's flags.
     "http_front_server": _start_http_front,
-    "http_sessions_server": _start_http_sessions,
     "hardened_server": _start_hardened,
     "traced_server": _start_traced,
     # A fresh server with metrics, scraped by test_dashboard's Prometheus.
@@ -286,11 +286,13 @@ def http_front_server():
         yield proc
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def http_sessions_server():
-    """The HTTP front with tokens and metrics, each module's own process:
-    tests/engine/openai/test_http_sessions.py's, tests/clients/test_node_openai.py's."""
-    with server_starts.own("http_sessions_server") as proc:
+    """The HTTP front with tokens and metrics, shared like `server` by the
+    modules that open sessions through it (tests/engine/openai/test_http_sessions.py,
+    test_openai_agent.py, tests/clients/test_node_openai.py)."""
+    proc, _ = server_starts.started("http_sessions_server")
+    with shared_servers.serving("HTTP sessions server", proc, {"token": ADMIN}):
         yield proc
 
 

@@ -159,7 +159,7 @@ def test_a_restarted_context_survives_a_resume():
     t.sampled(turn, [7, 8], [-0.5, -0.25], [("v0", 0, 2)])
     t.end_turn(turn, pb.FINISH_REASON_STOP)
     held.add_turn_to_conversation(turn)
-    t.restart([20, 21, 22])
+    t.restart([20, 21, 22], [summary])
     held.restarted_with([summary], 20)
     snap, first = snapshot(t)
     history = pb.SessionHistory(trajectory=tokens_to_proto(t, first, len(t), snap))
