@@ -1,7 +1,8 @@
 """Shared fixtures: the session's real-engine servers (the default one, a
 secure one, a float32 one with LoRA on, a fresh one on test_delta's last
-step, one with the HTTP front and tokens), the servers a module has to itself, the packed Node client, and the
-check after each module that it left every shared server as it found it.
+step, one with the HTTP front and tokens), the servers a module has to
+itself, the packed Node client, and the check after each module that it
+left every shared server as it found it.
 
 How each server starts is declared here; when it starts (the shared ones as
 soon as the tests are collected, a module's own while the module before it
