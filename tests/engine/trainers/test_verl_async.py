@@ -56,21 +56,23 @@ def synced(verl_python, server, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def routed(verl_python, server, own_server, tmp_path_factory):
+def routed(verl_python, server, delta_reference, tmp_path_factory):
+    # The second service: any other server on the model's tokenizer (this
+    # one is shared; its weights are another step's, which routing ignores).
     tmp = tmp_path_factory.mktemp("verl-routing")
     seen = _drive(
         verl_python,
         tmp,
         phase="routing",
         target=server.target,
-        second=own_server.target,
+        second=delta_reference.target,
         model=str(ensure_model("tiny-qwen2")),
         response_length=16,
         prompt_length=PROMPT,
         turns=TURNS,
         trajectories=TRAJECTORIES,
     )
-    seen["targets"] = [server.target, own_server.target]
+    seen["targets"] = [server.target, delta_reference.target]
     return seen
 
 
