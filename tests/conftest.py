@@ -69,8 +69,12 @@ def _with_http(*args: str, env: dict[str, str] | None = None) -> ServerProcess:
 
 
 def _start_server():
-    # The HTTP front on too: the load test's OpenAI agent.
-    return _with_http(env={FAULT_FILE_ENV: str(FAULT_FILE)}), None
+    # The HTTP front on too: the load test's OpenAI agent; metrics for the
+    # dashboard's Prometheus (tests/engine/serving/test_dashboard.py).
+    metrics_port = free_port()
+    proc = _with_http("--metrics-port", str(metrics_port), env={FAULT_FILE_ENV: str(FAULT_FILE)})
+    proc.metrics_port = metrics_port  # type: ignore[attr-defined]
+    return proc, None
 
 
 def _start_secure():
@@ -182,11 +186,6 @@ def _start_reasoning():
     return proc
 
 
-def _start_metrics():
-    metrics_port = free_port()
-    return _with_ports(["--metrics-port", str(metrics_port)], None, metrics_port)
-
-
 # How each server fixture's process starts (tests.support.server_starts
 # says when). The shared servers (session fixtures): the process, and what
 # else its fixture needs.
@@ -216,8 +215,6 @@ _OWN_SERVERS = {
     "http_front_server": _start_http_front,
     "hardened_server": _start_hardened,
     "traced_server": _start_traced,
-    # A fresh server with metrics, scraped by test_dashboard's Prometheus.
-    "metrics_server": _start_metrics,
     "reasoning_server": _start_reasoning,
 }
 server_starts.declare(shared=_SHARED_SERVERS, own=_OWN_SERVERS)
@@ -317,14 +314,6 @@ def traced_server():
             yield proc
         finally:
             proc.receiver.stop(0)
-
-
-@pytest.fixture(scope="module")
-def metrics_server():
-    """A fresh server of this module's own with --metrics-port (its
-    `metrics_port`), for a Prometheus to scrape."""
-    with server_starts.own("metrics_server") as proc:
-        yield proc
 
 
 @pytest.fixture(scope="module")

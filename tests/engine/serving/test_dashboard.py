@@ -132,10 +132,10 @@ def _refuse(target: str, rounds: int, every: float, done: list[str]) -> None:
 
 
 @pytest.fixture(scope="module")
-def scraped_load(metrics_server, tmp_path_factory):
-    """A server with --metrics-port, a Prometheus scraping it every second,
-    and the window of a short Locust run against it (with refusals)."""
-    server = metrics_server
+def scraped_load(server, tmp_path_factory):
+    """The session server (its --metrics-port), a Prometheus scraping it
+    every second, and the window of a short Locust run against it (with
+    refusals)."""
     with Prometheus(f"127.0.0.1:{server.metrics_port}") as prometheus:
         prometheus.wait_scraped()
         out = tmp_path_factory.mktemp("dashboard-load")
