@@ -8,7 +8,6 @@ Server options are declared here; engine options are vLLM's own
 from __future__ import annotations
 
 import argparse
-import atexit
 import os
 import sys
 from typing import NoReturn
@@ -97,10 +96,11 @@ def _exit(code: int) -> NoReturn:
     that settle() froze, for the OS to free anyway (1.4 to 1.6 s measured),
     and, the heap left frozen, triton's nanobind extension (imported through
     vLLM) would print 28 lines about its objects "leaked" at exit."""
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    # Not at the top: it imports parent_watch, whose importer's pid is the
+    # server's (a test runner forks servers from a process that imported cli).
+    from rollout_service.engine import quick_exit
+
+    quick_exit.end(code)
 
 
 def _check_reasoning_parser(engine_args) -> None:

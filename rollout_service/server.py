@@ -23,7 +23,13 @@ from grpc_reflection.v1alpha import reflection
 from rollout.v1 import rollout_pb2
 from rollout_service.app import build_app
 from rollout_service.config import ServerConfig
-from rollout_service.engine import compile_cache, parent_watch, placement, worker_fork
+from rollout_service.engine import (
+    compile_cache,
+    parent_watch,
+    placement,
+    quick_exit,
+    worker_fork,
+)
 from rollout_service.engine.startup import WARM_UP_USUALLY, settle, start_engine
 from rollout_service.handoff.region import StagingRegion, StagingSpaceError, remove_stale_segments
 from rollout_service.http.front import Front
@@ -238,6 +244,7 @@ async def serve(config: ServerConfig, engine_args) -> int:
     engine = None
     app: App | None = None
     http = None
+    engine_died = False
     try:
         if config.http_port is not None:
             # Beside gRPC, on this loop; 503 (STARTING) until the engine is warm.
@@ -298,6 +305,8 @@ async def serve(config: ServerConfig, engine_args) -> int:
             # A supervisor restarts us; a dead engine cannot be revived here.
             log.error("the engine died: NOT_SERVING, exiting with status 1")
             serving.ending.end_all(engine_dead())
+            engine_died = True
+            await serving.ending.ended(config.grace_seconds)
             return 1
         watchdog.cancel()
         log.info(
@@ -307,7 +316,13 @@ async def serve(config: ServerConfig, engine_args) -> int:
         return 0
     finally:
         await _set_health(health_servicer, serving=False)
-        stopping = [server.stop(config.grace_seconds)]
+        # A dead engine's server is not stopped: until this process ends
+        # (below) it refuses every call UNAVAILABLE, and then its connections
+        # close (UNAVAILABLE too). A stop sends GOAWAY and cancels the calls
+        # that crossed it on the way in, as returning would (the event loop
+        # cancels the calls' tasks): their clients saw CANCELLED, which no
+        # retry policy retries (tests/engine/serving/test_faults.py).
+        stopping = [] if engine_died else [server.stop(config.grace_seconds)]
         if http is not None:
             stopping.append(http.stop())
         await asyncio.gather(*stopping)
@@ -318,3 +333,5 @@ async def serve(config: ServerConfig, engine_args) -> int:
             app.close()
         staging.close()
         log.info("shutdown complete")
+        if engine_died:
+            quick_exit.end(1)

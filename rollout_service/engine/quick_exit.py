@@ -24,7 +24,7 @@ import atexit
 import multiprocessing
 import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from rollout_service.engine import parent_watch
 
@@ -51,14 +51,17 @@ def install() -> None:
     def exit(code: Any = None) -> None:
         caller = sys._getframe(1)
         if caller.f_code.co_name == "spawn_main" and caller.f_globals.get("__name__") == _SPAWN:
-            _end(code)
+            end(code)
         real(code)
 
     exit.skips_final_collection = True  # type: ignore[attr-defined]
     sys.exit = exit  # type: ignore[assignment]
 
 
-def _end(code: Any) -> None:
+def end(code: Any) -> NoReturn:
+    """Ends this process at once, its exit functions run (log handlers
+    flush, OpenTelemetry exports its last spans) and its interpreter's
+    finalization skipped (the module docstring)."""
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()

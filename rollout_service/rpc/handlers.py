@@ -102,6 +102,11 @@ class Ending:
         for task in list(self.tasks):
             task.cancel()
 
+    async def ended(self, seconds: float) -> None:
+        """Until every call `end_all` ended has sent its status (at most `seconds`)."""
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=seconds)
+
 
 @contextlib.asynccontextmanager
 async def _policy(ending: Ending, context, rpc: str) -> AsyncIterator[None]:

@@ -7,7 +7,9 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from collections import Counter
 
 import grpc
 import psutil
@@ -84,7 +86,27 @@ def test_hundreds_of_cancelled_streams_leak_nothing(server, client):
     assert fingerprint(client)[1]
 
 
+# Callers that keep calling while the engine dies and the server exits: a
+# call may land at any moment of it, the last milliseconds included.
+CALLERS = 4
+
+
+def _call_until_exit(proc, deadline: float, codes: list) -> None:
+    """Generate calls every 10 ms until the server has exited; the status
+    of each that failed, in `codes`."""
+    with RolloutClient(proc.target, retries=0, timeout=20) as c:
+        while proc.proc.poll() is None and time.monotonic() < deadline:
+            try:
+                c.generate(prompt_token_ids=PROMPT, max_tokens=4)
+            except RolloutError as e:  # calls may still succeed until the engine's death
+                codes.append(e.code)
+            time.sleep(0.01)
+
+
 def test_engine_death_is_reported_and_the_server_exits_nonzero(own_server):
+    """Every call a dying server does not answer fails UNAVAILABLE (a
+    client's retry policy moves on), never CANCELLED: a graceful gRPC stop
+    cancelled the calls that crossed its GOAWAY."""
     proc = own_server
     try:
         engine_cores = [
@@ -93,20 +115,21 @@ def test_engine_death_is_reported_and_the_server_exits_nonzero(own_server):
             if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline())
         ]
         assert engine_cores, "vLLM runs its engine core in a child process"
-        with RolloutClient(proc.target, retries=0, timeout=20) as c:
-            for p in engine_cores:
-                p.kill()
-            deadline = time.monotonic() + 30
-            saw_unavailable = False
-            while proc.proc.poll() is None and time.monotonic() < deadline:
-                try:
-                    c.generate(prompt_token_ids=PROMPT, max_tokens=4)
-                except RolloutError as e:  # calls may still succeed until the exit
-                    assert e.code == grpc.StatusCode.UNAVAILABLE, e  # noqa: PT017
-                    saw_unavailable = True
-                time.sleep(0.1)
+        codes: list[grpc.StatusCode] = []
+        deadline = time.monotonic() + 30
+        callers = [
+            threading.Thread(target=_call_until_exit, args=(proc, deadline, codes))
+            for _ in range(CALLERS)
+        ]
+        for t in callers:
+            t.start()
+        time.sleep(0.5)  # the callers are calling
+        for p in engine_cores:
+            p.kill()
+        for t in callers:
+            t.join(60)
         assert proc.proc.wait(60) == 1
-        assert saw_unavailable
+        assert codes and set(codes) == {grpc.StatusCode.UNAVAILABLE}, Counter(c.name for c in codes)
         with grpc.insecure_channel(proc.target) as ch, pytest.raises(grpc.RpcError):
             health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)
     finally:

@@ -45,5 +45,5 @@ def test_exit_codes_that_are_not_numbers(code, monkeypatch):
     ended = []
     monkeypatch.setattr(quick_exit.os, "_exit", ended.append)
     monkeypatch.setattr(quick_exit.atexit, "_run_exitfuncs", lambda: None)
-    quick_exit._end(code)
+    quick_exit.end(code)
     assert ended == [0 if code is None else 1]
