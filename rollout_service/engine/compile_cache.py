@@ -11,9 +11,9 @@ fails, compiles again and saves the file again.
 
 With it off, vLLM compiles as it did before torch 2.10 (Inductor's own
 cache): the same compiled model, without the failed load and the save.
-Measured on the embedded model, the cache warm, one start each way: the
-worker's start-up 13.6 CPU-seconds with it, 8.8 without; serving in 26 s
-instead of 31 to 32 s. Throughput: `benchmarks.ab --sides ours,ours --env
+Measured on the embedded model, the cache warm (BENCHMARKS.md): SERVING
+in 21.4 to 22.8 s instead of 31.2 to 32.1 s, 24 to 25 CPU-seconds instead
+of 33 to 34 (the worker's 7.0 instead of 13.6). Throughput: `benchmarks.ab --sides ours,ours --env
 B:VLLM_USE_AOT_COMPILE=0 --loads unary,stream --rounds 3`, the median of B
 over A 1.04x unary and 1.04x streamed (BENCHMARKS.md).
 
