@@ -3,8 +3,10 @@
 Order matters. The port opens first with health NOT_SERVING, so orchestrators
 can watch start-up; SERVING is set only once the engine is up and warm, and
 the log says which phase start-up is in and how long each usually takes. On
-SIGTERM/SIGINT: NOT_SERVING, stop accepting calls and give in-flight ones the
-grace period, then shut the engine down (which ends its child processes).
+SIGTERM/SIGINT: NOT_SERVING, refuse new calls UNAVAILABLE and give in-flight
+ones the grace period, end what still runs UNAVAILABLE, shut the engine down
+(which ends its child processes) and end the process; gRPC itself is never
+stopped once it served (rpc/handlers.Ending says why).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from rollout_service.pipeline.serving import App
 from rollout_service.rpc.readiness import Serving
 from rollout_service.rpc.servicer import add_to_server
 from rollout_service.start_checks import in_use, in_use_problem
-from rollout_service.status.errors import engine_dead
+from rollout_service.status.errors import engine_dead, shutting_down
 from rollout_service.update.reservation import reserve_for_checkpoint
 from rollout_service.worker.weights_backend import FAULT_FILE_ENV
 
@@ -55,6 +57,10 @@ SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_na
 # 0.5 s, then exits (engine/quick_exit.py): about a second in all on an idle
 # host; on a loaded CI host its teardown took over 8 s, past the 10 s it had.
 ENGINE_EXIT_SECONDS = 30.0
+
+# How long the calls a stop ends have to send their status (a task cancelled
+# sends it at once; this bounds a handler that does not).
+ENDED_SECONDS = 5.0
 
 # Keepalive (docs/operations.md, "Keepalive"). A unary Generate
 # writes nothing until its rollout ends, minutes later, and load balancers,
@@ -127,9 +133,8 @@ class _Signals:
 
     def __init__(self) -> None:
         self.stop = asyncio.Event()
+        self.hurry = asyncio.Event()
         self.starting = True
-        self.server: grpc.aio.Server | None = None
-        self._hurried: asyncio.Future | None = None
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._received)
@@ -140,9 +145,9 @@ class _Signals:
         elif self.starting:
             log.warning("second signal during start-up: exiting now, the engine's processes follow")
             os._exit(1)
-        elif self.server is not None and self._hurried is None:
+        elif not self.hurry.is_set():
             log.warning("second signal: in-flight calls are ended now, not after their grace")
-            self._hurried = asyncio.ensure_future(self.server.stop(None))
+            self.hurry.set()
 
 
 async def _watch_engine(engine, every: float) -> None:
@@ -153,7 +158,8 @@ async def _watch_engine(engine, every: float) -> None:
 
 
 async def serve(config: ServerConfig, engine_args) -> int:
-    """Runs the server until a signal; returns the process exit code."""
+    """Runs the server until a signal or the engine's death, then ends the
+    process (quick_exit); returns the exit code when it stops before serving."""
     signals = _Signals()
     # Before anything else: the commonest mistake on a first run.
     if problem := in_use_problem(config.host, config.port):
@@ -215,7 +221,6 @@ async def serve(config: ServerConfig, engine_args) -> int:
     # until `serving.start` (readiness.py).
     serving = Serving(config)
     add_to_server(serving, server)
-    signals.server = server
     try:
         port = _add_port(server, config)
     except RuntimeError as e:  # gRPC's "Failed to bind to address ..."
@@ -244,7 +249,8 @@ async def serve(config: ServerConfig, engine_args) -> int:
     engine = None
     app: App | None = None
     http = None
-    engine_died = False
+    # The exit code once it has served (a signal, or the engine died).
+    exiting: int | None = None
     try:
         if config.http_port is not None:
             # Beside gRPC, on this loop; 503 (STARTING) until the engine is warm.
@@ -304,8 +310,9 @@ async def serve(config: ServerConfig, engine_args) -> int:
         if watchdog.done():
             # A supervisor restarts us; a dead engine cannot be revived here.
             log.error("the engine died: NOT_SERVING, exiting with status 1")
-            serving.ending.end_all(engine_dead())
-            engine_died = True
+            exiting = 1
+            await _set_health(health_servicer, serving=False)
+            serving.ending.end_all(engine_dead)
             await serving.ending.ended(config.grace_seconds)
             return 1
         watchdog.cancel()
@@ -313,16 +320,30 @@ async def serve(config: ServerConfig, engine_args) -> int:
             "shutting down: NOT_SERVING, %.1fs grace for in-flight calls (a second signal ends it)",
             config.grace_seconds,
         )
+        exiting = 0
+        await _set_health(health_servicer, serving=False)
+        # New calls are refused UNAVAILABLE while those in flight finish;
+        # what is still running when the grace ends (or at a second signal)
+        # is ended UNAVAILABLE too (handlers.Ending says why not gRPC's stop).
+        serving.ending.refuse(shutting_down)
+        stopping_http = asyncio.ensure_future(http.stop()) if http is not None else None
+        await serving.ending.drained(config.grace_seconds, signals.hurry)
+        serving.ending.end_all(shutting_down)
+        await serving.ending.ended(ENDED_SECONDS)
+        if stopping_http is not None:
+            await stopping_http
+            http = None
         return 0
     finally:
         await _set_health(health_servicer, serving=False)
-        # A dead engine's server is not stopped: until this process ends
+        # Once it served, the server is not stopped: until this process ends
         # (below) it refuses every call UNAVAILABLE, and then its connections
         # close (UNAVAILABLE too). A stop sends GOAWAY and cancels the calls
         # that crossed it on the way in, as returning would (the event loop
         # cancels the calls' tasks): their clients saw CANCELLED, which no
-        # retry policy retries (tests/engine/serving/test_faults.py).
-        stopping = [] if engine_died else [server.stop(config.grace_seconds)]
+        # retry policy retries (tests/engine/serving/test_shutdown.py,
+        # test_faults.py). A stop during start-up still stops it.
+        stopping = [] if exiting is not None else [server.stop(config.grace_seconds)]
         if http is not None:
             stopping.append(http.stop())
         await asyncio.gather(*stopping)
@@ -333,5 +354,5 @@ async def serve(config: ServerConfig, engine_args) -> int:
             app.close()
         staging.close()
         log.info("shutdown complete")
-        if engine_died:
-            quick_exit.end(1)
+        if exiting is not None:
+            quick_exit.end(exiting)

@@ -87,18 +87,40 @@ def register(methods: Mapping[str, Callable], server) -> None:
 
 
 class Ending:
-    """The calls running now, so that a server whose engine died ends them
-    UNAVAILABLE before it stops: a call still waiting on the dead engine
-    would otherwise be cancelled by gRPC at the end of the shutdown grace,
-    and its client would see CANCELLED, which no retry policy retries."""
+    """The calls running now, so that a server that stops (a signal, or its
+    engine died) refuses new calls and ends the running ones with a status of
+    its own, instead of gRPC's stop: that sends GOAWAY and cancels the calls
+    that crossed it, and at the end of its grace the calls still running;
+    their clients saw CANCELLED, which no retry policy retries
+    (tests/engine/serving/test_shutdown.py, test_faults.py)."""
 
     def __init__(self) -> None:
         self.tasks: set[asyncio.Task] = set()
-        self.why: Exception | None = None
+        # Once set, what every new call is refused with (readiness.py) and
+        # what `end_all` ends the running ones with.
+        self.refusal: Callable[[], Exception] | None = None
 
-    def end_all(self, why: Exception) -> None:
-        """Ends every running call with the status for `why`."""
-        self.why = why
+    def refuse(self, refusal: Callable[[], Exception]) -> None:
+        """From now on every new call is refused with `refusal()`."""
+        self.refusal = refusal
+
+    async def drained(self, seconds: float, hurry: asyncio.Event) -> None:
+        """Until every running call has ended, `seconds` have passed or
+        `hurry` is set (a second signal)."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + seconds
+        hurried = asyncio.ensure_future(hurry.wait())
+        try:
+            while self.tasks and not hurry.is_set() and (left := end - loop.time()) > 0:
+                await asyncio.wait(
+                    [*self.tasks, hurried], timeout=left, return_when="FIRST_COMPLETED"
+                )
+        finally:
+            hurried.cancel()
+
+    def end_all(self, refusal: Callable[[], Exception]) -> None:
+        """Refuses new calls with `refusal()` and ends every running call with it."""
+        self.refuse(refusal)
         for task in list(self.tasks):
             task.cancel()
 
@@ -125,9 +147,9 @@ async def _policy(ending: Ending, context, rpc: str) -> AsyncIterator[None]:
         ending.tasks.discard(task)
         await abort(context, e, rpc)
     except asyncio.CancelledError:
-        if ending.why is None:
+        if ending.refusal is None:
             raise
-        await abort(context, ending.why, rpc)
+        await abort(context, ending.refusal(), rpc)
     finally:
         ending.tasks.discard(task)
 

@@ -6,8 +6,9 @@ handlers later) and the port answers health while the engine starts, so
 the App does not exist yet when they are made. `Serving` holds it: empty
 until `start`, then the App and the pipeline over it. Every RPC reaches
 them only through `Serving.ready`, which answers STARTING before the engine
-is up and ENGINE_DEAD once it has died: no RPC can forget the check, and
-none runs on half of the App.
+is up, SHUTTING_DOWN once a signal stops the server and ENGINE_DEAD once the
+engine has died: no RPC can forget the check, and none runs on half of the
+App.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class Serving:
         self.config = config
         # Abort finds every front's calls here, from their first line.
         self.calls = RunningCalls()
-        # Every running call (handlers.py), for ending them if the engine dies.
+        # Every running call (handlers.py), for ending them when the server stops.
         self.ending = Ending()
         # The HTTP front's root URL once it listens (server.py; "" without
         # --http-port): OpenSession answers each session's base URL under it.
@@ -68,15 +69,17 @@ class Serving:
     @property
     def ready(self) -> Ready:
         """The App and pipeline, once started and alive; UNAVAILABLE before
-        (STARTING) and after (ENGINE_DEAD)."""
+        (STARTING) and after (SHUTTING_DOWN, ENGINE_DEAD)."""
         ready = self._ready
         if ready is None:
             raise Unavailable(
                 "the engine is starting; wait for health SERVING", reason=pb.ERROR_REASON_STARTING
             )
-        # ending.why: the server saw the engine die and is ending every call;
-        # one arriving now would otherwise wait on the dead engine until the
-        # shutdown cancelled it (CANCELLED, which no retry policy retries).
-        if ready.app.engine.errored or self.ending.why is not None:
+        # The server is stopping (a signal, or it saw the engine die): a call
+        # arriving now is refused UNAVAILABLE (SHUTTING_DOWN, ENGINE_DEAD), not
+        # left to run into the end of the process.
+        if self.ending.refusal is not None:
+            raise self.ending.refusal()
+        if ready.app.engine.errored:
             raise engine_dead()
         return ready

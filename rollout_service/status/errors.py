@@ -196,6 +196,15 @@ def engine_dead() -> Unavailable:
     return Unavailable("the engine has died; the server is shutting down")
 
 
+def shutting_down() -> Unavailable:
+    """What a call gets once a signal stopped the server: sent while the
+    calls in flight drain, or still running when their grace ends."""
+    return Unavailable(
+        "the server is shutting down; retry on another replica or once it has restarted",
+        reason=pb.ERROR_REASON_SHUTTING_DOWN,
+    )
+
+
 def reason_name(reason: pb.ErrorReason) -> str:
     """ErrorInfo.reason: the ErrorReason's name without its prefix."""
     return pb.ErrorReason.Name(reason).removeprefix("ERROR_REASON_")

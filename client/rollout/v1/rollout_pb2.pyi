@@ -127,6 +127,7 @@ ERROR_REASON_TEMPLATE_NOT_APPEND_ONLY: _errors_pb2.ErrorReason
 ERROR_REASON_CALLER_QUEUE_FULL: _errors_pb2.ErrorReason
 ERROR_REASON_VERSION_REUSED: _errors_pb2.ErrorReason
 ERROR_REASON_HISTORY_DIVERGED: _errors_pb2.ErrorReason
+ERROR_REASON_SHUTTING_DOWN: _errors_pb2.ErrorReason
 FINISH_REASON_UNSPECIFIED: _generation_pb2.FinishReason
 FINISH_REASON_STOP: _generation_pb2.FinishReason
 FINISH_REASON_LENGTH: _generation_pb2.FinishReason

@@ -1,12 +1,13 @@
-"""SIGTERM: NOT_SERVING, in-flight calls finish, exit 0, no child left and
-no "leaked" line; a server started on a busy port exits at once, saying
-what to do."""
+"""SIGTERM: NOT_SERVING, in-flight calls finish, every other call fails
+UNAVAILABLE (never CANCELLED), exit 0, no child left and no "leaked" line; a
+server started on a busy port exits at once, saying what to do."""
 
 from __future__ import annotations
 
 import signal
 import threading
 import time
+from collections import Counter
 
 import grpc
 import psutil
@@ -15,8 +16,28 @@ import pytest
 from harness.serverproc import ServerProcess
 from rollout_client import RolloutClient, RolloutError, pb
 
+# Callers that keep calling through the shutdown, back to back: with gRPC's
+# graceful stop, 2 of 3 such runs saw CANCELLED (2 or 3 of ~10,000 calls).
+CALLERS = 8
+
+
+def _call_until_exit(server, codes: list) -> None:
+    """Generate calls back to back until the server has exited; the status
+    of each that failed, in `codes`."""
+    deadline = time.monotonic() + 60
+    with RolloutClient(server.target, retries=0, timeout=20) as c:
+        while server.proc.poll() is None and time.monotonic() < deadline:
+            try:
+                c.generate(prompt_token_ids=[1, 2, 3], max_tokens=1)
+            except RolloutError as e:  # they succeed until the signal
+                codes.append(e.code)
+
 
 def test_sigterm_drains_in_flight_calls_and_exits_cleanly(draining_server):
+    """The call in flight finishes; every call sent from the signal to the
+    exit fails UNAVAILABLE, which a client's retry policy (ours, a Fleet's,
+    gRPC's) retries elsewhere: gRPC's graceful stop cancelled the calls that
+    crossed its GOAWAY, and CANCELLED is retried by none."""
     # Its grace is 30 s (tests/conftest.py): 500 tokens fit in on a slow
     # machine (4.6 s measured on a loaded 2-core VM, over the 5 s harness
     # default once the exit is counted).
@@ -25,6 +46,10 @@ def test_sigterm_drains_in_flight_calls_and_exits_cleanly(draining_server):
         children = psutil.Process(server.proc.pid).children(recursive=True)
         assert children, "the engine runs in child processes"
         result = {}
+        codes: list[grpc.StatusCode] = []
+        callers = [
+            threading.Thread(target=_call_until_exit, args=(server, codes)) for _ in range(CALLERS)
+        ]
         with RolloutClient(server.target, timeout=60) as client:
 
             def long_call():
@@ -38,6 +63,9 @@ def test_sigterm_drains_in_flight_calls_and_exits_cleanly(draining_server):
             while not client.server_info().engine_requests:
                 assert time.monotonic() < deadline
                 time.sleep(0.02)
+            for caller in callers:
+                caller.start()
+            time.sleep(0.5)  # the callers are calling
             server.proc.send_signal(signal.SIGTERM)
             time.sleep(0.5)
             # new calls are refused while the in-flight one finishes
@@ -45,6 +73,7 @@ def test_sigterm_drains_in_flight_calls_and_exits_cleanly(draining_server):
                 with pytest.raises(RolloutError) as e:
                     late.generate(prompt_text="hello", max_tokens=2)
                 assert e.value.code == grpc.StatusCode.UNAVAILABLE
+                assert e.value.reason == "SHUTTING_DOWN", e.value
             assert t.is_alive(), "the in-flight call is still running"
             t.join(60)
         # the in-flight call completed normally within the grace period
@@ -52,6 +81,9 @@ def test_sigterm_drains_in_flight_calls_and_exits_cleanly(draining_server):
         assert len(completion.token_ids) == 500
         assert completion.finish_reason == pb.FINISH_REASON_LENGTH
         assert server.proc.wait(60) == 0
+        for caller in callers:
+            caller.join(60)
+        assert codes and set(codes) == {grpc.StatusCode.UNAVAILABLE}, Counter(c.name for c in codes)
         time.sleep(1)
         alive = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
         assert not alive, f"left behind: {alive}"

@@ -19,6 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import psutil
 import pytest
 
@@ -215,6 +216,10 @@ def test_ctrl_c_twice_ends_the_grace_then_the_server_and_engine_without_leaks(fi
             tree += ctrl_c(server)
             log = ended_cleanly(server, tree)
         assert all(call.exception() is not None for call in calls), "a call was not ended"
+        # Ended UNAVAILABLE, which a retry policy retries elsewhere (gRPC's
+        # stop without grace cancelled them: CANCELLED, retried by none).
+        codes = {call.exception().code for call in calls}  # type: ignore[union-attr]
+        assert codes == {grpc.StatusCode.UNAVAILABLE}, codes
     in_order(
         log,
         "shutting down: NOT_SERVING, 600.0s grace for in-flight calls (a second signal ends it)",

@@ -250,7 +250,7 @@ def test_calls_running_when_the_engine_dies_end_unavailable_and_a_cancelled_one_
         await asyncio.sleep(0.05)
         assert len(service.ending.tasks) == 1
         if end:
-            service.ending.end_all(Unavailable("the engine has died"))
+            service.ending.end_all(lambda: Unavailable("the engine has died"))
         else:
             call.cancel()  # its client went away
         try:

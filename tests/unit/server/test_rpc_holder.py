@@ -1,7 +1,8 @@
 """The gRPC handlers' one way to the App (rpc/readiness.py), engine-free:
-every RPC answers STARTING before the engine is up and ENGINE_DEAD once it
-died, with the statuses and messages the wire has always carried, and every
-RPC of the proto is served by exactly one handler method (rpc/servicer.py)."""
+every RPC answers STARTING before the engine is up, SHUTTING_DOWN once a
+signal stops the server and ENGINE_DEAD once the engine died, with the
+statuses and messages the wire has always carried, and every RPC of the
+proto is served by exactly one handler method (rpc/servicer.py)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,15 @@ from rollout.v1 import rollout_pb2 as pb
 from rollout_service.config import ServerConfig
 from rollout_service.rpc.readiness import Serving
 from rollout_service.rpc.servicer import SERVICE, rpc_methods
-from rollout_service.status.errors import Unavailable, engine_dead
+from rollout_service.status.errors import Unavailable, engine_dead, shutting_down
 from tests.support.aborts import Context
 
 STARTING = ("the engine is starting; wait for health SERVING", "STARTING")
 DEAD = ("the engine has died; the server is shutting down", "ENGINE_DEAD")
+SHUTTING = (
+    "the server is shutting down; retry on another replica or once it has restarted",
+    "SHUTTING_DOWN",
+)
 
 
 class StandInEngine:
@@ -95,10 +100,17 @@ def test_every_rpc_answers_engine_dead_once_the_engine_died():
         assert (code, details, reason) == (grpc.StatusCode.UNAVAILABLE, *DEAD), name
 
 
-def test_a_call_arriving_while_the_server_ends_every_call_answers_engine_dead():
-    # The watchdog saw the engine die before vLLM's `errored` says so.
+@pytest.mark.parametrize(
+    ("refusal", "expected"),
+    [(engine_dead, DEAD), (shutting_down, SHUTTING)],
+    ids=["engine died", "signal"],
+)
+def test_a_call_arriving_while_the_server_stops_answers_why(refusal, expected):
+    """server.py refuses new calls once it stops: the watchdog saw the engine
+    die (before vLLM's `errored` says so), or a signal came and the calls in
+    flight drain."""
     serving, _ = started()
-    serving.ending.end_all(engine_dead())
+    serving.ending.refuse(refusal)
     for name, method in rpc_methods(serving).items():
         code, details, reason = answer(method)
-        assert (code, details, reason) == (grpc.StatusCode.UNAVAILABLE, *DEAD), name
+        assert (code, details, reason) == (grpc.StatusCode.UNAVAILABLE, *expected), name
