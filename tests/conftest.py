@@ -176,6 +176,17 @@ def _start_traced():
     return proc
 
 
+def _start_first_run():
+    # tests/engine/serving/test_startup_messages.py's: as on a first run, the
+    # embedded model not built yet (its cache folder empty); a grace no test
+    # waits for (the module's second Ctrl-C has to end it).
+    cache = _TMP / "first-run-models"
+    cache.mkdir()
+    proc = ServerProcess("--grace-seconds", "600", env={"ROLLOUT_SERVICE_CACHE": str(cache)})
+    proc.model_cache = cache  # type: ignore[attr-defined]
+    return proc
+
+
 def _start_reasoning():
     # tests/engine/openai/test_reasoning.py's: a model that thinks on a chain
     # (tests/support/think_model.py), vLLM's deepseek_r1 and hermes parsers.
@@ -216,6 +227,7 @@ _OWN_SERVERS = {
     "hardened_server": _start_hardened,
     "traced_server": _start_traced,
     "reasoning_server": _start_reasoning,
+    "first_run_server": _start_first_run,
 }
 server_starts.declare(shared=_SHARED_SERVERS, own=_OWN_SERVERS)
 
@@ -322,6 +334,15 @@ def reasoning_server():
     --reasoning-parser deepseek_r1 and --tool-call-parser hermes, the HTTP
     front on (`http_target`), its checkpoint's folder `model`."""
     with server_starts.own("reasoning_server") as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def first_run_server():
+    """tests/engine/serving/test_startup_messages.py's server, started as on a
+    first run: its `model_cache` was empty until it built the embedded model;
+    600 s of grace."""
+    with server_starts.own("first_run_server") as proc:
         yield proc
 
 

@@ -160,17 +160,10 @@ def test_the_rotary_warning_is_dropped_and_the_loggers_other_lines_kept(caplog):
 
 
 @pytest.fixture(scope="module")
-def first_run(tmp_path_factory):
-    """A server started as on a first run: the embedded model not built yet
-    (its cache folder empty)."""
-    cache = tmp_path_factory.mktemp("models")
-    # A grace no test waits for: the second Ctrl-C has to end it.
-    server = ServerProcess("--grace-seconds", "600", env={"ROLLOUT_SERVICE_CACHE": str(cache)})
-    try:
-        server.wait_ready()
-        yield server, cache
-    finally:
-        server.stop()
+def first_run(first_run_server):
+    """A server started as on a first run (tests/conftest.py; started while the
+    modules before this one run), and the model cache it built into."""
+    return first_run_server, first_run_server.model_cache
 
 
 def test_start_up_says_each_phase_in_order_up_to_serving(first_run):
