@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections import Counter
 
@@ -17,7 +16,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from harness.weights_util import random_weights, version
-from rollout_client import RolloutClient, RolloutError
+from tests.support.callers import calling_until_exit
 
 PROMPT = [11, 22, 33, 44, 55]
 
@@ -86,21 +85,9 @@ def test_hundreds_of_cancelled_streams_leak_nothing(server, client):
     assert fingerprint(client)[1]
 
 
-# Callers that keep calling while the engine dies and the server exits: a
-# call may land at any moment of it, the last milliseconds included.
+# Callers that keep calling while the engine dies and the server exits, every
+# 10 ms: a call may land at any moment of it, the last milliseconds included.
 CALLERS = 4
-
-
-def _call_until_exit(proc, deadline: float, codes: list) -> None:
-    """Generate calls every 10 ms until the server has exited; the status
-    of each that failed, in `codes`."""
-    with RolloutClient(proc.target, retries=0, timeout=20) as c:
-        while proc.proc.poll() is None and time.monotonic() < deadline:
-            try:
-                c.generate(prompt_token_ids=PROMPT, max_tokens=4)
-            except RolloutError as e:  # calls may still succeed until the engine's death
-                codes.append(e.code)
-            time.sleep(0.01)
 
 
 def test_engine_death_is_reported_and_the_server_exits_nonzero(own_server):
@@ -115,20 +102,10 @@ def test_engine_death_is_reported_and_the_server_exits_nonzero(own_server):
             if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline())
         ]
         assert engine_cores, "vLLM runs its engine core in a child process"
-        codes: list[grpc.StatusCode] = []
-        deadline = time.monotonic() + 30
-        callers = [
-            threading.Thread(target=_call_until_exit, args=(proc, deadline, codes))
-            for _ in range(CALLERS)
-        ]
-        for t in callers:
-            t.start()
-        time.sleep(0.5)  # the callers are calling
-        for p in engine_cores:
-            p.kill()
-        for t in callers:
-            t.join(60)
-        assert proc.proc.wait(60) == 1
+        with calling_until_exit(proc, CALLERS, every=0.01, max_tokens=4, within=30) as codes:
+            for p in engine_cores:
+                p.kill()
+            assert proc.proc.wait(60) == 1
         assert codes and set(codes) == {grpc.StatusCode.UNAVAILABLE}, Counter(c.name for c in codes)
         with grpc.insecure_channel(proc.target) as ch, pytest.raises(grpc.RpcError):
             health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)

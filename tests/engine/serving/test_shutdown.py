@@ -15,22 +15,11 @@ import pytest
 
 from harness.serverproc import ServerProcess
 from rollout_client import RolloutClient, RolloutError, pb
+from tests.support.callers import calling_until_exit
 
 # Callers that keep calling through the shutdown, back to back: with gRPC's
 # graceful stop, 2 of 3 such runs saw CANCELLED (2 or 3 of ~10,000 calls).
 CALLERS = 8
-
-
-def _call_until_exit(server, codes: list) -> None:
-    """Generate calls back to back until the server has exited; the status
-    of each that failed, in `codes`."""
-    deadline = time.monotonic() + 60
-    with RolloutClient(server.target, retries=0, timeout=20) as c:
-        while server.proc.poll() is None and time.monotonic() < deadline:
-            try:
-                c.generate(prompt_token_ids=[1, 2, 3], max_tokens=1)
-            except RolloutError as e:  # they succeed until the signal
-                codes.append(e.code)
 
 
 def test_sigterm_drains_in_flight_calls_and_exits_cleanly(draining_server):
@@ -46,10 +35,6 @@ def test_sigterm_drains_in_flight_calls_and_exits_cleanly(draining_server):
         children = psutil.Process(server.proc.pid).children(recursive=True)
         assert children, "the engine runs in child processes"
         result = {}
-        codes: list[grpc.StatusCode] = []
-        callers = [
-            threading.Thread(target=_call_until_exit, args=(server, codes)) for _ in range(CALLERS)
-        ]
         with RolloutClient(server.target, timeout=60) as client:
 
             def long_call():
@@ -63,26 +48,22 @@ def test_sigterm_drains_in_flight_calls_and_exits_cleanly(draining_server):
             while not client.server_info().engine_requests:
                 assert time.monotonic() < deadline
                 time.sleep(0.02)
-            for caller in callers:
-                caller.start()
-            time.sleep(0.5)  # the callers are calling
-            server.proc.send_signal(signal.SIGTERM)
-            time.sleep(0.5)
-            # new calls are refused while the in-flight one finishes
-            with RolloutClient(server.target, retries=0) as late:
-                with pytest.raises(RolloutError) as e:
-                    late.generate(prompt_text="hello", max_tokens=2)
-                assert e.value.code == grpc.StatusCode.UNAVAILABLE
-                assert e.value.reason == "SHUTTING_DOWN", e.value
-            assert t.is_alive(), "the in-flight call is still running"
-            t.join(60)
+            with calling_until_exit(server, CALLERS) as codes:
+                server.proc.send_signal(signal.SIGTERM)
+                time.sleep(0.5)
+                # new calls are refused while the in-flight one finishes
+                with RolloutClient(server.target, retries=0) as late:
+                    with pytest.raises(RolloutError) as e:
+                        late.generate(prompt_text="hello", max_tokens=2)
+                    assert e.value.code == grpc.StatusCode.UNAVAILABLE
+                    assert e.value.reason == "SHUTTING_DOWN", e.value
+                assert t.is_alive(), "the in-flight call is still running"
+                t.join(60)
+                assert server.proc.wait(60) == 0
         # the in-flight call completed normally within the grace period
         completion = result["r"].completions[0]
         assert len(completion.token_ids) == 500
         assert completion.finish_reason == pb.FINISH_REASON_LENGTH
-        assert server.proc.wait(60) == 0
-        for caller in callers:
-            caller.join(60)
         assert codes and set(codes) == {grpc.StatusCode.UNAVAILABLE}, Counter(c.name for c in codes)
         time.sleep(1)
         alive = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
