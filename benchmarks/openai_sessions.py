@@ -51,7 +51,6 @@ from benchmarks.lib.chat_turns import Chat, ChatTally, chats, client, converse, 
 from benchmarks.lib.compare_servers import MODEL, VllmServe, model_vocab, rollout_server
 from benchmarks.lib.loadgen import tree_cpu_seconds
 from benchmarks.sessions import plans, server_flags, workload_args
-from harness.serverproc import free_port
 from rollout_client import AsyncRolloutClient
 
 WAYS = ("sessions", "stateless", "vllm serve")
@@ -110,12 +109,11 @@ async def reset(target: str) -> None:
 
 
 def ours(args, work: Work, order: tuple[str, ...]) -> list[Row]:
-    http_port = free_port()
-    flags = ["--http-port", str(http_port), *server_flags(args.block_size)]
+    flags = ["--http-port", "0", *server_flags(args.block_size)]
     server = rollout_server(args, flags=flags)
-    base = f"http://127.0.0.1:{http_port}"
     try:
         server.wait_ready()
+        base = f"http://{server.http_target}"
         asyncio.run(warm(base, work.warmup))
         rows = []
         for way in order:

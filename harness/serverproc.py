@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -56,9 +57,11 @@ class LoggedServer:
     def wait_ready(self, timeout: float = 300) -> None:
         self._wait_until(self.ready, timeout)
 
-    def _wait_until(self, ready: Callable[[], bool], timeout: float) -> None:
-        """Until `ready()`; fails with the log's tail if the server exits or
-        the timeout passes."""
+    def _wait_until(
+        self, ready: Callable[[], bool], timeout: float, every: float | None = None
+    ) -> None:
+        """Until `ready()`, asked every `every` seconds (`poll_seconds`);
+        fails with the log's tail if the server exits or the timeout passes."""
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
@@ -67,7 +70,7 @@ class LoggedServer:
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{self.name} not ready:\n{self.tail()}")
-            time.sleep(self.poll_seconds)
+            time.sleep(self.poll_seconds if every is None else every)
 
     def tail(self, n: int = 60) -> str:
         lines = self.log.read_text(errors="replace").splitlines()
@@ -99,7 +102,14 @@ class LoggedServer:
 
 
 class ServerProcess(LoggedServer):
-    """`rollout-service serve` as a subprocess, ready when its health is SERVING."""
+    """`rollout-service serve` as a subprocess, ready when its health is SERVING.
+
+    It binds `--port 0` unless given a port (a restart at the same address),
+    and `--http-port 0`/`--metrics-port 0` where its flags say so: the kernel
+    chooses, and `port`, `http_port` and `metrics_port` read what the log says
+    was bound. A port chosen here and bound seconds later by the server could
+    be taken in between (another test's outgoing connections use the same
+    range): a server of CI's once exited "127.0.0.1:53899 is in use"."""
 
     # Each check waits up to 2 s on the health service itself.
     poll_seconds = 0.0
@@ -110,19 +120,56 @@ class ServerProcess(LoggedServer):
     def __init__(
         self, *args: str, env: dict[str, str] | None = None, port: int | None = None
     ) -> None:
-        self.port = port or free_port()  # a port: a restart at the same address
-        self.target = f"127.0.0.1:{self.port}"
+        self._bound: dict[str, int] = {"port": port} if port else {}
         cmd = [
             str(Path(sys.executable).with_name("rollout-service")),
             "serve",
             "--port",
-            str(self.port),
+            str(port or 0),
             "--grace-seconds",
             "5",
             *self.default_args,
             *args,
         ]
         super().__init__(cmd, env=env, log_prefix="rollout-server-")
+
+    @property
+    def port(self) -> int:
+        """The gRPC port (waits until the log names it)."""
+        return self._logged("port")
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def http_port(self) -> int:
+        """The HTTP front's port (for a server started with --http-port)."""
+        return self._logged("http_port")
+
+    @property
+    def http_target(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def metrics_port(self) -> int:
+        """The /metrics port (for a server started with --metrics-port)."""
+        return self._logged("metrics_port")
+
+    def _logged(self, name: str, timeout: float = 300) -> int:
+        """The port the server's log says it bound as `name`; waits for the
+        line, and fails with the log's tail if the server exits first."""
+        if name not in self._bound:
+            found = _BOUND_LINES[name]
+
+            def named() -> bool:
+                m = found.search(self.log.read_text(errors="replace"))
+                if m:
+                    self._bound[name] = int(m.group(1))
+                return m is not None
+
+            self._wait_until(named, timeout, every=0.1)
+        return self._bound[name]
 
     def wait_ready(self, timeout: float = 300, **client_options) -> None:
         """Until health is SERVING (`client_options`: a token, TLS files for
@@ -138,6 +185,13 @@ class ServerProcess(LoggedServer):
 
             self._wait_until(serving, timeout)
 
+
+# The lines of rollout_service/server.py that name a port it bound.
+_BOUND_LINES = {
+    "port": re.compile(r"listening on \S+:(\d+) \("),
+    "http_port": re.compile(r"OpenAI-compatible API on \S+:(\d+) "),
+    "metrics_port": re.compile(r"metrics on http://\S+:(\d+)/metrics"),
+}
 
 # Servers told to stop that may still be shutting down, with their deadlines.
 _stopping: list[tuple[LoggedServer, float]] = []

@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 
 from harness.certs import make_certs, python_tls, server_tls_args
-from harness.serverproc import ServerProcess, free_port
+from harness.serverproc import ServerProcess
 from rollout_client import RolloutClient
 from rollout_service.worker.weights_backend import FAULT_FILE_ENV
-from tests.support import keep_mode, lora, server_starts, sessions, shared_servers
+from tests.support import lora, server_starts, sessions, shared_servers
 from tests.support.fp32_model import build_fp32_tiny_qwen2
 from tests.support.http_front import http_flags
 from tests.support.node import Packed, pack_and_install
@@ -62,19 +62,13 @@ def fault_file():
 
 def _with_http(*args: str, env: dict[str, str] | None = None) -> ServerProcess:
     """A server on the default flags and `args`, with the HTTP front on (its `http_target`)."""
-    http_port = free_port()
-    proc = ServerProcess(*args, "--http-port", str(http_port), env=env)
-    proc.http_target = f"127.0.0.1:{http_port}"  # type: ignore[attr-defined]
-    return proc
+    return ServerProcess(*args, "--http-port", "0", env=env)
 
 
 def _start_server():
     # The HTTP front on too: the load test's OpenAI agent; metrics for the
     # dashboard's Prometheus (tests/engine/serving/test_dashboard.py).
-    metrics_port = free_port()
-    proc = _with_http("--metrics-port", str(metrics_port), env={FAULT_FILE_ENV: str(FAULT_FILE)})
-    proc.metrics_port = metrics_port  # type: ignore[attr-defined]
-    return proc, None
+    return _with_http("--metrics-port", "0", env={FAULT_FILE_ENV: str(FAULT_FILE)}), None
 
 
 def _start_secure():
@@ -113,27 +107,19 @@ def _start_own():
     return _with_http()
 
 
-def _with_ports(args: list[str], http_port: int | None, metrics_port: int) -> ServerProcess:
-    proc = ServerProcess(*args)
-    proc.http_port, proc.metrics_port = http_port, metrics_port  # type: ignore[attr-defined]
-    return proc
-
-
 def _start_http_front():
     # tests/engine/openai/test_http_front.py's: its last test stops the server under a
     # running stream (a grace for it); its cap test holds two streams a caller.
     folder = _TMP / "http-front"
     folder.mkdir(exist_ok=True)
     flags = ("--tool-call-parser", "hermes", "--grace-seconds", "60")
-    args, http_port, metrics_port = http_flags(folder, *flags, "--max-requests-per-caller", "2")
-    return _with_ports(args, http_port, metrics_port)
+    return ServerProcess(*http_flags(folder, *flags, "--max-requests-per-caller", "2"))
 
 
 def _start_http_sessions():
     folder = _TMP / "http-sessions"
     folder.mkdir(exist_ok=True)
-    args, http_port, metrics_port = http_flags(folder)
-    return _with_ports(args, http_port, metrics_port)
+    return ServerProcess(*http_flags(folder))
 
 
 def _start_hardened():
@@ -146,16 +132,15 @@ def _start_hardened():
     tokens = folder / "tokens"
     tokens.write_text("# role:token\ngenerate:gen-token\nadmin:admin-token\n")
     STALE_SEGMENT.write_bytes(b"left over by a crashed run")
-    metrics_port = free_port()
     proc = ServerProcess(
         "--tokens-file", str(tokens),
         *server_tls_args(certs),
         "--max-prompt-tokens", "64",
         "--max-queued-generate", "3",
-        "--metrics-port", str(metrics_port),
+        "--metrics-port", "0",
         "--log-json",
     )  # fmt: skip
-    proc.tls, proc.metrics_port = python_tls(certs), metrics_port  # type: ignore[attr-defined]
+    proc.tls = python_tls(certs)  # type: ignore[attr-defined]
     proc.ready_options = proc.tls  # type: ignore[attr-defined]
     proc.stale_segment = STALE_SEGMENT  # type: ignore[attr-defined]
     return proc
@@ -165,14 +150,12 @@ def _start_traced():
     # tests/engine/serving/test_observability.py's: spans exported to a collector in this
     # process every 200 ms (instead of every 5 s: the tests wait less), metrics.
     collector, receiver, otlp_port = start_collector()
-    metrics_port = free_port()
     proc = ServerProcess(
         "--otlp-traces-endpoint", f"http://127.0.0.1:{otlp_port}",
-        "--metrics-port", str(metrics_port),
+        "--metrics-port", "0",
         env={"OTEL_BSP_SCHEDULE_DELAY": "200"},
     )  # fmt: skip
     proc.collector, proc.receiver = collector, receiver  # type: ignore[attr-defined]
-    proc.metrics_port = metrics_port  # type: ignore[attr-defined]
     return proc
 
 
@@ -216,7 +199,7 @@ _OWN_SERVERS = {
     # A second replica beside own_server (tests/engine/openai/test_fleet_urls.py).
     "second_own_server": _start_own,
     # Fresh for its first update; its metrics read by tests/engine/weights/test_keep_switch.py.
-    "keep_server": lambda: ServerProcess("--metrics-port", str(keep_mode.METRICS_PORT)),
+    "keep_server": lambda: ServerProcess("--metrics-port", "0"),
     "draining_server": lambda: ServerProcess("--grace-seconds", "30"),
     "llava_server": lambda: _with_http("--model", "tiny-llava"),
     "tp2_servers": start_tp2_servers,
@@ -260,7 +243,7 @@ def second_own_server():
 @pytest.fixture(scope="module")
 def keep_server():
     """A server of this module's own, fresh (its first update is the
-    module's), with its metrics on keep_mode.METRICS_PORT."""
+    module's), with its metrics on (its `metrics_port`)."""
     with server_starts.own("keep_server") as proc:
         yield proc
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import openai
 
-from harness.serverproc import ServerProcess, free_port
+from harness.serverproc import ServerProcess
 from rollout_client import RolloutClient
 from tests.support.tokens import ADMIN, GENERATE, GENERATE_B
 
@@ -23,10 +23,10 @@ TIGHT_JSON = (
 class HttpServed:
     """The server, its HTTP front's base URL and its /metrics URL."""
 
-    def __init__(self, proc: ServerProcess, http_port: int, metrics_port: int) -> None:
+    def __init__(self, proc: ServerProcess) -> None:
         self.proc = proc
-        self.url = f"http://127.0.0.1:{http_port}"
-        self.metrics = f"http://127.0.0.1:{metrics_port}/metrics"
+        self.url = f"http://{proc.http_target}"
+        self.metrics = f"http://127.0.0.1:{proc.metrics_port}/metrics"
 
     def sdk(self, token: str = GENERATE, base_url: str | None = None) -> openai.OpenAI:
         return openai.OpenAI(
@@ -42,20 +42,17 @@ class HttpServed:
         return RolloutClient(self.proc.target, token=token, timeout=120)
 
 
-def http_flags(folder: Path, *flags: str) -> tuple[list[str], int, int]:
+def http_flags(folder: Path, *flags: str) -> list[str]:
     """`rollout-service serve` flags for the HTTP front with tokens (ADMIN,
     GENERATE, GENERATE_B, written in `folder`), metrics, tight JSON and
-    `flags`; and the HTTP and metrics ports they name. A module starts the
-    server itself (harness.serverproc's `running`), which marks its tests
-    as needing an engine."""
+    `flags`; the ports are the kernel's choice (the server's `http_port` and
+    `metrics_port` name them)."""
     tokens = folder / "tokens"
     tokens.write_text(f"admin:{ADMIN}\ngenerate:{GENERATE}\ngenerate:{GENERATE_B}\n")
-    http_port, metrics_port = free_port(), free_port()
-    args = [
+    return [
         "--tokens-file", str(tokens),
-        "--http-port", str(http_port),
-        "--metrics-port", str(metrics_port),
+        "--http-port", "0",
+        "--metrics-port", "0",
         *TIGHT_JSON,
         *flags,
     ]  # fmt: skip
-    return args, http_port, metrics_port

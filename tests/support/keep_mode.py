@@ -4,11 +4,7 @@ the new weights generates from its prompt and the tokens so far."""
 
 from __future__ import annotations
 
-from harness.serverproc import free_port
-
 PROMPT = list(range(1, 40))
-# The metrics port of conftest's keep_server.
-METRICS_PORT = free_port()
 
 
 def merged_spans(pieces) -> list[list]:

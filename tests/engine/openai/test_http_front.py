@@ -51,7 +51,7 @@ def served(http_front_server):
     # conftest's flags: the last test stops the server under a running
     # stream (60 s of grace); the cap test holds two streams a caller.
     proc = http_front_server
-    return HttpServed(proc, proc.http_port, proc.metrics_port)
+    return HttpServed(proc)
 
 
 @pytest.fixture(scope="module")

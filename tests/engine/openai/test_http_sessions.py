@@ -81,7 +81,7 @@ def _auth(token: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def served(http_sessions_server):
     proc = http_sessions_server
-    return Served(proc, proc.http_port, proc.metrics_port)
+    return Served(proc)
 
 
 @pytest.fixture(scope="module")

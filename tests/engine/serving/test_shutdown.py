@@ -78,7 +78,7 @@ def test_a_second_server_on_a_busy_port_refuses_to_start(server):
     """gRPC would share the port (SO_REUSEPORT) and split callers between two
     servers on different weights; the second one exits at once instead,
     naming the address, and the first goes on serving."""
-    second = ServerProcess("--port", str(server.port))
+    second = ServerProcess(port=server.port)
     try:
         assert second.proc.wait(120) == 1
         log = second.tail()

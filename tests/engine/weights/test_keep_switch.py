@@ -30,7 +30,7 @@ import pytest
 from harness.weights_util import random_weights, version
 from rollout_client import RolloutClient, pb
 from rollout_client.calls import core
-from tests.support.keep_mode import METRICS_PORT, PROMPT, merged_spans
+from tests.support.keep_mode import PROMPT, merged_spans
 
 # Long enough that the push lands well inside it (on a machine without
 # AVX-512 too), short enough for many rounds.
@@ -204,8 +204,9 @@ def test_every_keep_lands_mid_flight_on_every_kind_of_generation(kc):
         _switch(kc, parameters, kind, seed)
 
 
-def _held_count(phase: str) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10).read()
+def _held_count(server, phase: str) -> float:
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    text = urllib.request.urlopen(url, timeout=10).read()
     m = re.search(rf'^rollout_keep_held_total{{phase="{phase}"}} (\S+)$', text.decode(), re.M)
     return float(m.group(1)) if m else 0.0
 
@@ -216,7 +217,7 @@ def test_a_keep_that_cannot_keep_says_so(kc, keep_server):
     keep: its ack says how long it was held and by what, the metric counts
     it and the log warns. Nothing waits silently."""
     parameters = kc.server_info().parameters
-    before = _held_count("wait")
+    before = _held_count(keep_server, "wait")
     run = Run(_stream_of(kc, 1500))
     run.wait_started("stream", kc)
     resetting = threading.Thread(target=kc.reset_caches)
@@ -232,5 +233,5 @@ def test_a_keep_that_cannot_keep_says_so(kc, keep_server):
     assert ack.HasField("keep_held") and held.phase == "wait", ack
     assert held.seconds > 0.5 and held.requests_finished == 1, held
     assert "ran to their end on the old weights" in held.reason
-    assert _held_count("wait") == before + 1
+    assert _held_count(keep_server, "wait") == before + 1
     assert f"PAUSE_MODE_KEEP update {new!r} was held" in keep_server.log.read_text()
