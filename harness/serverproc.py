@@ -31,6 +31,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def hold_port(port: int = 0) -> socket.socket | None:
+    """A socket bound, not listening, to `port` (0: a free one) with
+    SO_REUSEADDR and SO_REUSEPORT, as gRPC binds: while it is open no other
+    process gets that port, not even for an outgoing connection, and a
+    server binding it as gRPC does still can. None if the port is taken."""
+    held = socket.socket()
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        held.bind(("127.0.0.1", port))
+    except OSError:
+        held.close()
+        return None
+    return held
+
+
 class LoggedServer:
     """A server subprocess with its log in a temporary file: started with
     TEST_ENGINE_ENV over the caller's environment, waited for until
@@ -104,12 +120,12 @@ class LoggedServer:
 class ServerProcess(LoggedServer):
     """`rollout-service serve` as a subprocess, ready when its health is SERVING.
 
-    It binds `--port 0` unless given a port (a restart at the same address),
-    and `--http-port 0`/`--metrics-port 0` where its flags say so: the kernel
-    chooses, and `port`, `http_port` and `metrics_port` read what the log says
-    was bound. A port chosen here and bound seconds later by the server could
-    be taken in between (another test's outgoing connections use the same
-    range): a server of CI's once exited "127.0.0.1:53899 is in use"."""
+    Its gRPC port (`port`, or a free one) is held (`hold_port`) until the
+    server has bound it: a port chosen here and bound seconds later could be
+    taken in between (another test's outgoing connections use the same
+    range: a server of CI's once exited "127.0.0.1:53899 is in use"). The
+    HTTP front and /metrics bind port 0 where its flags say so; `http_port`
+    and `metrics_port` read what the log says was bound."""
 
     # Each check waits up to 2 s on the health service itself.
     poll_seconds = 0.0
@@ -120,27 +136,22 @@ class ServerProcess(LoggedServer):
     def __init__(
         self, *args: str, env: dict[str, str] | None = None, port: int | None = None
     ) -> None:
-        self._bound: dict[str, int] = {"port": port} if port else {}
+        # An explicit port: a restart at the same address (session ids name it).
+        self._held = hold_port(port or 0)
+        self.port: int = self._held.getsockname()[1] if self._held else int(port or 0)
+        self.target = f"127.0.0.1:{self.port}"
+        self._bound: dict[str, int] = {}
         cmd = [
             str(Path(sys.executable).with_name("rollout-service")),
             "serve",
             "--port",
-            str(port or 0),
+            str(self.port),
             "--grace-seconds",
             "5",
             *self.default_args,
             *args,
         ]
         super().__init__(cmd, env=env, log_prefix="rollout-server-")
-
-    @property
-    def port(self) -> int:
-        """The gRPC port (waits until the log names it)."""
-        return self._logged("port")
-
-    @property
-    def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
 
     @property
     def http_port(self) -> int:
@@ -184,11 +195,21 @@ class ServerProcess(LoggedServer):
                     return False
 
             self._wait_until(serving, timeout)
+        self.release_port()
+
+    def release_port(self) -> None:
+        """Lets go of the held port (the server has bound it, or stops)."""
+        if self._held is not None:
+            self._held.close()
+            self._held = None
+
+    def stop(self, timeout: float = 60, wait: bool = True) -> int | None:
+        self.release_port()
+        return super().stop(timeout, wait)
 
 
 # The lines of rollout_service/server.py that name a port it bound.
 _BOUND_LINES = {
-    "port": re.compile(r"listening on \S+:(\d+) \("),
     "http_port": re.compile(r"OpenAI-compatible API on \S+:(\d+) "),
     "metrics_port": re.compile(r"metrics on http://\S+:(\d+)/metrics"),
 }
