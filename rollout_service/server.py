@@ -58,10 +58,6 @@ SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_na
 # host; on a loaded CI host its teardown took over 8 s, past the 10 s it had.
 ENGINE_EXIT_SECONDS = 30.0
 
-# How long the calls a stop ends have to send their status (a task cancelled
-# sends it at once; this bounds a handler that does not).
-ENDED_SECONDS = 5.0
-
 # Keepalive (docs/operations.md, "Keepalive"). A unary Generate
 # writes nothing until its rollout ends, minutes later, and load balancers,
 # meshes and grpc-go/grpc-js users ping such connections every 10 to 60 s.
@@ -307,33 +303,31 @@ async def serve(config: ServerConfig, engine_args) -> int:
         await asyncio.wait(
             [watchdog, asyncio.ensure_future(signals.stop.wait())], return_when="FIRST_COMPLETED"
         )
-        if watchdog.done():
+        died = watchdog.done()
+        watchdog.cancel()
+        if died:
             # A supervisor restarts us; a dead engine cannot be revived here.
             log.error("the engine died: NOT_SERVING, exiting with status 1")
-            exiting = 1
-            await _set_health(health_servicer, serving=False)
-            serving.ending.end_all(engine_dead)
-            await serving.ending.ended(config.grace_seconds)
-            return 1
-        watchdog.cancel()
-        log.info(
-            "shutting down: NOT_SERVING, %.1fs grace for in-flight calls (a second signal ends it)",
-            config.grace_seconds,
-        )
-        exiting = 0
+        else:
+            log.info(
+                "shutting down: NOT_SERVING, %.1fs grace for in-flight calls "
+                "(a second signal ends it)",
+                config.grace_seconds,
+            )
+        exiting = 1 if died else 0
         await _set_health(health_servicer, serving=False)
-        # New calls are refused UNAVAILABLE while those in flight finish;
-        # what is still running when the grace ends (or at a second signal)
-        # is ended UNAVAILABLE too (handlers.Ending says why not gRPC's stop).
-        serving.ending.refuse(shutting_down)
-        stopping_http = asyncio.ensure_future(http.stop()) if http is not None else None
-        await serving.ending.drained(config.grace_seconds, signals.hurry)
-        serving.ending.end_all(shutting_down)
-        await serving.ending.ended(ENDED_SECONDS)
-        if stopping_http is not None:
-            await stopping_http
-            http = None
-        return 0
+        # New calls are refused UNAVAILABLE while those in flight finish (none
+        # can once the engine died); what still runs when the grace ends (or at
+        # a second signal) is ended UNAVAILABLE too (handlers.Ending says why
+        # not gRPC's stop). The HTTP front stops meanwhile.
+        ending = serving.ending.stop(
+            engine_dead if died else shutting_down,
+            0.0 if died else config.grace_seconds,
+            signals.hurry,
+        )
+        await asyncio.gather(ending, *([http.stop()] if http is not None else []))
+        http = None
+        return exiting
     finally:
         await _set_health(health_servicer, serving=False)
         # Once it served, the server is not stopped: until this process ends

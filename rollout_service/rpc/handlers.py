@@ -86,6 +86,11 @@ def register(methods: Mapping[str, Callable], server) -> None:
     server.add_registered_method_handlers(service.full_name, handlers)
 
 
+# How long the calls a stop ends have to send their status (a task cancelled
+# sends it at once; this bounds a handler that does not).
+ENDED_SECONDS = 5.0
+
+
 class Ending:
     """The calls running now, so that a server that stops (a signal, or its
     engine died) refuses new calls and ends the running ones with a status of
@@ -99,35 +104,49 @@ class Ending:
         # Once set, what every new call is refused with (readiness.py) and
         # what `end_all` ends the running ones with.
         self.refusal: Callable[[], Exception] | None = None
+        # The running calls `end_all` ended (a call whose own client went
+        # away is cancelled too, and stays so).
+        self.cut: set[asyncio.Task] = set()
 
     def refuse(self, refusal: Callable[[], Exception]) -> None:
         """From now on every new call is refused with `refusal()`."""
         self.refusal = refusal
 
-    async def drained(self, seconds: float, hurry: asyncio.Event) -> None:
+    async def stop(
+        self,
+        refusal: Callable[[], Exception],
+        drain_seconds: float,
+        hurry: asyncio.Event | None = None,
+    ) -> None:
+        """The server's stop, in order: every new call refused with
+        `refusal()`; the running ones given `drain_seconds` to finish (until
+        `hurry` is set: a second signal); what still runs ended with
+        `refusal()`; and up to ENDED_SECONDS for their statuses."""
+        self.refuse(refusal)
+        await self._running(drain_seconds, hurry)
+        self.end_all(refusal)
+        await self._running(ENDED_SECONDS)
+
+    def end_all(self, refusal: Callable[[], Exception]) -> None:
+        """Refuses new calls with `refusal()` and ends every running call with it."""
+        self.refuse(refusal)
+        self.cut |= self.tasks
+        for task in list(self.tasks):
+            task.cancel()
+
+    async def _running(self, seconds: float, hurry: asyncio.Event | None = None) -> None:
         """Until every running call has ended, `seconds` have passed or
-        `hurry` is set (a second signal)."""
+        `hurry` is set."""
         loop = asyncio.get_running_loop()
         end = loop.time() + seconds
-        hurried = asyncio.ensure_future(hurry.wait())
+        hurried = asyncio.ensure_future((hurry or asyncio.Event()).wait())
         try:
-            while self.tasks and not hurry.is_set() and (left := end - loop.time()) > 0:
+            while self.tasks and not hurried.done() and (left := end - loop.time()) > 0:
                 await asyncio.wait(
                     [*self.tasks, hurried], timeout=left, return_when="FIRST_COMPLETED"
                 )
         finally:
             hurried.cancel()
-
-    def end_all(self, refusal: Callable[[], Exception]) -> None:
-        """Refuses new calls with `refusal()` and ends every running call with it."""
-        self.refuse(refusal)
-        for task in list(self.tasks):
-            task.cancel()
-
-    async def ended(self, seconds: float) -> None:
-        """Until every call `end_all` ended has sent its status (at most `seconds`)."""
-        if self.tasks:
-            await asyncio.wait(list(self.tasks), timeout=seconds)
 
 
 @contextlib.asynccontextmanager
@@ -147,11 +166,12 @@ async def _policy(ending: Ending, context, rpc: str) -> AsyncIterator[None]:
         ending.tasks.discard(task)
         await abort(context, e, rpc)
     except asyncio.CancelledError:
-        if ending.refusal is None:
+        if task not in ending.cut or ending.refusal is None:
             raise
         await abort(context, ending.refusal(), rpc)
     finally:
         ending.tasks.discard(task)
+        ending.cut.discard(task)
 
 
 def _parsed(request):

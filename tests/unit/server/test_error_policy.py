@@ -238,10 +238,11 @@ def test_decorators_apply_the_policy_and_let_cancellation_pass(kind):
 def test_calls_running_when_the_engine_dies_end_unavailable_and_a_cancelled_one_stays_so(kind):
     """The server ends its running calls when the engine dies (server.py):
     UNAVAILABLE, which clients retry elsewhere, not the CANCELLED gRPC
-    would send at the end of the shutdown grace."""
+    would send at the end of the shutdown grace. A call whose own client went
+    away stays cancelled, a stop under way or not."""
     from rollout_service.status.errors import Unavailable
 
-    async def main(end: bool, context: Context) -> None:
+    async def main(end: bool, context: Context, stopping: bool = False) -> None:
         service = Service()
         waits = service.Waits if kind == "unary" else service.StreamWaits
         call = asyncio.ensure_future(
@@ -249,6 +250,8 @@ def test_calls_running_when_the_engine_dies_end_unavailable_and_a_cancelled_one_
         )
         await asyncio.sleep(0.05)
         assert len(service.ending.tasks) == 1
+        if stopping:  # a stop under way, its calls draining
+            service.ending.refuse(lambda: Unavailable("the server is shutting down"))
         if end:
             service.ending.end_all(lambda: Unavailable("the engine has died"))
         else:
@@ -256,14 +259,15 @@ def test_calls_running_when_the_engine_dies_end_unavailable_and_a_cancelled_one_
         try:
             await call
         finally:
-            assert not service.ending.tasks
+            assert not service.ending.tasks and not service.ending.cut
 
     ended = Context()
     with pytest.raises(grpc.aio.AbortError):
         asyncio.run(main(True, ended))
     assert ended.aborted[0] == grpc.StatusCode.UNAVAILABLE
     assert ended.aborted[1] == "the engine has died"
-    cancelled = Context()
-    with pytest.raises(asyncio.CancelledError):
-        asyncio.run(main(False, cancelled))
-    assert cancelled.aborted is None
+    for stopping in (False, True):
+        cancelled = Context()
+        with pytest.raises(asyncio.CancelledError):
+            asyncio.run(main(False, cancelled, stopping))
+        assert cancelled.aborted is None, stopping
