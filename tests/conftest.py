@@ -27,7 +27,7 @@ from harness.certs import make_certs, python_tls, server_tls_args
 from harness.serverproc import ServerProcess
 from rollout_client import RolloutClient
 from rollout_service.worker.weights_backend import FAULT_FILE_ENV
-from tests.support import lora, server_starts, sessions, shared_servers
+from tests.support import lora, server_starts, sessions, shared_servers, weights_reference
 from tests.support.fp32_model import build_fp32_tiny_qwen2
 from tests.support.http_front import http_flags
 from tests.support.node import Packed, pack_and_install
@@ -38,10 +38,12 @@ from tests.support.tp2 import start_tp2_servers
 
 pytest_plugins = ["tests.support.orchestration"]
 
-# Every server the suite starts holds a 256 MiB KV cache, not the default
-# 1 GiB (resident: about 1.5 GB a server in all, and the suite runs up to a
-# dozen at once on 24 GiB; the embedded models' longest test needs a few MB).
-KV_CACHE_BYTES = 256 << 20
+# Every server the suite starts holds a 64 MiB KV cache, not the default
+# 1 GiB: the suite runs up to a dozen servers at once on 24 GiB, and the
+# embedded models' longest test needs a few MB (131,072 tokens of tiny-qwen2
+# fit). At 256 MiB a server was 1.6 GB resident, and a rehearsal's kernel
+# killed a worker for memory (-9) while the idle test started servers ahead.
+KV_CACHE_BYTES = 64 << 20
 ServerProcess.default_args = ("--kv-cache-memory-bytes", str(KV_CACHE_BYTES))
 
 # The session's files (certificates, the fault file, the float32 checkpoint),
@@ -211,6 +213,7 @@ _OWN_SERVERS = {
     "traced_server": _start_traced,
     "reasoning_server": _start_reasoning,
     "first_run_server": _start_first_run,
+    "weights_reference_server": lambda: weights_reference.start_server(_TMP / "weights-new"),
 }
 server_starts.declare(shared=_SHARED_SERVERS, own=_OWN_SERVERS)
 
@@ -245,6 +248,14 @@ def keep_server():
     """A server of this module's own, fresh (its first update is the
     module's), with its metrics on (its `metrics_port`)."""
     with server_starts.own("keep_server") as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def weights_reference_server():
+    """A fresh engine on the new weights test_weights.py pushes, with a tiny
+    update-size limit (tests/support/weights_reference.py)."""
+    with server_starts.own("weights_reference_server") as proc:
         yield proc
 
 
