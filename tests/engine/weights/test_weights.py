@@ -10,7 +10,6 @@ import time
 import grpc
 import pytest
 
-from harness.serverproc import ServerProcess
 from harness.weights_util import (
     COMMIT,
     begin,
@@ -20,11 +19,10 @@ from harness.weights_util import (
     spec,
     tensor_bytes,
     version,
-    write_checkpoint,
 )
 from rollout.v1 import rollout_pb2_grpc
 from rollout_client import RolloutError, pb
-from rollout_service.engine.tiny_models import ensure_model
+from tests.support import weights_reference
 
 # Several KV blocks long, so most of it lands in the prefix cache.
 LONG_PROMPT = [random.Random(0).randrange(10, 500) for _ in range(200)]
@@ -48,25 +46,12 @@ def stub(server):
 
 @pytest.fixture(scope="module")
 def new_weights(info):
-    return random_weights(info.parameters, seed=101)
+    weights = weights_reference.new_weights()
+    assert set(weights) == {p.name for p in info.parameters}, "every tensor the server serves"
+    return weights
 
 
-@pytest.fixture(scope="module")
-def reference_server(new_weights, tmp_path_factory):
-    """A fresh engine started on a checkpoint that holds `new_weights`, with
-    a tiny update-size limit (for the oversize case)."""
-    ckpt = write_checkpoint(
-        ensure_model("tiny-qwen2"), new_weights, tmp_path_factory.mktemp("ckpt") / "new"
-    )
-    proc = ServerProcess("--model", str(ckpt), "--max-update-bytes", "65536")
-    try:
-        proc.wait_ready()
-        yield proc
-    finally:
-        proc.stop(wait=False)
-
-
-def test_update_is_never_stale_text(client, new_weights, reference_server):
+def test_update_is_never_stale_text(client, new_weights, weights_reference_server):
     greedy(client)
     warm = greedy(client)
     assert warm.usage.cached_prompt_tokens >= 128, "the prompt must come from the prefix cache"
@@ -84,7 +69,7 @@ def test_update_is_never_stale_text(client, new_weights, reference_server):
 
     from rollout_client import RolloutClient
 
-    with RolloutClient(reference_server.target) as fresh:
+    with RolloutClient(weights_reference_server.target) as fresh:
         expected = greedy(fresh)
     got_tokens, got_logprobs = tokens_and_logprobs(after)
     want_tokens, want_logprobs = tokens_and_logprobs(expected)
@@ -204,10 +189,10 @@ def test_invalid_streams_leave_weights_untouched(client, stub):
     assert not client.server_info().degraded
 
 
-def test_oversize_update_is_refused(reference_server):
+def test_oversize_update_is_refused(weights_reference_server):
     from rollout_client import RolloutClient
 
-    with RolloutClient(reference_server.target) as c:
+    with RolloutClient(weights_reference_server.target) as c:
         info = c.server_info()
         before = tokens_and_logprobs(greedy(c))
         with pytest.raises(RolloutError) as e:
