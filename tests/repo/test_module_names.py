@@ -40,16 +40,25 @@ HISTORY = {"docs/bench/history.md", "tests/repo/test_module_names.py"}
 NAMED = re.compile(r"(?<![\w/.-])((?:[A-Za-z_][\w-]*/)*[A-Za-z_]\w*\.py)\b")
 
 
-def _files() -> list[str]:
+class Tree:
+    """The repository's files, indexed once for `unknown`'s lookups."""
+
+    def __init__(self, files: list[str]) -> None:
+        self.files = set(files)
+        self.basenames = {Path(f).name for f in files}
+        dirs = {p for f in files for p in map(str, Path(f).parents)} - {"."}
+        self.dir_names = {Path(d).name for d in dirs}
+        # Every tail of a path after one of its slashes ("b/c.py" of "a/b/c.py").
+        self.tails = {f.split("/", i)[i] for f in files for i in range(1, f.count("/") + 1)}
+
+
+def _tree() -> Tree:
     out = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True)
-    return out.stdout.split()
+    return Tree(out.stdout.split())
 
 
-def unknown(text: str, where: str, files: list[str]) -> list[str]:
+def unknown(text: str, where: str, tree: Tree) -> list[str]:
     """The module files `text` (from the file `where`) names that do not exist."""
-    basenames = {Path(f).name for f in files}
-    dirs = {p for f in files for p in map(str, Path(f).parents)} - {"."}
-    dir_names = {Path(d).name for d in dirs}
     here = Path(where).parent
     found = []
     for ref in NAMED.findall(text):
@@ -57,35 +66,35 @@ def unknown(text: str, where: str, files: list[str]) -> list[str]:
         if ref in EXTERNAL:
             ok = True
         elif len(parts) == 1:
-            ok = ref in basenames or ref in WRITTEN_BY_TESTS
-        elif parts[0] not in dir_names or parts[0] in EXTERNAL_ROOTS:
+            ok = ref in tree.basenames or ref in WRITTEN_BY_TESTS
+        elif parts[0] not in tree.dir_names or parts[0] in EXTERNAL_ROOTS:
             ok = True  # another project's path (vllm/..., asyncio/...)
         else:
             candidates = [Path(ref), here / ref, Path("rollout_service") / ref]
             candidates += [Path("client/rollout_client") / ref, Path("client") / ref]
-            ok = any(str(c) in files for c in candidates) or ref in WRITTEN_BY_TESTS
-            ok = ok or any(f.endswith("/" + ref) for f in files)
+            ok = any(str(c) in tree.files for c in candidates) or ref in WRITTEN_BY_TESTS
+            ok = ok or ref in tree.tails
         if not ok:
             found.append(f"{where}: {ref}")
     return found
 
 
 def test_every_module_our_comments_and_docs_name_exists():
-    files = _files()
+    tree = _tree()
     found = []
-    for f in files:
+    for f in sorted(tree.files):
         ours = (f.startswith(ROOTS) or f in ROOT_FILES) and f not in HISTORY
         if ours and f.endswith((".py", ".md")):
-            found += unknown((REPO / f).read_text(errors="ignore"), f, files)
+            found += unknown((REPO / f).read_text(errors="ignore"), f, tree)
     assert not found, "named but not in the repository:\n" + "\n".join(sorted(set(found)))
 
 
 def test_a_stale_name_is_caught():
-    files = _files()
+    tree = _tree()
     where = "rollout_service/rpc/update_rpcs.py"
-    assert unknown("Receiving is update_sessions.py's", where, files) == [
+    assert unknown("Receiving is update_sessions.py's", where, tree) == [
         f"{where}: update_sessions.py"
     ]
-    assert unknown("Receiving is update/transfers.py's", where, files) == []
-    assert unknown("see rollout_service/updates.py", where, files)
-    assert unknown("vllm/v1/engine/async_llm.py", where, files) == []
+    assert unknown("Receiving is update/transfers.py's", where, tree) == []
+    assert unknown("see rollout_service/updates.py", where, tree)
+    assert unknown("vllm/v1/engine/async_llm.py", where, tree) == []

@@ -718,10 +718,30 @@ def _caller_tokens(metrics: str, caller: str) -> float:
     return 0.0
 
 
+def _refused_while_it_stops(served: HttpServed) -> list[int]:
+    """The statuses of new requests sent after a SIGTERM until one is
+    refused its connection (docs/openai.md: a replica that is shutting down
+    refuses new connections at once); each answered one is a 200 sent
+    before the stop began, or a 503 naming SHUTTING_DOWN."""
+    body = {"prompt": "hi", "max_tokens": 1}
+    headers = {"Authorization": f"Bearer {GENERATE_B}"}
+    statuses: list[int] = []
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.post(served.url + "/v1/completions", json=body, headers=headers, timeout=30)
+        except httpx.ConnectError:
+            return statuses
+        assert r.status_code in (200, 503), r.text
+        assert r.status_code == 200 or "SHUTTING_DOWN" in r.text, r.text
+        statuses.append(r.status_code)
+    raise AssertionError(f"new connections still accepted 10 s after SIGTERM: {statuses}")
+
+
 def test_sigterm_lets_a_running_stream_finish(served):
     """Last (it stops the module's server): on SIGTERM the HTTP front stops
-    with gRPC, and a stream running then is served to its end within the
-    grace, not cut; the process exits 0."""
+    with gRPC: new connections are refused while a stream running then is
+    served to its end within the grace, not cut; the process exits 0."""
     body = {
         "prompt": "hello",
         "max_tokens": 1500,
@@ -737,8 +757,10 @@ def test_sigterm_lets_a_running_stream_finish(served):
         lines = answer.iter_lines()
         events.append(next(line for line in lines if line.startswith("data:")))
         served.proc.proc.send_signal(signal.SIGTERM)
+        refused_after = _refused_while_it_stops(served)
         events += [line for line in lines if line.startswith("data:")]
     assert events[-1] == "data: [DONE]"
     usage = json.loads(events[-2].removeprefix("data: "))["usage"]
     assert usage["completion_tokens"] == 1500
     assert served.proc.proc.wait(60) == 0
+    print(f"answered before the refusal: {refused_after}")
