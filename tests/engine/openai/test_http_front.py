@@ -720,9 +720,9 @@ def _caller_tokens(metrics: str, caller: str) -> float:
 
 def _refused_while_it_stops(served: HttpServed) -> list[int]:
     """The statuses of new requests sent after a SIGTERM until one is
-    refused its connection (docs/openai.md: a replica that is shutting down
-    refuses new connections at once); each answered one is a 200 sent
-    before the stop began, or a 503 naming SHUTTING_DOWN."""
+    refused its connection, within 10 s (docs/openai.md: a replica that is
+    shutting down answers 503 until its HTTP front has closed); each answered
+    one is a 200 sent before the stop began, or a 503 naming SHUTTING_DOWN."""
     body = {"prompt": "hi", "max_tokens": 1}
     headers = {"Authorization": f"Bearer {GENERATE_B}"}
     statuses: list[int] = []
