@@ -214,6 +214,9 @@ _OWN_SERVERS = {
     "reasoning_server": _start_reasoning,
     "first_run_server": _start_first_run,
     "weights_reference_server": lambda: weights_reference.start_server(_TMP / "weights-new"),
+    "promise_reference_server": lambda: weights_reference.start_promise_server(
+        _TMP / "weights-promise"
+    ),
 }
 server_starts.declare(shared=_SHARED_SERVERS, own=_OWN_SERVERS)
 
@@ -256,6 +259,14 @@ def weights_reference_server():
     """A fresh engine on the new weights test_weights.py pushes, with a tiny
     update-size limit (tests/support/weights_reference.py)."""
     with server_starts.own("weights_reference_server") as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def promise_reference_server():
+    """A fresh engine on the weights test_update_promise.py pushes: full, then
+    partial (tests/support/weights_reference.py)."""
+    with server_starts.own("promise_reference_server") as proc:
         yield proc
 
 

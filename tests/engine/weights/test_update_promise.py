@@ -16,17 +16,15 @@ import grpc
 import pytest
 import torch
 
-from harness.serverproc import running
 from harness.weights_util import (
     full_stream,
     random_weights,
     version,
-    write_checkpoint,
 )
 from rollout.v1 import rollout_pb2_grpc
 from rollout_client import RolloutClient, RolloutError, pb
 from rollout_client.weights.push import ManifestMismatch
-from rollout_service.engine.tiny_models import ensure_model
+from tests.support import weights_reference
 
 # Longer than two 128-token KV blocks: most of it comes from the prefix cache.
 PROMPT = [random.Random(7).randrange(10, 500) for _ in range(300)]
@@ -53,38 +51,35 @@ def _group(info, member: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def base(info):
-    """Known full weights, pushed before each comparison."""
-    return random_weights(info.parameters, seed=1001)
+def pushed():
+    """Known full weights, pushed before each comparison, and a partial
+    update over them (tests/support/weights_reference.py)."""
+    return weights_reference.promise_weights()
 
 
 @pytest.fixture(scope="module")
-def partial(info):
-    """Whole groups only: layer 0's fused q/k/v (weights and biases), layer
-    1's fused gate/up, and a norm that travels alone."""
-    names = {*_group(info, Q0), *_group(info, GATE1), "model.norm.weight"}
-    return random_weights([p for p in info.parameters if p.name in names], seed=1002)
+def base(pushed):
+    return pushed[0]
 
 
 @pytest.fixture(scope="module")
-def merged_server(base, partial, tmp_path_factory):
-    """A fresh engine on base + partial, with norms stored as float32 (the
-    bf16 values, widened: the engine loads them to the same bf16)."""
-    merged = {**base, **partial}
-    stored = {
-        n: t.float() if n.endswith("norm.weight") or "layernorm" in n else t
-        for n, t in merged.items()
-    }
-    dest = tmp_path_factory.mktemp("merged") / "ckpt"
-    ckpt = write_checkpoint(ensure_model("tiny-qwen2"), stored, dest, cast_to_base=False)
-    with running("--model", str(ckpt)) as proc:
-        yield proc
+def partial(pushed):
+    return pushed[1]
 
 
 @pytest.fixture(scope="module")
-def fresh(merged_server):
-    with RolloutClient(merged_server.target, timeout=120) as c:
+def fresh(promise_reference_server):
+    """A fresh engine on base + partial, with norms stored as float32."""
+    with RolloutClient(promise_reference_server.target, timeout=120) as c:
         yield c
+
+
+def test_the_pushed_weights_are_the_whole_model_and_whole_groups(info, base, partial):
+    # Every tensor the server lists; the partial update is whole groups only:
+    # layer 0's fused q/k/v (weights and biases), layer 1's fused gate/up, and
+    # a norm that travels alone.
+    assert set(base) == {p.name for p in info.parameters}
+    assert set(partial) == {*_group(info, Q0), *_group(info, GATE1), "model.norm.weight"}
 
 
 def test_the_model_declares_its_fused_groups(info):
