@@ -27,10 +27,17 @@ from harness.certs import make_certs, python_tls, server_tls_args
 from harness.serverproc import ServerProcess
 from rollout_client import RolloutClient
 from rollout_service.worker.weights_backend import FAULT_FILE_ENV
-from tests.support import lora, server_starts, sessions, shared_servers, weights_reference
+from tests.support import (
+    idle_ahead,
+    lora,
+    server_starts,
+    sessions,
+    shared_servers,
+    weights_reference,
+)
 from tests.support.fp32_model import build_fp32_tiny_qwen2
 from tests.support.http_front import http_flags
-from tests.support.node import Packed, pack_and_install
+from tests.support.node import Packed, packed_once
 from tests.support.otlp_collector import start_collector
 from tests.support.think_model import build_think_model
 from tests.support.tokens import ADMIN, GENERATE, GENERATE_B
@@ -42,7 +49,7 @@ pytest_plugins = ["tests.support.orchestration"]
 # 1 GiB: the suite runs up to a dozen servers at once on 24 GiB, and the
 # embedded models' longest test needs a few MB (131,072 tokens of tiny-qwen2
 # fit). At 256 MiB a server was 1.6 GB resident, and a rehearsal's kernel
-# killed a worker for memory (-9) while the idle test started servers ahead.
+# killed a worker for memory (-9) while servers started ahead.
 KV_CACHE_BYTES = 64 << 20
 ServerProcess.default_args = ("--kv-cache-memory-bytes", str(KV_CACHE_BYTES))
 
@@ -227,6 +234,7 @@ def server(fault_file):
     module on the default flags: each module finds it on its original weights
     and must leave it as `_left_clean` checks."""
     proc, _ = server_starts.started("server")
+    idle_ahead.wait_for("server")  # its engine may be stopped until then
     with shared_servers.serving("session server", proc, fault_file=fault_file):
         yield proc
 
@@ -427,12 +435,10 @@ def lora_client(lora_server):
 
 
 @pytest.fixture(scope="session")
-def packed(tmp_path_factory) -> Packed:
+def packed() -> Packed:
     """client/node packed and installed into an empty folder (tests/support/node.py),
     for the Node client's tests and the keepalive test."""
-    return pack_and_install(
-        tmp_path_factory.mktemp("node-pack"), tmp_path_factory.mktemp("node-app")
-    )
+    return packed_once()
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -4,11 +4,14 @@ run quietly."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
 import shutil
 import subprocess
+import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -73,6 +76,23 @@ class Packed:
         if token is not None:
             env["ROLLOUT_TOKEN"] = token
         return run([str(self.demo), *args], self.app, timeout, env=env, check=False)
+
+
+_packed: list[Packed] = []
+_packing = threading.Lock()
+
+
+def packed_once() -> Packed:
+    """client/node packed and installed once for the whole run (conftest's
+    `packed`; the keepalive scenario may want it first, in its thread)."""
+    with _packing:
+        if not _packed:
+            root = Path(tempfile.mkdtemp(prefix="rollout-node-"))
+            atexit.register(shutil.rmtree, root, ignore_errors=True)
+            (root / "pack").mkdir()
+            (root / "app").mkdir()
+            _packed.append(pack_and_install(root / "pack", root / "app"))
+        return _packed[0]
 
 
 def pack_and_install(dest: Path, app: Path) -> Packed:

@@ -14,9 +14,9 @@ module of any other fixture it uses, starts servers (imports
 harness.serverproc's ServerProcess or running). The marker is set here, from
 what each test uses, so it cannot go stale.
 
-Two markers move time that would be waited out: an `idle` test (a minute
-with an engine stopped) runs first of the engine tests and starts more
-servers ahead, whose start-ups take the CPU it leaves; `late` tests (the C++
+Time that would be waited out is moved: a test's idle minute on a shared
+server (an engine stopped, calls waiting) runs in the background while the
+engine-free tests run (tests.support.idle_ahead); `late` tests (the C++
 client's, which wait for its build) run after the rest, engine-free ones
 included, so that the build has had the run's idle CPU instead.
 """
@@ -27,18 +27,12 @@ import sys
 
 import pytest
 
-from tests.support import cpp_build, server_starts, shared_servers
+from tests.support import cpp_build, idle_ahead, server_starts, shared_servers
 
 _STARTS_SERVERS = ("ServerProcess", "running")
 
 
 def pytest_configure(config):
-    config.addinivalue_line(
-        "markers",
-        "idle: leaves the CPU idle for a long while (an engine stopped, a call"
-        " waiting): runs first of the engine tests, and more servers start ahead"
-        " meanwhile (tests.support.server_starts.IDLE_AHEAD)",
-    )
     config.addinivalue_line(
         "markers",
         "late: waits for work started in the background at collection (the C++"
@@ -65,14 +59,13 @@ def pytest_collection_modifyitems(config, items):
                     "need none (move it under tests/engine/ or tests/clients/)"
                 )
             item.add_marker(engine)
-    # Stable: within each group, the files' and tests' own order; an idle
-    # test first of the engine tests; late tests, engine-free or not, after
-    # them; a test that stops a shared server after all that may use it.
+    # Stable: within each group, the files' and tests' own order; late
+    # tests, engine-free or not, after the engine tests; a test that stops a
+    # shared server after all that may use it.
     items.sort(
         key=lambda item: (
             item.get_closest_marker("engine") is not None
             or item.get_closest_marker("late") is not None,
-            item.get_closest_marker("idle") is None,
             item.get_closest_marker("last") is not None,
             item.get_closest_marker("late") is not None,
         )
@@ -81,8 +74,10 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_collection_finish(session):
     """The shared servers the collected tests use start now, all at once,
+    the idle scenarios of the collected tests on them once they are ready,
     and the C++ client's build if its tests were collected."""
     server_starts.start_collected(session.items)
+    idle_ahead.start_collected(session.items)
     if any(item.nodeid.startswith(cpp_build.MODULE) for item in session.items):
         cpp_build.start()
 
@@ -90,9 +85,8 @@ def pytest_collection_finish(session):
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     """Before a module's first test: its own servers, if not yet started,
-    and those of the next modules that have any (more before an idle test)."""
-    idle = item.get_closest_marker("idle") is not None
-    server_starts.start_for(item.nodeid.split("::")[0], idle=idle)
+    and those of the next modules that have any."""
+    server_starts.start_for(item.nodeid.split("::")[0])
 
 
 def pytest_sessionfinish(session):

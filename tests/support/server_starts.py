@@ -48,6 +48,12 @@ def server_fixtures() -> set[str]:
     return set(_shared) | set(_own)
 
 
+def early(fixture: str) -> ServerProcess | None:
+    """The shared server started at collection for `fixture`, if not yet taken."""
+    started = _early.get(fixture)
+    return started[0] if started else None
+
+
 def started(fixture: str) -> tuple[ServerProcess, Any]:
     """The shared server started early for `fixture`, or one started now."""
     return _early.pop(fixture, None) or _shared[fixture]()
@@ -102,24 +108,15 @@ def _start_ahead(index: int) -> None:
 AHEAD = 2
 
 
-# How many more an idle test (marked `idle`: an engine stopped, a call
-# waiting for a minute) starts: their start-ups take the CPU it leaves idle
-# instead of the CPU of the modules they would start behind. Memory caps it:
-# at 2 (six servers ahead, two of them TP=2, beside the shared five and the
-# C++ build) a rehearsal peaked at 22 GB of 24 (23.6 with a stray server of
-# 1.4 GB, which took a TP=2 worker's life in the run before: -9).
-IDLE_AHEAD = 1
-
-
-def start_for(module: str, idle: bool = False) -> None:
-    """Before `module`'s first test (or its `idle` test's): its own servers,
-    if not yet started, and those of the next AHEAD (IDLE_AHEAD more for an
-    idle test) modules that have any (they start while this one runs)."""
+def start_for(module: str) -> None:
+    """Before `module`'s first test: its own servers, if not yet started, and
+    those of the next AHEAD modules that have any (they start while this one
+    runs)."""
     for index, (name, _) in enumerate(_ahead_uses):
         if name == module:
             _start_ahead(index)
             later = [i for i in range(index + 1, len(_ahead_uses)) if _ahead_uses[i][1]]
-            for i in later[: AHEAD + IDLE_AHEAD * idle]:
+            for i in later[:AHEAD]:
                 _start_ahead(i)
             break
 

@@ -33,7 +33,8 @@ from rollout.v1 import rollout_pb2 as pb
 from rollout.v1 import rollout_pb2_grpc
 from rollout_client.calls.connection import MIN_KEEPALIVE_SECONDS, ConnectionOptions
 from rollout_service.server import KEEPALIVE_OPTIONS
-from tests.support.node import PACKAGE
+from tests.support import idle_ahead
+from tests.support.node import PACKAGE, packed_once
 
 PING_MS = 10_000
 # The calls are held this long, and must outlive the 40 to 50 s gRPC's
@@ -140,10 +141,11 @@ def _wait_until_hung_up(proc: psutil.Process, port: int, timeout: float) -> floa
     return None
 
 
-# A minute with the engine stopped and the test waiting: first of the engine
-# tests, while the C++ client's build and the servers started ahead use the CPU.
-@pytest.mark.idle
-def test_long_calls_survive_10s_pings_and_a_dead_client_is_dropped(server, packed):
+def _long_calls(server) -> dict:
+    """The scenario: with the engine stopped for a minute, a dead client's
+    call, a Python and a Node call pinging every 10 s; what each call got,
+    and when the server hung up on the dead client."""
+    packed = packed_once()
     script = packed.app / "long_call.js"
     script.write_text(NODE_CALL)
     dead = subprocess.Popen(
@@ -168,7 +170,7 @@ def test_long_calls_survive_10s_pings_and_a_dead_client_is_dropped(server, packe
             hung_up = _wait_until_hung_up(dead_proc, server.port, DEAD_CLIENT_DROPPED_WITHIN)
             time.sleep(max(0.0, MIN_CALL_SECONDS - (time.monotonic() - t0)))
         node_out, node_err = node.communicate(timeout=120)
-        outcomes = {
+        calls = {
             "python": python.result(timeout=120),
             "node": json.loads(node_out.strip().splitlines()[-1]) if node_out else node_err,
         }
@@ -177,13 +179,22 @@ def test_long_calls_survive_10s_pings_and_a_dead_client_is_dropped(server, packe
         dead.wait()
         if node is not None and node.poll() is None:
             node.kill()
+    return {"calls": calls, "dead client hung up": hung_up}
+
+
+# A minute with the engine stopped and only clients waiting: it runs on the
+# session server while the engine-free tests run, before any test uses it
+# (tests/support/idle_ahead.py); this test reads what it saw.
+@idle_ahead.runs_ahead("server", _long_calls)
+def test_long_calls_survive_10s_pings_and_a_dead_client_is_dropped(server):
+    seen = idle_ahead.outcome(test_long_calls_survive_10s_pings_and_a_dead_client_is_dropped)
     calls_ok = all(
         isinstance(out, dict) and out.get("tokens") == 4 and out["seconds"] > OUTLIVED_SECONDS
-        for out in outcomes.values()
+        for out in seen["calls"].values()
     )
     # Both calls answered after outliving the default policy, and the server
     # hung up on the client whose pings went unanswered.
-    assert calls_ok and hung_up is not None, {"calls": outcomes, "dead client hung up": hung_up}
+    assert calls_ok and seen["dead client hung up"] is not None, seen
 
 
 def test_the_python_client_pings_during_calls_within_the_servers_policy():
