@@ -131,6 +131,7 @@ def build_engine(engine_args) -> Engine:
     engine_args.worker_extension_cls = WORKER_EXTENSION
     engine = AsyncLLM.from_engine_args(engine_args, usage_context=UsageContext.API_SERVER)
     vllm_compat.skip_logprob_token_text(engine)
+    vllm_compat.serialize_reaping(engine)
     return engine
 
 

@@ -11,6 +11,9 @@ alone (and a look at each function's source).
 
 from __future__ import annotations
 
+import os
+import threading
+
 
 async def pause_scheduler(engine, mode: str) -> None:
     """Pauses the engine's scheduler without touching the caches; `mode` is
@@ -119,6 +122,39 @@ def skip_logprob_token_text(engine) -> None:
 
 # Inside vLLM's worker processes (worker/): imported there too, so this module
 # imports nothing of ours and no vLLM module at its top.
+
+
+def serialize_reaping(engine) -> None:
+    """One thread at a time asks whether an engine core process has ended.
+
+    Read from vLLM 0.32.0: `CoreEngineProcManager.monitor_engine_liveness`
+    (vllm/v1/engine/utils.py) reads `proc.exitcode` in a thread of its own
+    once a process's sentinel fires, while `shutdown` (vllm/v1/utils.py)
+    joins the same process in the caller's thread and then asks
+    `is_alive()`. multiprocessing's `Popen.poll` is not safe across threads:
+    when the monitor reaps the process first, the join's `waitpid` fails
+    (ECHILD), `poll` answers None, and `is_alive()` says True for a process
+    that has exited, so vLLM logs "force killing remaining processes" and
+    kills what is left of its tree. A lock around each engine process's
+    `poll` makes the two agree (tests/unit/server/test_engine_reaping.py).
+    An engine without such processes (Ray's, in-process) is left alone.
+    """
+    resources = getattr(getattr(engine, "engine_core", None), "resources", None)
+    manager = getattr(resources, "engine_manager", None)
+    for proc in getattr(manager, "processes", None) or ():
+        popen = getattr(proc, "_popen", None)
+        if popen is not None:
+            popen.poll = _one_at_a_time(popen.poll)
+
+
+def _one_at_a_time(poll):
+    lock = threading.Lock()
+
+    def locked(flag: int = os.WNOHANG):
+        with lock:
+            return poll(flag)
+
+    return locked
 
 
 def restore_layer(layer, info) -> None:
