@@ -8,6 +8,8 @@ test's 60 stops without the lock force-killed 7."""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import multiprocessing
 import os
 import signal
@@ -68,3 +70,13 @@ def test_a_stopped_engine_core_that_exited_is_never_force_killed(monkeypatch):
 def test_an_engine_without_engine_processes_is_left_alone():
     vllm_compat.serialize_reaping(SimpleNamespace(engine_core=SimpleNamespace()))
     vllm_compat.serialize_reaping(SimpleNamespace())
+
+
+def test_the_engine_processes_are_where_the_lock_looks_for_them():
+    # Read from the installed vLLM: an upgrade that moves them fails here,
+    # not silently in a server's stop.
+    from vllm.v1.engine.core_client import BackgroundResources, MPClient
+
+    assert "engine_manager" in {f.name for f in dataclasses.fields(BackgroundResources)}
+    assert "self.resources = BackgroundResources(" in inspect.getsource(MPClient.__init__)
+    assert "self.processes.append(" in inspect.getsource(CoreEngineProcManager.__init__)
