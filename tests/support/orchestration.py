@@ -85,10 +85,8 @@ def pytest_collection_finish(session):
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     """Before a module's first test: its own servers, if not yet started,
-    and those of the next modules that have any (more before an engine-free
-    test)."""
-    engine_free = item.get_closest_marker("engine") is None
-    server_starts.start_for(item.nodeid.split("::")[0], engine_free=engine_free)
+    and those of the next modules that have any."""
+    server_starts.start_for(item.nodeid.split("::")[0])
 
 
 def pytest_sessionfinish(session):

@@ -108,24 +108,15 @@ def _start_ahead(index: int) -> None:
 AHEAD = 2
 
 
-# How many more an engine-free test starts: once the shared servers are up,
-# the engine-free tests leave the CPU half idle (0.55 of two cores, measured),
-# and the start-ups take it instead of the CPU of the modules they would start
-# behind. Memory caps it: at 2 (six servers ahead, two of them TP=2, beside
-# the shared five and the C++ build) a rehearsal peaked at 22 GB of 24.
-FREE_AHEAD = 1
-
-
-def start_for(module: str, engine_free: bool = False) -> None:
-    """Before `module`'s first test (or its first engine-free test): its own
-    servers, if not yet started, and those of the next AHEAD (FREE_AHEAD more
-    for an engine-free test) modules that have any (they start while this
-    one runs)."""
+def start_for(module: str) -> None:
+    """Before `module`'s first test: its own servers, if not yet started, and
+    those of the next AHEAD modules that have any (they start while this one
+    runs)."""
     for index, (name, _) in enumerate(_ahead_uses):
         if name == module:
             _start_ahead(index)
             later = [i for i in range(index + 1, len(_ahead_uses)) if _ahead_uses[i][1]]
-            for i in later[: AHEAD + FREE_AHEAD * engine_free]:
+            for i in later[:AHEAD]:
                 _start_ahead(i)
             break
 
