@@ -27,6 +27,7 @@ from rollout_service.app import build_app
 from rollout_service.config import ServerConfig
 from rollout_service.engine import (
     compile_cache,
+    core_fork,
     parent_watch,
     placement,
     quick_exit,
@@ -178,6 +179,9 @@ async def serve(config: ServerConfig, engine_args) -> int:
     compile_cache.arm(current_platform.is_cpu())
     # The engine core forks its workers: vLLM is not imported twice (worker_fork.py).
     worker_fork.arm()
+    # The engine core starts from a copy of this process, taken now while it
+    # has one thread: vLLM is not imported again (core_fork.py).
+    core_fork.fork_ahead()
     # Before anything slow: a /dev/shm too small fails now (reservation.py).
     staging = StagingRegion()
     try:

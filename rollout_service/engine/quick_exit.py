@@ -9,8 +9,10 @@ worker's exit and its own were that collection (the rest vLLM's own
 `gc.collect`), and on a loaded host the whole took over 8 s, past the
 server's wait for it (server.ENGINE_EXIT_SECONDS) before.
 
-So, in an engine process spawned under an armed server (the engine core; a
-worker when the user asked for spawned ones), spawn_main's `sys.exit` runs
+An engine core forked ahead (core_fork.py) ends through `end` directly.
+So, in an engine process spawned under an armed server (the engine core when
+it could not be forked ahead; a worker when the user asked for spawned
+ones), spawn_main's `sys.exit` runs
 the exit functions (log handlers flush) and then `os._exit`, as the server
 itself ends (cli._exit), and as a forked process always ends. Everything
 multiprocessing does at a process's end (its finalizers, joining threads)

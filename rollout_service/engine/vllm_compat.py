@@ -219,3 +219,27 @@ def omp_binding(environ) -> tuple[set[int], int] | None:
         return {int(c) for c in cpus}, int(threads)
     except ValueError:
         return None
+
+
+def choose_engine_core_context(choose) -> bool:
+    """Lets `choose(context)` replace the multiprocessing context vLLM starts
+    its engine core processes with (core_fork.py); whether it could.
+
+    Read from vLLM 0.32.0: `CoreEngineProcManager.__init__`
+    (vllm/v1/engine/utils.py) calls `get_mp_context()`, imported into that
+    module from vllm/utils/system_utils.py, and starts each engine core with
+    `context.Process(target=EngineCoreProc.run_engine_core, ...).start()`.
+    """
+    from vllm.v1.engine import utils
+
+    found = getattr(utils, "get_mp_context", None)
+    if found is None:
+        return False
+    original = getattr(found, "chosen_from", found)
+
+    def get_mp_context():
+        return choose(original())
+
+    get_mp_context.chosen_from = original  # type: ignore[attr-defined]
+    utils.get_mp_context = get_mp_context
+    return True

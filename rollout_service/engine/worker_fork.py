@@ -23,8 +23,9 @@ cores, as spawned; they are not pinned one per core within them (that
 needs OpenMP's own binding: VLLM_WORKER_MULTIPROC_METHOD=spawn in the
 server's environment keeps spawned workers, at the cost above).
 
-Only the engine core forks: this server keeps spawning the engine core (it
-runs gRPC's threads, which a fork would copy mid-flight).
+The engine core itself is not forked when vLLM starts it (this server runs
+gRPC's threads by then, which a fork would copy mid-flight): it starts from a
+copy of this server forked before them (core_fork.py).
 """
 
 from __future__ import annotations
@@ -69,7 +70,10 @@ def _bind_as_asked() -> None:
     if binding is None:
         return
     cpus, threads = binding
-    os.sched_setaffinity(0, cpus)
+    # Every thread: another at-fork hook may have started one already (the
+    # parent watch's, registered first in an engine core forked ahead).
+    for task in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(task), cpus)
     if threads > 0:
         import torch
 

@@ -1,6 +1,7 @@
 """vLLM's engine core forks its workers (rollout_service.engine.worker_fork): a
 worker does not import vLLM a second time, and still runs on the CPUs vLLM
-chose for it."""
+chose for it. The engine core itself is a copy of the server forked ahead
+(rollout_service.engine.core_fork)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 import psutil
 import pytest
 
-from rollout_service.engine import vllm_compat, worker_fork
+from rollout_service.engine import core_fork, vllm_compat, worker_fork
 from tests.support.cpus import thread_cpus
 
 
@@ -41,6 +42,16 @@ def test_the_engine_core_forks_its_worker_bound_to_its_cpus(server, client):
     assert thread_cpus(worker) < os.sched_getaffinity(0), "the worker runs on every CPU"
 
 
+def test_the_engine_core_is_a_copy_of_the_server(server, client):
+    client.generate(prompt_token_ids=[1, 2, 3], max_tokens=2)
+    root = psutil.Process(server.proc.pid)
+    core = _only(root, "VLLM::EngineCore")
+    assert core.ppid() == root.pid
+    assert _torch_address(core) == _torch_address(root), "the engine core was spawned"
+    waiting = [p for p in root.children(recursive=True) if core_fork.TITLE in " ".join(p.cmdline())]
+    assert not waiting, "a copy forked ahead is left over"
+
+
 @pytest.mark.parametrize(
     "env",
     [
@@ -67,3 +78,9 @@ def test_spawn_asked_by_the_user_is_kept(monkeypatch):
     monkeypatch.delenv(worker_fork.VLLM_METHOD)
     worker_fork.arm()
     assert os.environ[worker_fork.ENV] == "1"
+
+
+def test_spawn_asked_by_the_user_spawns_the_engine_core_too(monkeypatch):
+    monkeypatch.setenv(worker_fork.VLLM_METHOD, "spawn")
+    assert not core_fork.fork_ahead()
+    assert core_fork._ahead is None

@@ -85,10 +85,11 @@ def wait_for(server: ServerProcess, ready, what: str) -> None:
 
 
 def engine_core_started(server: ServerProcess) -> bool:
-    """Whether vLLM's engine core, a process spawned by the server, runs."""
+    """Whether vLLM's engine core, a child of the server, runs (forked ahead
+    and launched: it took vLLM's title)."""
     try:
         children = psutil.Process(server.proc.pid).children()
-        return any("spawn_main" in " ".join(c.cmdline()) for c in children)
+        return any(" ".join(c.cmdline()).startswith("VLLM::EngineCore") for c in children)
     except psutil.Error:
         return False
 
