@@ -2,10 +2,10 @@
 threads, instead of a fresh interpreter.
 
 On a CPU host vLLM spawns its engine core: a new interpreter that imports
-torch, transformers and vLLM again, which this server has just done. Measured
-on the embedded model, that import was 5.8 of the 16 s until SERVING and about
-7 of the start's 18 CPU-seconds (BENCHMARKS.md has the numbers before and
-after). A fork shares what is imported.
+torch, transformers and vLLM again, which this server has just done. A fork
+shares what is imported. Measured on the embedded model (benchmarks/startup.py,
+BENCHMARKS.md): SERVING in 11.7 s instead of 18.7, 12.8 CPU-seconds instead of
+20.6 (the engine core's 1.6 instead of 8.8).
 
 It cannot fork when vLLM asks for the engine core: by then gRPC's threads run,
 and a fork copies a process mid-flight. So `fork_ahead` forks a child right
