@@ -181,7 +181,7 @@ async def serve(config: ServerConfig, engine_args) -> int:
     worker_fork.arm()
     # The engine core starts from a copy of this process, taken now while it
     # has one thread: vLLM is not imported again (core_fork.py).
-    core_fork.fork_ahead()
+    core_fork.fork_ahead(current_platform.is_cpu())
     # Before anything slow: a /dev/shm too small fails now (reservation.py).
     staging = StagingRegion()
     try:

@@ -28,7 +28,8 @@ torch loaded). Anything else, or an engine core whose arguments carry file
 descriptors, and the child is sent away: vLLM spawns its engine core as
 before. A second engine core (data parallelism) is always spawned, and so is
 every engine process when the server's environment has
-VLLM_WORKER_MULTIPROC_METHOD=spawn (worker_fork.py).
+VLLM_WORKER_MULTIPROC_METHOD=spawn (worker_fork.py). Only on a CPU host: on
+the others vLLM chooses between fork and spawn itself, left as it is.
 """
 
 from __future__ import annotations
@@ -115,12 +116,16 @@ class _Ahead:
 _ahead: _Ahead | None = None
 
 
-def fork_ahead() -> bool:
+def fork_ahead(cpu_host: bool) -> bool:
     """Called by the server once its environment for the engine is set and
-    before it starts any thread: forks the child vLLM's engine core will
-    start from. Whether it did (not with a second thread running, nor where
-    vLLM's engine core could not be given to it)."""
+    before it starts any thread: on a CPU host, forks the child vLLM's engine
+    core will start from. Whether it did (not with a second thread running,
+    nor where vLLM's engine core could not be given to it)."""
     global _ahead
+    # Elsewhere vLLM forks its engine core itself unless CUDA (or the like)
+    # is initialised; not run here, so left as vLLM does it.
+    if not cpu_host:
+        return False
     # The user's way to have every engine process spawned (worker_fork.py too).
     if os.environ.get(worker_fork.VLLM_METHOD) == "spawn":
         return False

@@ -52,7 +52,7 @@ WORKER_EXTENSION = "rollout_service.worker.worker_ext.RolloutWorkerExtension"
 # depending on what else ran. The warm-up after it took 1.5 to 3.4 s, and
 # once 22 s, when vLLM compiled its logprobs kernel again.
 ENGINE_START_USUALLY = (
-    "usually 15 to 20 s for the embedded model on 2 CPU cores; up to 2 minutes the first "
+    "usually 5 to 10 s for the embedded model on 2 CPU cores; up to 2 minutes the first "
     "time on a machine or for a new model, while vLLM compiles it (cached in ~/.cache/vllm)"
 )
 WARM_UP_USUALLY = "usually 2 to 3 s, up to half a minute if vLLM compiles its logprobs kernel"

@@ -43,7 +43,7 @@ def main() -> None:
     # vLLM's door (vllm_compat) is not what this drives.
     core_fork.vllm_compat.choose_engine_core_context = lambda choose: True
     STATE["copied"] = True
-    assert core_fork.fork_ahead()
+    assert core_fork.fork_ahead(cpu_host=True)
     child = core_fork._ahead.pid
     if mode == "away":  # the server ends before its engine starts
         print(json.dumps({"child": child}), flush=True)

@@ -82,5 +82,5 @@ def test_spawn_asked_by_the_user_is_kept(monkeypatch):
 
 def test_spawn_asked_by_the_user_spawns_the_engine_core_too(monkeypatch):
     monkeypatch.setenv(worker_fork.VLLM_METHOD, "spawn")
-    assert not core_fork.fork_ahead()
+    assert not core_fork.fork_ahead(cpu_host=True)
     assert core_fork._ahead is None

@@ -112,3 +112,8 @@ def test_a_preloaded_library_the_copy_has_mapped_is_taken():
     library = _mapped_library()
     assert core_fork.unexplained({}, {"LD_PRELOAD": library}) == []
     assert core_fork.unexplained({}, {"LD_PRELOAD": f"{library}:/nowhere/x.so"}) == ["LD_PRELOAD"]
+
+
+def test_off_a_cpu_host_nothing_is_forked():
+    assert not core_fork.fork_ahead(cpu_host=False)
+    assert core_fork._ahead is None
