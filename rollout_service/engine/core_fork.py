@@ -144,8 +144,6 @@ def fork_ahead(cpu_host: bool) -> bool:
     # keeps it blocked, as the engine's processes have it (`takes`).
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     pid = os.fork()
-    if pid != 0:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     if pid == 0:  # pragma: no cover - the child; tests see what it runs
         try:  # never back into the server's code, whatever happens
             for fd in (launch_w, answers_r, ended_r):
@@ -155,6 +153,7 @@ def fork_ahead(cpu_host: bool) -> bool:
             traceback.print_exc()
         finally:
             os._exit(1)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     for fd in (launch_r, answers_w, ended_w):
         os.close(fd)
     _ahead = _Ahead(pid, launch_w, answers_r, ended_r)
@@ -179,12 +178,22 @@ def _send(fd: int, data: bytes) -> None:
 
 
 def _receive(fd: int) -> bytes | None:
-    """One message; None at the end of the pipe."""
-    with open(fd, "rb", closefd=False) as f:
-        head = f.read(_LENGTH.size)
-        if len(head) < _LENGTH.size:
+    """One message; None at the end of the pipe. Unbuffered: nothing of the
+    next message is read with it."""
+    head = _read(fd, _LENGTH.size)
+    return None if head is None else _read(fd, _LENGTH.unpack(head)[0])
+
+
+def _read(fd: int, n: int) -> bytes | None:
+    """Exactly `n` bytes; None if the pipe ends first."""
+    chunks = []
+    while n:
+        chunk = os.read(fd, min(n, 1 << 20))
+        if not chunk:
             return None
-        return f.read(_LENGTH.unpack(head)[0])
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
 
 
 def _context(context):
