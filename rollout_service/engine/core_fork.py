@@ -143,7 +143,14 @@ def fork_ahead(cpu_host: bool) -> bool:
     # Forked with SIGINT blocked: a thread an at-fork hook starts in the child
     # keeps it blocked, as the engine's processes have it (`takes`).
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    pid = os.fork()
+    util._flush_std_streams()  # type: ignore[attr-defined]  # or the child writes them again
+    try:
+        pid = os.fork()
+    except OSError as e:  # no memory or processes left for it: vLLM spawns
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        _close(launch_r, launch_w, answers_r, answers_w, ended_r, ended_w)
+        log.info("engine core not forked ahead: %s", e)
+        return False
     if pid == 0:  # pragma: no cover - the child; tests see what it runs
         try:  # never back into the server's code, whatever happens
             for fd in (launch_w, answers_r, ended_r):
@@ -253,16 +260,22 @@ def unexplained(at_fork: dict[str, str], now: dict[str, str]) -> list[str]:
         if k not in ON_USE
         and k not in INDUCTOR
         and not (k in READ_AT_IMPORT and READ_AT_IMPORT[k] not in sys.modules)
-        and not (k == "LD_PRELOAD" and _all_mapped(now.get(k, "")))
+        and not (k == "LD_PRELOAD" and _preloaded_already(at_fork.get(k, ""), now.get(k, "")))
     )
 
 
-def _all_mapped(preload: str) -> bool:
-    """Whether every library in an LD_PRELOAD value is mapped in this process."""
-    paths = [p for p in preload.replace(" ", ":").split(":") if p]
+def _preloaded_already(before: str, after: str) -> bool:
+    """Whether an LD_PRELOAD changed from `before` to `after` changes nothing
+    here: it keeps every library of before (those stay loaded) and every one
+    it adds is mapped in this process already."""
+    old, new = _libraries(before), _libraries(after)
     with open("/proc/self/maps") as f:
         mapped = {os.path.realpath(line.split(maxsplit=5)[-1].strip()) for line in f if "/" in line}
-    return all(os.path.realpath(p) in mapped for p in paths)
+    return old <= new and all(p in mapped for p in new - old)
+
+
+def _libraries(preload: str) -> set[str]:
+    return {os.path.realpath(p) for p in preload.replace(" ", ":").split(":") if p}
 
 
 class _FromAhead(SpawnProcess):
@@ -274,7 +287,11 @@ class _FromAhead(SpawnProcess):
             if payload is None:
                 refused = ["(file descriptors in its arguments)"]
             elif not (refused := ahead.takes(dict(os.environ))):
-                return _Popen(process_obj, ahead, payload)
+                try:
+                    _send(ahead.launch, payload)
+                    return _Popen(process_obj, ahead)
+                except OSError:  # it died after answering
+                    refused = ["(the child is gone)"]
             log.info("engine core spawned, not forked: it would differ in %s", ", ".join(refused))
             ahead.send_away()
         return SpawnProcess._Popen(process_obj)
@@ -288,12 +305,11 @@ _FROM_AHEAD = _FromAheadContext()
 
 
 class _Popen(popen_fork.Popen):
-    """A forked process's Popen whose fork happened ahead: launching sends
-    the process object to the child."""
+    """A forked process's Popen whose fork happened ahead (and whose process
+    object the child has been sent)."""
 
-    def __init__(self, process_obj, ahead: _Ahead, payload: bytes) -> None:
+    def __init__(self, process_obj, ahead: _Ahead) -> None:
         self._ahead = ahead
-        self._payload = payload
         super().__init__(process_obj)
 
     def _launch(self, process_obj) -> None:
@@ -304,7 +320,6 @@ class _Popen(popen_fork.Popen):
         # The write end stays open: it is the child's parent sentinel, as
         # spawn's is.
         self.finalizer = util.Finalize(self, _close, (ahead.ended, ahead.launch))
-        _send(ahead.launch, self._payload)
 
 
 def _wait_and_run(launch: int, answers: int) -> NoReturn:  # pragma: no cover - in the child

@@ -298,7 +298,7 @@ def ensure_model(name: str, cache_dir: Path | None = None) -> Path:
     os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; the cache may be shared
     log.info("building the embedded model %s into %s (first run only)", name, final)
     try:
-        _BUILDERS[name](tmp)
+        _build_apart(name, tmp)
         try:
             os.rename(tmp, final)
         except OSError:
@@ -307,6 +307,21 @@ def ensure_model(name: str, cache_dir: Path | None = None) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def _build_apart(name: str, folder: Path) -> None:
+    """Builds in a process of its own (spawned: imports torch and
+    transformers again, on the first run only). Building runs torch's
+    parallel kernels, whose OpenMP threads do not survive a fork: a server
+    that built in-process and then forked its engine core (core_fork.py)
+    would leave that engine's workers waiting on threads that are gone."""
+    import multiprocessing
+
+    p = multiprocessing.get_context("spawn").Process(target=_BUILDERS[name], args=(folder,))
+    p.start()
+    p.join()
+    if p.exitcode != 0:
+        raise RuntimeError(f"building the embedded model {name} failed (exit code {p.exitcode})")
 
 
 def install_pixtral_alias() -> None:

@@ -117,3 +117,9 @@ def test_a_preloaded_library_the_copy_has_mapped_is_taken():
 def test_off_a_cpu_host_nothing_is_forked():
     assert not core_fork.fork_ahead(cpu_host=False)
     assert core_fork._ahead is None
+
+
+def test_a_library_taken_out_of_ld_preload_is_refused():
+    library = _mapped_library()
+    assert core_fork.unexplained({"LD_PRELOAD": library}, {}) == ["LD_PRELOAD"]
+    assert core_fork.unexplained({"LD_PRELOAD": library}, {"LD_PRELOAD": ""}) == ["LD_PRELOAD"]
