@@ -123,3 +123,37 @@ def test_a_library_taken_out_of_ld_preload_is_refused():
     library = _mapped_library()
     assert core_fork.unexplained({"LD_PRELOAD": library}, {}) == ["LD_PRELOAD"]
     assert core_fork.unexplained({"LD_PRELOAD": library}, {"LD_PRELOAD": ""}) == ["LD_PRELOAD"]
+
+
+_BUILD_THEN_FORK = """
+import os, signal, sys
+from pathlib import Path
+import torch
+from rollout_service.engine.tiny_models import ensure_model
+if __name__ == "__main__":
+    torch.set_num_threads(2)
+    ensure_model("tiny-qwen2", Path(sys.argv[1]))
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(30)  # a child waiting on OpenMP threads that are gone dies here
+        x = torch.randn(1000, 1000)
+        (x @ x).sum()
+        torch.empty(4_000_000).normal_()
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_fork_after_the_embedded_models_build_still_runs_parallel_kernels(tmp_path):
+    """The build runs torch's parallel kernels; run in the server, their
+    OpenMP threads would be missing in the engine core forked after it, and
+    its workers would wait on them for good (tiny_models._build_apart)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _BUILD_THEN_FORK, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "tiny-qwen2-v1" / "config.json").is_file()
