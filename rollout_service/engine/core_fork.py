@@ -46,6 +46,7 @@ import traceback
 from dataclasses import dataclass
 from multiprocessing import popen_fork, process, reduction, spawn, util
 from multiprocessing.context import SpawnContext, SpawnProcess, set_spawning_popen
+from multiprocessing.util import close_fds as _close  # type: ignore[attr-defined]
 from typing import NoReturn
 
 from rollout_service.engine import vllm_compat, worker_fork
@@ -108,8 +109,7 @@ class _Ahead:
     def send_away(self) -> None:
         """Closes the pipes (the child exits when it reads its end) and reaps
         the child without waiting for it here."""
-        for fd in (self.launch, self.answers, self.ended):
-            os.close(fd)
+        _close(self.launch, self.answers, self.ended)
         threading.Thread(target=_reap, args=(self.pid,), daemon=True).start()
 
 
@@ -153,23 +153,16 @@ def fork_ahead(cpu_host: bool) -> bool:
         return False
     if pid == 0:  # pragma: no cover - the child; tests see what it runs
         try:  # never back into the server's code, whatever happens
-            for fd in (launch_w, answers_r, ended_r):
-                os.close(fd)
+            _close(launch_w, answers_r, ended_r)
             _wait_and_run(launch_r, answers_w)  # keeps ended_w open until it exits
         except BaseException:
             traceback.print_exc()
         finally:
             os._exit(1)
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    for fd in (launch_r, answers_w, ended_w):
-        os.close(fd)
+    _close(launch_r, answers_w, ended_w)
     _ahead = _Ahead(pid, launch_w, answers_r, ended_r)
     return True
-
-
-def _close(*fds: int) -> None:
-    for fd in fds:
-        os.close(fd)
 
 
 def _reap(pid: int) -> None:

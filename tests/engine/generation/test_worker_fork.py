@@ -11,13 +11,7 @@ import psutil
 import pytest
 
 from rollout_service.engine import core_fork, vllm_compat, worker_fork
-from tests.support.cpus import thread_cpus
-
-
-def _only(root: psutil.Process, title: str) -> psutil.Process:
-    found = [p for p in root.children(recursive=True) if " ".join(p.cmdline()).startswith(title)]
-    assert len(found) == 1, [p.cmdline() for p in root.children(recursive=True)]
-    return found[0]
+from tests.support.cpus import thread_cpus, vllm_process
 
 
 def _torch_address(proc: psutil.Process) -> str:
@@ -35,7 +29,7 @@ def test_the_engine_core_forks_its_worker_bound_to_its_cpus(server, client):
     with open("/proc/sys/kernel/randomize_va_space") as f:
         assert f.read().strip() != "0", "with ASLR off a spawned worker maps libtorch alike"
     root = psutil.Process(server.proc.pid)
-    core, worker = _only(root, "VLLM::EngineCore"), _only(root, "VLLM::Worker")
+    core, worker = vllm_process(root, "VLLM::EngineCore"), vllm_process(root, "VLLM::Worker")
     assert worker.ppid() == core.pid
     assert _torch_address(worker) == _torch_address(core), "the worker was spawned"
     # vLLM's binding reached it: its threads keep to the worker's CPUs.
@@ -45,7 +39,7 @@ def test_the_engine_core_forks_its_worker_bound_to_its_cpus(server, client):
 def test_the_engine_core_is_a_copy_of_the_server(server, client):
     client.generate(prompt_token_ids=[1, 2, 3], max_tokens=2)
     root = psutil.Process(server.proc.pid)
-    core = _only(root, "VLLM::EngineCore")
+    core = vllm_process(root, "VLLM::EngineCore")
     assert core.ppid() == root.pid
     assert _torch_address(core) == _torch_address(root), "the engine core was spawned"
     waiting = [p for p in root.children(recursive=True) if core_fork.TITLE in " ".join(p.cmdline())]
