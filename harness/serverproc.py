@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from rollout_client import RolloutClient
 
@@ -54,6 +55,9 @@ class LoggedServer:
     the command and `ready()`."""
 
     name = "server"
+    # How the process starts: subprocess.Popen, called as below. A test suite
+    # may start its servers another way (tests/support/serve_forks.py).
+    launch: Callable[..., Any] = staticmethod(subprocess.Popen)
     # Seconds between readiness checks; 0 for a check that itself waits.
     poll_seconds = 1.0
 
@@ -63,9 +67,7 @@ class LoggedServer:
         self.log = Path(tempfile.mkstemp(prefix=log_prefix, suffix=".log")[1])
         full_env = {**os.environ, **TEST_ENGINE_ENV, **(env or {})}
         self._log_file = open(self.log, "wb")
-        self.proc = subprocess.Popen(
-            cmd, stdout=self._log_file, stderr=subprocess.STDOUT, env=full_env
-        )
+        self.proc = self.launch(cmd, stdout=self._log_file, stderr=subprocess.STDOUT, env=full_env)
 
     def ready(self) -> bool:
         raise NotImplementedError

@@ -30,6 +30,7 @@ from rollout_service.worker.weights_backend import FAULT_FILE_ENV
 from tests.support import (
     idle_ahead,
     lora,
+    serve_forks,
     server_starts,
     sessions,
     shared_servers,
@@ -52,6 +53,9 @@ pytest_plugins = ["tests.support.orchestration"]
 # killed a worker for memory (-9) while servers started ahead.
 KV_CACHE_BYTES = 64 << 20
 ServerProcess.default_args = ("--kv-cache-memory-bytes", str(KV_CACHE_BYTES))
+# Forked from one process that imported the command once (a start's vLLM
+# import is about half its CPU): tests/support/serve_forks.py.
+ServerProcess.launch = staticmethod(serve_forks.launch)
 
 # The session's files (certificates, the fault file, the float32 checkpoint),
 # made before any fixture runs: the shared servers start at collection.
