@@ -27,7 +27,7 @@ import sys
 
 import pytest
 
-from tests.support import cpp_build, idle_ahead, server_starts, shared_servers
+from tests.support import cpp_build, idle_ahead, serve_forks, server_starts, shared_servers
 
 _STARTS_SERVERS = ("ServerProcess", "running")
 
@@ -94,8 +94,14 @@ def pytest_sessionfinish(session):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Which modules left other weights on a shared server (put back after
-    the module): each costs a full update, and none may count on another's."""
+    """How the servers started (forked or not, and why not); which modules
+    left other weights on a shared server (put back after the module): each
+    costs a full update, and none may count on another's."""
+    if serve_forks.counts:
+        started = ", ".join(f"{n} {why}" for why, n in sorted(serve_forks.counts.items()))
+        terminalreporter.write_line(
+            f"rollout-service starts (tests/support/serve_forks.py): {started}"
+        )
     if shared_servers.restored:
         lines = [f"{module} (the {name})" for module, name in shared_servers.restored]
         terminalreporter.write_line("weights restored after: " + ", ".join(lines))

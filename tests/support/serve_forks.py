@@ -49,6 +49,7 @@ SUITE_ON_USE = frozenset(
         "ROLLOUT_SERVICE_FAULT_FILE",  # handoff.faults.fault_file()
         "ROLLOUT_SERVICE_CACHE",  # engine.tiny_models' cache folder
         "OTEL_BSP_SCHEDULE_DELAY",  # OpenTelemetry's BatchSpanProcessor()
+        "PYTEST_CURRENT_TEST",  # pytest's, during each test; read by nothing the server runs
     }
 )
 # How long a launch waits for the forker to answer (its imports first).
@@ -106,33 +107,41 @@ class _Forker:
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
-        self.environ: dict[str, str] = {}
+        self._environ: dict[str, str] | None = None
         self._lock = threading.Lock()
         self._waiting: list[Forked] = []  # launched, in order, not yet given a pid
         self._running: dict[int, Forked] = {}
         self._errors = tempfile.TemporaryFile()
 
-    def launch(self, cmd: list[str], log: str, env: dict[str, str]) -> Forked:
+    def fork(self, request: dict) -> Forked:
+        """`request` (argv, env, out, err, cpus) forked; at once."""
         with self._lock:
             if self.proc is None:
-                self._start(env)
-            forked = Forked(cmd)
+                self._start()
+            forked = Forked(request["argv"])
             self._waiting.append(forked)
             assert self.proc is not None and self.proc.stdin is not None
-            self.proc.stdin.write(
-                json.dumps({"argv": cmd, "env": env, "log": log}).encode() + b"\n"
-            )
+            self.proc.stdin.write(json.dumps(request).encode() + b"\n")
             self.proc.stdin.flush()
         return forked
 
-    def _start(self, env: dict[str, str]) -> None:
-        self.environ = dict(env)
+    @property
+    def environ(self) -> dict[str, str]:
+        """The forker's environment: this process's at the first call, with
+        the test engine's settings."""
+        if self._environ is None:
+            from harness.serverproc import TEST_ENGINE_ENV
+
+            self._environ = {**os.environ, **TEST_ENGINE_ENV}
+        return self._environ
+
+    def _start(self) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, __file__],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._errors,
-            env=env,
+            env=self.environ,
         )
         threading.Thread(target=self._read, name="serve-forks", daemon=True).start()
 
@@ -163,53 +172,84 @@ class _Forker:
 _forker = _Forker()
 
 
-def forkable(cmd: list[str], env: dict[str, str], forker_env: dict[str, str]) -> bool:
-    """Whether the command, forked from a process that imported with
-    `forker_env`, is what it would be as a process of its own."""
+def forkable(cmd: list[str], env: dict[str, str]) -> bool:
+    """Whether the command, forked, is what it would be as a process of its
+    own: `rollout-service serve` with no JSON logs, its environment the
+    forker's but for variables read on use."""
+    return not _differences(cmd, env)
+
+
+def _differences(cmd: list[str], env: dict[str, str]) -> list[str]:
+    """What keeps the command from being forked (none: it can be)."""
     from rollout_service.engine.core_fork import ON_USE
 
-    if cmd[:2] != [SERVE, "serve"] or "--log-json" in cmd:
-        return False
-    changed = {k for k in env.keys() | forker_env.keys() if env.get(k) != forker_env.get(k)}
-    return changed <= ON_USE | SUITE_ON_USE
+    if cmd[:2] != [SERVE, "serve"]:
+        return [cmd[0]]
+    if "--log-json" in cmd:
+        return ["--log-json"]
+    base = _forker.environ
+    changed = {k for k in env.keys() | base.keys() if env.get(k) != base.get(k)}
+    return sorted(changed - ON_USE - SUITE_ON_USE)
+
+
+# How many servers were forked, and why the others were not (the suite's summary).
+counts: dict[str, int] = {}
+
+
+def start(
+    cmd: list[str], env: dict[str, str], out: str, err: str, cpus: list[int] | None = None
+) -> Forked | subprocess.Popen[bytes]:
+    """`cmd` with stdout and stderr appended to the files `out` and `err`
+    (which may be one) and its CPU affinity `cpus` if given: forked when it
+    can be (`forkable`), else run by subprocess.Popen."""
+    differences = _differences(cmd, env)
+    reason = "forked" if not differences else "not forked: " + ", ".join(differences)
+    counts[reason] = counts.get(reason, 0) + 1
+    if not differences:
+        return _forker.fork({"argv": cmd, "env": env, "out": out, "err": err, "cpus": cpus})
+    with open(out, "ab") as o, open(err, "ab") as e:
+        return subprocess.Popen(
+            cmd,
+            stdout=o,
+            stderr=subprocess.STDOUT if err == out else e,
+            env=env,
+            preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
+        )
 
 
 def launch(
     cmd: list[str], *, stdout: IO[Any], stderr: int, env: dict[str, str]
 ) -> Forked | subprocess.Popen[bytes]:
-    """ServerProcess's launch (subprocess.Popen's signature as LoggedServer
-    calls it): `cmd` forked when it can be, else run by subprocess.Popen."""
-    if stderr == subprocess.STDOUT and forkable(cmd, env, _forker.environ or env):
-        return _forker.launch(cmd, stdout.name, env)
-    return subprocess.Popen(cmd, stdout=stdout, stderr=stderr, env=env)
+    """ServerProcess's launch (subprocess.Popen as LoggedServer calls it)."""
+    assert stderr == subprocess.STDOUT, "a server's log has both"
+    return start(cmd, env, stdout.name, stdout.name)
 
 
 # The forker: this file run as a script (above, only the standard library is
 # imported at the top, before sys.path[0] is made the console script's folder).
 
 
-def _import_the_command() -> bytes:
+def _import_the_command() -> tuple[bytes, bytes]:
     """Imports what the command imports before it reads its arguments, in its
-    order (logging is configured first); what that printed."""
+    order (logging is configured first); what that printed to stdout and
+    stderr."""
     saved = os.dup(1), os.dup(2)
-    with tempfile.TemporaryFile() as printed:
-        for fd in (1, 2):
-            os.dup2(printed.fileno(), fd)
-        from rollout_service.ops import logs
+    printed = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    for fd, f in zip((1, 2), printed):
+        os.dup2(f.fileno(), fd)
+    from rollout_service.ops import logs
 
-        logs.configure(json_lines=False)
-        import vllm.engine.arg_utils  # noqa: F401
-        import vllm.utils.argparse_utils  # noqa: F401
+    logs.configure(json_lines=False)
+    import vllm.engine.arg_utils  # noqa: F401
+    import vllm.utils.argparse_utils  # noqa: F401
 
-        import rollout_service.cli  # noqa: F401
+    import rollout_service.cli  # noqa: F401
 
-        sys.stdout.flush()
-        sys.stderr.flush()
-        for fd, copy in zip((1, 2), saved):
-            os.dup2(copy, fd)
-            os.close(copy)
-        printed.seek(0)
-        prelude = printed.read()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for fd, copy in zip((1, 2), saved):
+        os.dup2(copy, fd)
+        os.close(copy)
     assert "rollout_service.engine.parent_watch" not in sys.modules, "imported by the forker"
     # Process titles (vLLM's "VLLM::EngineCore", the fork's command below)
     # are written over the area of argv and the environment, which
@@ -218,18 +258,32 @@ def _import_the_command() -> bytes:
     import setproctitle
 
     setproctitle.getproctitle()
-    return prelude
+    texts = []
+    for f in printed:
+        f.seek(0)
+        texts.append(f.read())
+        f.close()
+    return texts[0], texts[1]
 
 
-def _become(request: dict, prelude: bytes, own: list[int]) -> None:
-    """In the fork: the server's process, up to running the console script."""
-    log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    os.write(log, prelude)
+def _become(request: dict, printed: tuple[bytes, bytes], own: list[int]) -> None:
+    """In the fork: the command's process, up to running the console script."""
+    out = os.open(request["out"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    err = (
+        out
+        if request["err"] == request["out"]
+        else os.open(request["err"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    )
     null = os.open(os.devnull, os.O_RDONLY)
-    for fd, to in ((0, null), (1, log), (2, log)):
+    os.write(out, printed[0])
+    os.write(err, printed[1])
+    for fd, to in ((0, null), (1, out), (2, err)):
         os.dup2(to, fd)
-    for fd in (null, log, *own):
+    for fd in {null, out, err, *own}:
         os.close(fd)
+    if request["cpus"] is not None:
+        # The fork's only thread; threads started later inherit it.
+        os.sched_setaffinity(0, request["cpus"])
     os.environ.clear()
     os.environ.update(request["env"])
     sys.argv = list(request["argv"])
@@ -257,7 +311,7 @@ def _answer(answer: dict) -> None:
 def _fork_all() -> None:
     """Forks a server for each request line on stdin, answers its pid, then
     its exit status once it ends; at stdin's end, stops what still runs."""
-    prelude = _import_the_command()
+    printed = _import_the_command()
     children: dict[int, int] = {}  # pidfd: pid
     pending = bytearray()
     while True:
@@ -279,7 +333,7 @@ def _fork_all() -> None:
                 sys.stderr.flush()
                 pid = os.fork()
                 if pid == 0:
-                    _become(request, prelude, list(children))
+                    _become(request, printed, list(children))
                     # Nothing here catches its SystemExit (no try, no with):
                     # the interpreter exits the fork with the command's status.
                     runpy.run_path(SERVE, run_name="__main__")
