@@ -5,26 +5,29 @@ A start spends about 6 of its 13 CPU-s importing vLLM before the command
 reads its arguments, and the suite starts about thirty servers. So
 ServerProcess launches through `launch` here (tests/conftest.py sets it): a
 forker (this file run as a script, started at the first launch) imports what
-the command imports before it reads its arguments, in its order (as
-tests.support.serve_command's runner does), then forks once per server. Each
+the command imports before it reads its arguments, in its order, then forks
+once per server (and per run of tests.support.serve_command). Each
 fork is the command's process from there on, as a process of its own would
-be: the caller's environment (set in full), stdin /dev/null, stdout and stderr
+be: the caller's environment, stdin /dev/null, stdout and stderr
 the server's log (what the forker printed while importing first, as the
 command prints it), and the installed console script run as `__main__`
 (`sys.exit(main())`). The server module and parent_watch (which keeps its
 importer's pid) are each fork's own imports.
 
-A server whose environment differs from the forker's in a variable not known
-to be read on use (`ON_USE`: the engine core's forked-ahead list and the
-suite's own) could differ from a process of its own, and one that logs JSON
-lines would get the import's lines in plain text: those start with
-subprocess.Popen, as every server did before.
+A command that might not be what it is as a process of its own, forked, is
+started as one (the fork executes it): one whose environment differs from the
+forker's in a variable that could be read at an import the forker made (the
+engine core's forked-ahead rule, rollout_service.engine.core_fork.unexplained,
+with the suite's variables read on use, `SUITE_ON_USE`; one the imports set,
+given the value they set, is no difference), or one that logs JSON lines (the
+import's lines are plain). A fork's environment is the caller's with what the
+imports changed as they left it.
 
-`launch` returns at once (the forker may still be importing): its `Forked`
+`start` returns at once (the forker may still be importing): its `Started`
 stands for the process as a Popen does (pid, poll, wait, send_signal,
-terminate, kill, returncode); the forker reports each fork's exit status.
-The forker ends with the suite (its stdin closes), after SIGTERM to a server
-still running (none when every fixture stopped its own).
+terminate, kill, returncode, and `forked`); the forker reports each one's exit
+status. The forker ends with the suite (its stdin closes), after SIGTERM to a
+server still running (none when every fixture stopped its own).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 SERVE = str(Path(sys.executable).with_name("rollout-service"))
 # Read inside functions, never at an import (each checked where it is read).
@@ -58,13 +61,16 @@ ANSWER_SECONDS = 300.0
 STOP_GRACE = 30.0
 
 
-class Forked:
-    """A server forked by the forker, as subprocess.Popen stands for its child."""
+class Started:
+    """A command the forker started, as subprocess.Popen stands for its child."""
 
     def __init__(self, args: list[str]) -> None:
         self.args = args
         self.returncode: int | None = None
         self._pid: int | None = None
+        # Started, or else (with why not) executed as a process of its own.
+        self.forked: bool | None = None
+        self.not_forked: list[str] = []
         self._started = threading.Event()
         self._ended = threading.Event()
 
@@ -107,41 +113,33 @@ class _Forker:
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
-        self._environ: dict[str, str] | None = None
         self._lock = threading.Lock()
-        self._waiting: list[Forked] = []  # launched, in order, not yet given a pid
-        self._running: dict[int, Forked] = {}
+        self._waiting: list[Started] = []  # launched, in order, not yet given a pid
+        self._running: dict[int, Started] = {}
         self._errors = tempfile.TemporaryFile()
 
-    def fork(self, request: dict) -> Forked:
+    def fork(self, request: dict) -> Started:
         """`request` (argv, env, out, err, cpus) forked; at once."""
         with self._lock:
             if self.proc is None:
                 self._start()
-            forked = Forked(request["argv"])
-            self._waiting.append(forked)
+            started = Started(request["argv"])
+            self._waiting.append(started)
             assert self.proc is not None and self.proc.stdin is not None
             self.proc.stdin.write(json.dumps(request).encode() + b"\n")
             self.proc.stdin.flush()
-        return forked
-
-    @property
-    def environ(self) -> dict[str, str]:
-        """The forker's environment: this process's at the first call, with
-        the test engine's settings."""
-        if self._environ is None:
-            from harness.serverproc import TEST_ENGINE_ENV
-
-            self._environ = {**os.environ, **TEST_ENGINE_ENV}
-        return self._environ
+        return started
 
     def _start(self) -> None:
+        from harness.serverproc import TEST_ENGINE_ENV
+
+        env = {**os.environ, **TEST_ENGINE_ENV}
         self.proc = subprocess.Popen(
             [sys.executable, __file__],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._errors,
-            env=self.environ,
+            env=env,
         )
         threading.Thread(target=self._read, name="serve-forks", daemon=True).start()
 
@@ -151,16 +149,24 @@ class _Forker:
             answer = json.loads(line)
             with self._lock:
                 if "started" in answer:
-                    forked = self._waiting.pop(0)
-                    forked._pid = answer["started"]
-                    self._running[forked._pid] = forked
-                    forked._started.set()
+                    started = self._waiting.pop(0)
+                    started._pid = answer["started"]
+                    started.not_forked = answer["not_forked"]
+                    started.forked = not started.not_forked
+                    self._running[started._pid] = started
+                    started._started.set()
+                    how = (
+                        "forked"
+                        if started.forked
+                        else "not forked: " + ", ".join(started.not_forked)
+                    )
+                    counts[how] = counts.get(how, 0) + 1
                 else:
                     self._running.pop(answer["ended"])._end(answer["code"])
         # The forker is gone: what it had not answered for never will be.
         with self._lock:
-            for forked in [*self._waiting, *self._running.values()]:
-                forked._end(255)
+            for started in [*self._waiting, *self._running.values()]:
+                started._end(255)
             self._waiting.clear()
             self._running.clear()
 
@@ -172,54 +178,19 @@ class _Forker:
 _forker = _Forker()
 
 
-def forkable(cmd: list[str], env: dict[str, str]) -> bool:
-    """Whether the command, forked, is what it would be as a process of its
-    own: `rollout-service serve` with no JSON logs, its environment the
-    forker's but for variables read on use."""
-    return not _differences(cmd, env)
-
-
-def _differences(cmd: list[str], env: dict[str, str]) -> list[str]:
-    """What keeps the command from being forked (none: it can be)."""
-    from rollout_service.engine.core_fork import ON_USE
-
-    if cmd[:2] != [SERVE, "serve"]:
-        return [cmd[0]]
-    if "--log-json" in cmd:
-        return ["--log-json"]
-    base = _forker.environ
-    changed = {k for k in env.keys() | base.keys() if env.get(k) != base.get(k)}
-    return sorted(changed - ON_USE - SUITE_ON_USE)
-
-
-# How many servers were forked, and why the others were not (the suite's summary).
+# How many commands were forked, and why the others were not (the suite's summary).
 counts: dict[str, int] = {}
 
 
 def start(
     cmd: list[str], env: dict[str, str], out: str, err: str, cpus: list[int] | None = None
-) -> Forked | subprocess.Popen[bytes]:
+) -> Started:
     """`cmd` with stdout and stderr appended to the files `out` and `err`
-    (which may be one) and its CPU affinity `cpus` if given: forked when it
-    can be (`forkable`), else run by subprocess.Popen."""
-    differences = _differences(cmd, env)
-    reason = "forked" if not differences else "not forked: " + ", ".join(differences)
-    counts[reason] = counts.get(reason, 0) + 1
-    if not differences:
-        return _forker.fork({"argv": cmd, "env": env, "out": out, "err": err, "cpus": cpus})
-    with open(out, "ab") as o, open(err, "ab") as e:
-        return subprocess.Popen(
-            cmd,
-            stdout=o,
-            stderr=subprocess.STDOUT if err == out else e,
-            env=env,
-            preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
-        )
+    (which may be one) and its CPU affinity `cpus` if given."""
+    return _forker.fork({"argv": cmd, "env": env, "out": out, "err": err, "cpus": cpus})
 
 
-def launch(
-    cmd: list[str], *, stdout: IO[Any], stderr: int, env: dict[str, str]
-) -> Forked | subprocess.Popen[bytes]:
+def launch(cmd: list[str], *, stdout: IO[Any], stderr: int, env: dict[str, str]) -> Started:
     """ServerProcess's launch (subprocess.Popen as LoggedServer calls it)."""
     assert stderr == subprocess.STDOUT, "a server's log has both"
     return start(cmd, env, stdout.name, stdout.name)
@@ -266,8 +237,58 @@ def _import_the_command() -> tuple[bytes, bytes]:
     return texts[0], texts[1]
 
 
+class _Environ:
+    """The forker's environment: as it started, and what the command's
+    imports changed in it (vLLM's cv2 sets LD_LIBRARY_PATH, torch Inductor
+    its cache folder, ...)."""
+
+    def __init__(self, initial: dict[str, str]) -> None:
+        self.initial = initial
+        self.imported = dict(os.environ)
+        self.changed = {
+            k
+            for k in initial.keys() | self.imported.keys()
+            if initial.get(k) != self.imported.get(k)
+        }
+
+    def not_forked(self, request: dict) -> list[str]:
+        """Why the request's command, forked, might not be what it is as a
+        process of its own (none: it is what it would be)."""
+        from rollout_service.engine.core_fork import INDUCTOR, unexplained
+
+        argv, env = request["argv"], request["env"]
+        if argv[:2] != [SERVE, "serve"]:
+            return [argv[0]]
+        if "--log-json" in argv:
+            return ["--log-json"]
+        # A variable the imports set, given the value they set (this process
+        # imported what they import and inherited it): the fork's is that
+        # value too, and the process a user starts has neither (the fork is
+        # closer to it: LD_LIBRARY_PATH, which vLLM's cv2 sets, was not in
+        # its loader's path at its start).
+        as_imported = {k for k in self.changed if env.get(k) == self.imported.get(k)}
+        why = [k for k in unexplained(self.initial, env) if k not in SUITE_ON_USE | as_imported]
+        # Otherwise what the imports read or changed, and Inductor's (set in
+        # its config only in the engine core forked ahead), must be as they were.
+        changed = {k for k in env.keys() | self.initial.keys() if env.get(k) != self.initial.get(k)}
+        return why + sorted(changed & (self.changed | set(INDUCTOR)) - set(why) - as_imported)
+
+    def of(self, request: dict) -> dict[str, str]:
+        """A forked command's environment: the request's, with what the
+        imports changed as they left it (as they would have in a process of
+        its own)."""
+        env = dict(request["env"])
+        for k in self.changed:
+            if k in self.imported:
+                env[k] = self.imported[k]
+            else:
+                env.pop(k, None)
+        return env
+
+
 def _become(request: dict, printed: tuple[bytes, bytes], own: list[int]) -> None:
-    """In the fork: the command's process, up to running the console script."""
+    """In the child: the command's stdin (none), stdout, stderr (first what
+    `printed` says) and CPUs."""
     out = os.open(request["out"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     err = (
         out
@@ -284,13 +305,25 @@ def _become(request: dict, printed: tuple[bytes, bytes], own: list[int]) -> None
     if request["cpus"] is not None:
         # The fork's only thread; threads started later inherit it.
         os.sched_setaffinity(0, request["cpus"])
+
+
+def _as_the_command(request: dict, environ: dict[str, str]) -> None:
+    """In a fork: the command's environment, arguments and title."""
     os.environ.clear()
-    os.environ.update(request["env"])
+    os.environ.update(environ)
     sys.argv = list(request["argv"])
     # As `ps` shows a process of its own (its interpreter, the script's path).
     import setproctitle
 
     setproctitle.setproctitle(" ".join([sys.executable, *sys.argv]))
+
+
+def _execute(request: dict) -> NoReturn:
+    """In the child: the command, as a process of its own."""
+    try:
+        os.execve(request["argv"][0], request["argv"], request["env"])
+    finally:  # never back into the forker's loop
+        os._exit(127)
 
 
 def _lines(fd: int, pending: bytearray) -> list[bytes] | None:
@@ -309,9 +342,12 @@ def _answer(answer: dict) -> None:
 
 
 def _fork_all() -> None:
-    """Forks a server for each request line on stdin, answers its pid, then
-    its exit status once it ends; at stdin's end, stops what still runs."""
+    """Starts a command for each request line on stdin (forked, or executed
+    as a process of its own), answers its pid, then its exit status once it
+    ends; at stdin's end, stops what still runs."""
+    initial = dict(os.environ)
     printed = _import_the_command()
+    environ = _Environ(initial)
     children: dict[int, int] = {}  # pidfd: pid
     pending = bytearray()
     while True:
@@ -329,17 +365,21 @@ def _fork_all() -> None:
                 return
             for line in lines:
                 request = json.loads(line)
+                not_forked = environ.not_forked(request)
                 sys.stdout.flush()
                 sys.stderr.flush()
                 pid = os.fork()
                 if pid == 0:
-                    _become(request, printed, list(children))
+                    _become(request, (b"", b"") if not_forked else printed, list(children))
+                    if not_forked:
+                        _execute(request)
+                    _as_the_command(request, environ.of(request))
                     # Nothing here catches its SystemExit (no try, no with):
                     # the interpreter exits the fork with the command's status.
                     runpy.run_path(SERVE, run_name="__main__")
                     sys.exit(0)  # never reached (the script exits); never back into this loop
                 children[os.pidfd_open(pid)] = pid
-                _answer({"started": pid})
+                _answer({"started": pid, "not_forked": not_forked})
 
 
 def _stop(children: dict[int, int]) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 
 import pytest
 
@@ -38,18 +37,46 @@ def both_ways(tmp_path_factory):
 
 def test_a_forked_start_prints_and_exits_as_a_process_of_its_own(both_ways):
     (forked, forked_code, forked_out), (own, own_code, own_out) = both_ways
-    assert isinstance(forked, serve_forks.Forked) and isinstance(own, subprocess.Popen)
+    assert forked.forked and own.not_forked == [UNLISTED]
     assert forked_code == own_code == 1
     # stdout, stderr: vLLM's import lines (timestamps aside), then the refusal.
     assert forked_out == own_out
     assert "Triton" in own_out[1] and "no-such-parser" in own_out[1].splitlines()[-1], own_out
 
 
-def test_only_settings_read_on_use_may_differ_from_the_forkers():
+@pytest.mark.parametrize(
+    ("change", "not_forked"),
+    [
+        ({"ROLLOUT_SERVICE_CACHE": "/elsewhere"}, []),  # the suite's, read on use
+        ({"VLLM_CPU_KVCACHE_SPACE": "3"}, []),  # vLLM's, read on use
+        ({UNLISTED: "1"}, [UNLISTED]),
+        ({"TORCHDYNAMO_DISABLE": "0"}, ["TORCHDYNAMO_DISABLE"]),  # read at torch's import
+    ],
+)
+def test_only_settings_read_on_use_may_differ_from_the_forkers(tmp_path, change, not_forked):
+    env = {**os.environ, **TEST_ENGINE_ENV, **change}
+    proc = serve_forks.start([*LATE_REFUSAL, "--help"], env, *[str(tmp_path / "log")] * 2)
+    proc.kill()  # only how it started counts
+    proc.wait(60)
+    assert proc.not_forked == not_forked
+
+
+def test_json_logs_are_not_forked(tmp_path):
     env = {**os.environ, **TEST_ENGINE_ENV}
-    assert serve_forks.forkable(LATE_REFUSAL, env)
-    assert serve_forks.forkable(LATE_REFUSAL, {**env, "ROLLOUT_SERVICE_CACHE": "/elsewhere"})
-    assert serve_forks.forkable(LATE_REFUSAL, {**env, "VLLM_CPU_KVCACHE_SPACE": "3"})
-    assert not serve_forks.forkable(LATE_REFUSAL, {**env, UNLISTED: "1"})
-    assert not serve_forks.forkable(LATE_REFUSAL, {**env, "TORCHDYNAMO_DISABLE": "0"})
-    assert not serve_forks.forkable([*LATE_REFUSAL, "--log-json"], env)
+    proc = serve_forks.start([*LATE_REFUSAL, "--log-json"], env, *[str(tmp_path / "log")] * 2)
+    proc.kill()
+    proc.wait(60)
+    assert proc.not_forked == ["--log-json"]
+
+
+def test_a_setting_as_the_commands_imports_set_it_may_differ(tmp_path):
+    # vLLM's cv2 puts its libraries on LD_LIBRARY_PATH at its import: this
+    # process has it once it imported cv2, the forker from its own imports.
+    import cv2  # noqa: F401
+
+    env = {**os.environ, **TEST_ENGINE_ENV}
+    assert "cv2" in env["LD_LIBRARY_PATH"]
+    proc = serve_forks.start([*LATE_REFUSAL, "--help"], env, *[str(tmp_path / "log")] * 2)
+    proc.kill()
+    proc.wait(60)
+    assert proc.not_forked == []
