@@ -71,12 +71,12 @@ def _build() -> None:
     ]
     for cmd, timeout in steps:
         try:
+            # Lowest priority through nice(1), not a preexec_fn: that makes
+            # subprocess fork this process (not vfork), which runs gRPC's fork
+            # handlers while tests call gRPC from other threads: the child
+            # aborted in them once ("Check failed: next_worker->state == KICKED").
             p = subprocess.run(
-                cmd,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                preexec_fn=lambda: os.nice(19),
+                ["nice", "-n", "19", *cmd], capture_output=True, text=True, timeout=timeout
             )
         except subprocess.TimeoutExpired:
             _outcome.append(f"`{' '.join(cmd)}` ran over {timeout} s")

@@ -89,14 +89,19 @@ def test_a_flooding_caller_does_not_starve_another_and_is_capped(shared_secure):
 
 
 def test_a_tenant_names_a_caller_without_auth_and_a_bad_one_is_refused(server):
-    with RolloutClient(server.target, tenant="eval-job", timeout=60) as tenant:
-        # Running while it is looked up: 400 tokens once ended first on a fast host.
+    with (
+        RolloutClient(server.target, tenant="eval-job", timeout=60) as tenant,
+        RolloutClient(server.target, timeout=60) as other,
+    ):
+        # The looking caller connected first: the lookup is one call while
+        # the stream runs (400 tokens once ended first on a fast host; 2000
+        # ended once while the lookup's channel connected on a loaded one).
+        other.server_info()
         stream = tenant.generate_stream(
             prompt_token_ids=[1, 2, 3], max_tokens=2000, ignore_eos=True
         )
         next(stream)  # running
-        with RolloutClient(server.target, timeout=60) as other:
-            callers = {c.caller: c.in_flight for c in other.server_info().fair_share.callers}
+        callers = {c.caller: c.in_flight for c in other.server_info().fair_share.callers}
         assert callers.get("tenant:eval-job") == 1
         stream.close()
     with RolloutClient(server.target, tenant="x" * 65, timeout=60) as bad:
