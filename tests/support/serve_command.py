@@ -29,9 +29,9 @@ from pathlib import Path
 import psutil
 
 from harness.serverproc import TEST_ENGINE_ENV
-from tests.support import serve_forks
+from tests.support import forker, serve_forks
 
-SERVE = serve_forks.SERVE
+SERVE = forker.SERVE
 # A fork's refusal takes ~5 s (its own imports, argument parsing, exit); this
 # is for a run that was not refused.
 RUN_TIMEOUT = 60.0

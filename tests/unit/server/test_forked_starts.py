@@ -11,28 +11,32 @@ import re
 import pytest
 
 from harness.serverproc import TEST_ENGINE_ENV
-from tests.support import serve_forks
+from tests.support import forker, serve_forks
 
 # Refused once its arguments are parsed, vLLM imported (rollout_service.cli).
-LATE_REFUSAL = [serve_forks.SERVE, "serve", "--port", "0", "--tool-call-parser", "no-such-parser"]
+LATE_REFUSAL = [forker.SERVE, "serve", "--port", "0", "--tool-call-parser", "no-such-parser"]
 # A variable no list says is read on use: a start with it is not forked.
 UNLISTED = "ROLLOUT_TESTS_UNLISTED_SETTING"
 _STAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ", re.MULTILINE)
 
 
-def _run(tmp_path, name: str, env: dict[str, str]):
-    out, err = str(tmp_path / f"{name}.out"), str(tmp_path / f"{name}.err")
-    proc = serve_forks.start(LATE_REFUSAL, env, out, err)
+def _start(tmp, name: str, env: dict[str, str]):
+    out, err = str(tmp / f"{name}.out"), str(tmp / f"{name}.err")
+    return serve_forks.start(LATE_REFUSAL, env, out, err), (out, err)
+
+
+def _ended(started):
+    proc, files = started
     code = proc.wait(120)
-    read = [_STAMP.sub("", open(p).read()) for p in (out, err)]
-    return proc, code, read
+    return proc, code, [_STAMP.sub("", open(p).read()) for p in files]
 
 
 @pytest.fixture(scope="module")
 def both_ways(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("forked-starts")
     env = {**os.environ, **TEST_ENGINE_ENV}
-    return _run(tmp, "forked", env), _run(tmp, "own", {**env, UNLISTED: "1"})
+    forked, own = _start(tmp, "forked", env), _start(tmp, "own", {**env, UNLISTED: "1"})
+    return _ended(forked), _ended(own)
 
 
 def test_a_forked_start_prints_and_exits_as_a_process_of_its_own(both_ways):
