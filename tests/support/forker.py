@@ -78,11 +78,7 @@ class _Environ:
     def __init__(self, initial: dict[str, str]) -> None:
         self.initial = initial
         self.imported = dict(os.environ)
-        self.changed = {
-            k
-            for k in initial.keys() | self.imported.keys()
-            if initial.get(k) != self.imported.get(k)
-        }
+        self.changed = _differing(initial, self.imported)
 
     def not_forked(self, request: dict) -> list[str]:
         """Why the request's command, forked, might not be what it is as a
@@ -100,11 +96,13 @@ class _Environ:
         # closer to it: LD_LIBRARY_PATH, which vLLM's cv2 sets, was not in
         # its loader's path at its start).
         as_imported = {k for k in self.changed if env.get(k) == self.imported.get(k)}
-        why = [k for k in unexplained(self.initial, env) if k not in SUITE_ON_USE | as_imported]
-        # Otherwise what the imports read or changed, and Inductor's (set in
-        # its config only in the engine core forked ahead), must be as they were.
-        changed = {k for k in env.keys() | self.initial.keys() if env.get(k) != self.initial.get(k)}
-        return why + sorted(changed & (self.changed | set(INDUCTOR)) - set(why) - as_imported)
+        # Otherwise: what the engine core's rule cannot explain (less the
+        # suite's variables read on use), and any change to what the imports
+        # changed or to Inductor's (set in its config only in the engine core
+        # forked ahead).
+        suspect = set(unexplained(self.initial, env)) - SUITE_ON_USE
+        suspect |= _differing(self.initial, env) & (self.changed | set(INDUCTOR))
+        return sorted(suspect - as_imported)
 
     def of(self, request: dict) -> dict[str, str]:
         """A forked command's environment: the request's, with what the
@@ -117,6 +115,10 @@ class _Environ:
             else:
                 env.pop(k, None)
         return env
+
+
+def _differing(a: dict[str, str], b: dict[str, str]) -> set[str]:
+    return {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
 
 
 def _become(request: dict, printed: tuple[bytes, bytes], own: list[int]) -> None:

@@ -18,9 +18,9 @@ A command that might not be what it is as a process of its own, forked, is
 started as one (the fork executes it): one whose environment differs from the
 forker's in a variable that could be read at an import the forker made (the
 engine core's forked-ahead rule, rollout_service.engine.core_fork.unexplained,
-with the suite's variables read on use, `forker.SUITE_ON_USE`; one the imports set,
-given the value they set, is no difference), or one that logs JSON lines (the
-import's lines are plain). A fork's environment is the caller's with what the
+with the suite's variables read on use, `forker.SUITE_ON_USE`; one the
+imports set, given the value they set, is no difference), or one that logs
+JSON lines (the import's lines are plain). A fork's environment is the caller's with what the
 imports changed as they left it.
 
 `start` returns at once (the forker may still be importing): its `Started`
@@ -54,8 +54,7 @@ class Started:
         self.args = args
         self.returncode: int | None = None
         self._pid: int | None = None
-        # Started, or else (with why not) executed as a process of its own.
-        self.forked: bool | None = None
+        # Why it was executed as a process of its own (none: it was forked).
         self.not_forked: list[str] = []
         self._started = threading.Event()
         self._ended = threading.Event()
@@ -65,6 +64,11 @@ class Started:
         if not self._started.wait(ANSWER_SECONDS) or self._pid is None:
             raise RuntimeError(f"the forker did not start {self.args}: {_forker.tail()}")
         return self._pid
+
+    @property
+    def forked(self) -> bool:
+        """Whether it was forked (once started: waits as `pid` does)."""
+        return bool(self.pid) and not self.not_forked
 
     def poll(self) -> int | None:
         return self.returncode
@@ -138,14 +142,10 @@ class _Forker:
                     started = self._waiting.pop(0)
                     started._pid = answer["started"]
                     started.not_forked = answer["not_forked"]
-                    started.forked = not started.not_forked
                     self._running[started._pid] = started
                     started._started.set()
-                    how = (
-                        "forked"
-                        if started.forked
-                        else "not forked: " + ", ".join(started.not_forked)
-                    )
+                    why = ", ".join(started.not_forked)
+                    how = f"not forked: {why}" if why else "forked"
                     counts[how] = counts.get(how, 0) + 1
                 else:
                     self._running.pop(answer["ended"])._end(answer["code"])
