@@ -43,6 +43,7 @@ from tests.support.otlp_collector import start_collector
 from tests.support.think_model import build_think_model
 from tests.support.tokens import ADMIN, GENERATE, GENERATE_B
 from tests.support.tp2 import start_tp2_servers
+from tests.support.watched_load import run_watched
 
 pytest_plugins = ["tests.support.orchestration"]
 
@@ -469,3 +470,12 @@ def info(client):
     """The session server's info as this module first asks for it (each
     module starts on the same weights and version: `_left_clean`)."""
     return client.server_info()
+
+
+@pytest.fixture(scope="session")
+def watched_load(server, tmp_path_factory):
+    """One short Locust run on the session server while a Prometheus scrapes
+    it and a caller makes refused calls (tests/support/watched_load.py):
+    test_load_locust checks the run's report, test_dashboard its metrics."""
+    with run_watched(server, tmp_path_factory.mktemp("watched-load")) as run:
+        yield run

@@ -12,29 +12,22 @@ from __future__ import annotations
 
 import json
 import math
-import threading
-import time
 
 import grpc
 import pytest
 
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client import RolloutClient, RolloutError
 from rollout_service.ops.grpc_metrics import refusal_reason
 from rollout_service.sessions.store import SessionLimits, SessionStore
 from rollout_service.sessions.trajectory import SEGMENT_BYTES, TOKEN_BYTES
 from rollout_service.status.trailers import details_trailer
-from tests.support.load import Run, locust_cmd, read_stats
 from tests.support.prometheus import (
     DASHBOARD,
-    SCRAPE_SECONDS,
-    Prometheus,
     Target,
     as_grafana_sends,
     panel_targets,
 )
 
-LOAD_SECONDS = 20
 # Queries whose value is 0 in a healthy run under this load, each for its
 # reason; every other query must show a positive value at some point of it.
 MAY_BE_ZERO = {
@@ -113,47 +106,15 @@ def test_session_memory_grows_with_a_history_and_goes_when_it_closes():
     assert store.held() == (0, 0) and store.reserved == 0
 
 
-def _refuse(target: str, rounds: int, every: float, done: list[str]) -> None:
-    """`rounds` rounds `every` seconds apart, each a call on a weight version
-    the server does not serve and one with a negative temperature (a counter's
-    series appears at its first refusal; its rate shows from the second)."""
-    with RolloutClient(target, timeout=60, retries=0) as c:
-        for i in range(rounds):
-            if i:
-                time.sleep(every)
-            for options in (
-                {"required_weight_version": "not-served", "max_tokens": 2},
-                {"temperature": -1.0, "max_tokens": 2},
-            ):
-                try:
-                    c.generate(prompt_token_ids=[11, 12, 13], **options)
-                except RolloutError as e:
-                    done.append(e.reason)
-
-
 @pytest.fixture(scope="module")
-def scraped_load(server, tmp_path_factory):
+def scraped_load(watched_load):
     """The session server (its --metrics-port), a Prometheus scraping it
     every second, and the window of a short Locust run against it (with
-    refusals)."""
-    with Prometheus(f"127.0.0.1:{server.metrics_port}") as prometheus:
-        prometheus.wait_scraped()
-        out = tmp_path_factory.mktemp("dashboard-load")
-        args = ["--headless", "-u", "6", "-r", "6", "-t", f"{LOAD_SECONDS}s", "--only-summary"]
-        args += ["--rollout-target", server.target, "--push-every", "3"]
-        args += ["--pause-modes", "keep,wait", "--turns", "3", "--output-tokens", "16-32"]
-        args += ["--csv", str(out / "run"), "--html", str(out / "report.html")]
-        start = time.time()
-        refused: list[str] = []
-        refusing = threading.Thread(target=_refuse, args=(server.target, 3, 6.0, refused))
-        with Run(locust_cmd(args)) as load:
-            refusing.start()
-            load.wait(LOAD_SECONDS + 120)
-            refusing.join(60)
-        assert load.returncode == 0, load.log()[-3000:]
-        assert sorted(set(refused)) == ["INVALID_FIELD", "WRONG_WEIGHT_VERSION"], refused
-        time.sleep(3 * SCRAPE_SECONDS)  # the last scrapes after the run
-        yield prometheus, start, time.time(), read_stats(out / "run")
+    refusals): conftest's `watched_load`, the run test_load_locust checks."""
+    assert watched_load.returncode == 0, watched_load.log[-3000:]
+    refused = watched_load.refused
+    assert sorted(set(refused)) == ["INVALID_FIELD", "WRONG_WEIGHT_VERSION"], refused
+    return watched_load.prometheus, watched_load.start, watched_load.end, watched_load.stats()
 
 
 def _values(series: list[dict]) -> list[float]:

@@ -19,7 +19,6 @@ import pytest
 
 from harness.serverproc import free_port
 from rollout.v1 import rollout_pb2 as pb
-from rollout_client import RolloutClient
 from rollout_client.load.options import session_url
 from rollout_client.load.watcher import (
     ChatTurn,
@@ -132,25 +131,13 @@ def test_a_server_whose_gate_stamps_old_versions_fails_the_run(server, fault_fil
     assert "StaleTokens" in done.stderr, done.stderr[-3000:]
 
 
-@pytest.mark.timeout(300)
-def test_headless_run_mixes_generations_sessions_and_pushes_without_stale_tokens(server, tmp_path):
-    # An engine compiles its logprobs kernel at the first request that asks
-    # for logprobs (a session turn does): here, not in the run's 18 s.
-    with (
-        RolloutClient(server.target, timeout=300) as c,
-        c.open_session(prompt_token_ids=[11, 22, 33]) as session,
-    ):
-        session.generate(max_tokens=2)
-    prefix, html = tmp_path / "run", tmp_path / "report.html"
-    args = ["--headless", "-u", "7", "-r", "7", "-t", "18s", "--only-summary"]
-    args += ["--rollout-target", server.target, "--push-every", "3"]
-    # The HTTP front's address puts the OpenAI agent in the mix.
-    args += ["--rollout-http-url", f"http://{server.http_target}"]
-    args += ["--pause-modes", "keep,wait", "--turns", "3", "--output-tokens", "16-32"]
-    args += ["--csv", str(prefix), "--html", str(html)]
-    done = subprocess.run(locust_cmd(args), capture_output=True, text=True, timeout=150)
-    assert done.returncode == 0, done.stderr[-3000:]
-    stats = read_stats(prefix)
+def test_headless_run_mixes_generations_sessions_and_pushes_without_stale_tokens(watched_load):
+    """conftest's `watched_load` (tests/support/watched_load.py): a headless
+    run of generations, sessions over gRPC and over their OpenAI base URL,
+    and KEEP and WAIT pushes, its reports written (test_dashboard reads the
+    same run's metrics)."""
+    assert watched_load.returncode == 0, watched_load.log[-3000:]
+    stats = watched_load.stats()
     assert stats[("", "Aggregated")]["failures"] == 0
     for entry in [
         ("grpc", "Generate"),
@@ -168,10 +155,11 @@ def test_headless_run_mixes_generations_sessions_and_pushes_without_stale_tokens
         *PUSH_ENTRIES,
     ]:
         assert stats.get(entry, {}).get("requests", 0) >= 1, (entry, stats)
-    tokens = read_tokens(prefix)
+    tokens = watched_load.tokens()
     assert tokens["stale_tokens"] == 0 and tokens["output_tokens"] > 0, tokens
-    assert html.read_text().count("Locust") and (tmp_path / "run_stats_history.csv").exists()
-    print(done.stderr.splitlines()[-2:])
+    html = watched_load.html
+    assert html.read_text().count("Locust") and (html.parent / "run_stats_history.csv").exists()
+    print(watched_load.log.splitlines()[-2:])
 
 
 def test_web_ui_serves_its_page():
