@@ -45,7 +45,7 @@ from tests.support.tokens import ADMIN, GENERATE, GENERATE_B
 from tests.support.tp2 import start_tp2_servers
 from tests.support.watched_load import run_watched
 
-pytest_plugins = ["tests.support.orchestration"]
+pytest_plugins = ["tests.support.orchestration", "tests.support.companion"]
 
 # Every server the suite starts holds a 64 MiB KV cache, not the default
 # 1 GiB: the suite runs up to a dozen servers at once on 24 GiB, and the
@@ -377,6 +377,7 @@ def delta_reference():
     simulated training (tests/engine/weights/test_delta.py), with a quarter of GenerateMany's
     default stream budget (test_generate_many's waiting reader)."""
     proc, _ = server_starts.started("delta_reference")
+    idle_ahead.wait_for("delta_reference")  # test_keepalive's idle minute
     with shared_servers.serving("delta reference server", proc):
         yield proc
 

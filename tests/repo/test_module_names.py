@@ -25,9 +25,14 @@ EXTERNAL = {
 }
 # Other projects' roots that are also names of our folders (rollout_client/verl).
 EXTERNAL_ROOTS = {"verl"}
-# Names that tests write into files of their own (tests/repo/test_layout.py, test_orphans.py).
+# Names that tests write into files of their own (tests/repo/test_layout.py, test_orphans.py,
+# test_companion.py).
 WRITTEN_BY_TESTS = {
     "x.py",
+    "record.py",
+    "test_a_first.py",
+    "test_b_second.py",
+    "test_c_engine.py",
     "test_a.py",
     "test_c.py",
     "middle.py",

@@ -5,6 +5,7 @@ run quietly."""
 from __future__ import annotations
 
 import atexit
+import fcntl
 import json
 import os
 import re
@@ -84,15 +85,46 @@ _packing = threading.Lock()
 
 def packed_once() -> Packed:
     """client/node packed and installed once for the whole run (conftest's
-    `packed`; the keepalive scenario may want it first, in its thread)."""
+    `packed`; the keepalive scenario may want it first, in its thread): once
+    for both of its processes when the engine-free tests have a companion
+    (tests/support/companion.py), the first to get there packing under a
+    lock and the other reading what it packed (two `npm pack` at once in
+    client/node would build over each other)."""
+    # Imported here: conftest.py imports this module before pytest loads
+    # companion as its plugin (which it then could not assert-rewrite).
+    from tests.support import companion
+
     with _packing:
         if not _packed:
-            root = Path(tempfile.mkdtemp(prefix="rollout-node-"))
-            atexit.register(shutil.rmtree, root, ignore_errors=True)
-            (root / "pack").mkdir()
-            (root / "app").mkdir()
-            _packed.append(pack_and_install(root / "pack", root / "app"))
+            _packed.append(_pack_in(companion.shared_folder()))
         return _packed[0]
+
+
+def _pack_into(root: Path) -> Packed:
+    (root / "pack").mkdir()
+    (root / "app").mkdir()
+    return pack_and_install(root / "pack", root / "app")
+
+
+def _pack_in(shared: Path | None) -> Packed:
+    if shared is None:
+        root = Path(tempfile.mkdtemp(prefix="rollout-node-"))
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
+        return _pack_into(root)
+    root = shared / "node"
+    root.mkdir(exist_ok=True)
+    lock = os.open(root, os.O_RDONLY)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        answer = root / "packed.json"
+        if not answer.exists():
+            done = _pack_into(root)
+            saved = {"tarball": str(done.tarball), "files": done.files, "app": str(done.app)}
+            answer.write_text(json.dumps(saved))
+        saved = json.loads(answer.read_text())
+        return Packed(Path(saved["tarball"]), saved["files"], Path(saved["app"]))
+    finally:
+        os.close(lock)
 
 
 def pack_and_install(dest: Path, app: Path) -> Packed:

@@ -183,10 +183,11 @@ def _long_calls(server) -> dict:
 
 
 # A minute with the engine stopped and only clients waiting: it runs on the
-# session server while the engine-free tests run, before any test uses it
+# delta reference server (a shared server the first tests do not use) while
+# the engine-free tests run, before any test uses that server
 # (tests/support/idle_ahead.py); this test reads what it saw.
-@idle_ahead.runs_ahead("server", _long_calls)
-def test_long_calls_survive_10s_pings_and_a_dead_client_is_dropped(server):
+@idle_ahead.runs_ahead("delta_reference", _long_calls)
+def test_long_calls_survive_10s_pings_and_a_dead_client_is_dropped(delta_reference):
     seen = idle_ahead.outcome(test_long_calls_survive_10s_pings_and_a_dead_client_is_dropped)
     calls_ok = all(
         isinstance(out, dict) and out.get("tokens") == 4 and out["seconds"] > OUTLIVED_SECONDS
