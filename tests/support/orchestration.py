@@ -16,13 +16,15 @@ what each test uses, so it cannot go stale.
 
 Time that would be waited out is moved: a test's idle minute on a shared
 server (an engine stopped, calls waiting) runs in the background while the
-engine-free tests run (tests.support.idle_ahead); `late` tests (the C++
-client's, which wait for its build) run after the rest, engine-free ones
-included, so that the build has had the run's idle CPU instead.
+engine-free tests run (tests.support.idle_ahead), and those run in two
+processes when engine tests follow (tests.support.companion); `late` tests
+(the C++ client's, which wait for its build) run after the rest, engine-free
+ones included, so that the build has had the run's idle CPU instead.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import pytest
@@ -33,6 +35,12 @@ _STARTS_SERVERS = ("ServerProcess", "running")
 
 
 def pytest_configure(config):
+    # A run started in the background by a shell without job control (`cmd &`
+    # in a script) inherits SIGINT ignored, and so would every process it
+    # starts: the tests that stop a command with Ctrl-C (SIGINT) would find it
+    # ignored there. Python's own handler, as in a terminal.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     config.addinivalue_line(
         "markers",
         "late: waits for work started in the background at collection (the C++"
