@@ -34,6 +34,7 @@ import pytest
 
 # Set in the companion's environment: the folder the two processes share.
 ENV = "ROLLOUT_TESTS_COMPANION"
+_IN_COMPANION = ENV in os.environ
 # Not for the companion: tests that need an engine, wait for background
 # work (`late`) or stop a shared server (`last`).
 STAYS = ("engine", "late", "last")
@@ -49,6 +50,8 @@ class _State:
     proc: subprocess.Popen | None = None  # the companion, in the main process
     read: int = 0  # bytes of the companion's reports forwarded so far
     reported: set[str] = field(default_factory=set)  # tests the companion reported
+    config: pytest.Config | None = None  # the companion's (a report hook is not given it)
+    pending: list[dict] = field(default_factory=list)  # the companion's current test's reports
 
 
 _state = _State()
@@ -68,23 +71,19 @@ def claim(folder: Path, module: str) -> bool:
     return True
 
 
-def _companion_folder() -> Path | None:
-    found = os.environ.get(ENV)
-    return Path(found) if found else None
-
-
 def shared_folder() -> Path | None:
     """The folder the main process and its companion share (for work both
-    would otherwise do twice), or None when the run has no companion."""
-    return _companion_folder() or _state.folder
+    would otherwise do twice; known once the tests are collected), or None
+    when the run has no companion."""
+    return _state.folder
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     """In the main process: whether a companion runs, and on which tests
     (after orchestration has marked and ordered them)."""
-    if _companion_folder() is not None:
-        _state.folder = _companion_folder()
+    if _IN_COMPANION:
+        _state.folder = Path(os.environ[ENV])
         _state.candidates = {item.nodeid for item in items}
         return
     shares = [i for i in items if not any(i.get_closest_marker(m) for m in STAYS)]
@@ -98,7 +97,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_collection_finish(session):
-    if _state.folder is None or _companion_folder() is not None:
+    if _state.folder is None or _IN_COMPANION:
         return
     folder = _state.folder
     with open(folder / "log", "wb") as log:
@@ -126,7 +125,7 @@ def pytest_runtest_protocol(item, nextitem):
     process, first reports what the companion has reported since."""
     if _state.folder is None:
         return None
-    if _companion_folder() is None:
+    if not _IN_COMPANION:
         _forward(item.config)
     if item.nodeid in _state.candidates and _runs_elsewhere(item.nodeid):
         # What a test's teardown does: down to what the next test needs (the
@@ -136,28 +135,28 @@ def pytest_runtest_protocol(item, nextitem):
     return None
 
 
-_config: list = []  # the companion's config (a report hook is not given it)
-_reports: list[dict] = []  # in the companion: the current test's, serialized
-
-
 def pytest_configure(config):
-    _config.append(config)
+    _state.config = config
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_logreport(report):
-    if _companion_folder() is not None:
-        config = _config[0]
-        _reports.append(config.hook.pytest_report_to_serializable(config=config, report=report))
+    if _IN_COMPANION:
+        config = _state.config
+        assert config is not None
+        _state.pending.append(
+            config.hook.pytest_report_to_serializable(config=config, report=report)
+        )
 
 
 def pytest_runtest_logfinish(nodeid, location):
     """In the companion: the test's reports, one line once it has ended
     (the main process reports a test whole, never half of one)."""
-    if _companion_folder() is not None:
-        line = json.dumps({"nodeid": nodeid, "location": location, "reports": _reports})
-        _reports.clear()
-        with open(os.environ[ENV] + "/reports", "a") as f:
+    if _IN_COMPANION:
+        assert _state.folder is not None
+        line = json.dumps({"nodeid": nodeid, "location": location, "reports": _state.pending})
+        _state.pending.clear()
+        with open(_state.folder / "reports", "a") as f:
             f.write(line + "\n")
 
 
@@ -188,7 +187,7 @@ def pytest_runtestloop(session):
     reported."""
     result = yield
     proc = _state.proc
-    if proc is None or _companion_folder() is not None:
+    if proc is None:
         return result
     assert _state.folder is not None
     try:
@@ -215,7 +214,7 @@ def pytest_runtestloop(session):
 def pytest_unconfigure(config):
     """The companion stopped with the main process (an interrupted run),
     its folder removed."""
-    if _companion_folder() is not None:
+    if _IN_COMPANION:
         return
     if _state.proc is not None and _state.proc.poll() is None:
         _state.proc.kill()

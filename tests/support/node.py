@@ -96,7 +96,7 @@ def packed_once() -> Packed:
 
     with _packing:
         if not _packed:
-            _packed.append(_pack_in(companion.shared_folder()))
+            _packed.append(_packed_for(companion.shared_folder()))
         return _packed[0]
 
 
@@ -106,7 +106,7 @@ def _pack_into(root: Path) -> Packed:
     return pack_and_install(root / "pack", root / "app")
 
 
-def _pack_in(shared: Path | None) -> Packed:
+def _packed_for(shared: Path | None) -> Packed:
     if shared is None:
         root = Path(tempfile.mkdtemp(prefix="rollout-node-"))
         atexit.register(shutil.rmtree, root, ignore_errors=True)

@@ -114,7 +114,7 @@ def scraped_load(watched_load):
     assert watched_load.returncode == 0, watched_load.log[-3000:]
     refused = watched_load.refused
     assert sorted(set(refused)) == ["INVALID_FIELD", "WRONG_WEIGHT_VERSION"], refused
-    return watched_load.prometheus, watched_load.start, watched_load.end, watched_load.stats()
+    return watched_load
 
 
 def _values(series: list[dict]) -> list[float]:
@@ -123,7 +123,8 @@ def _values(series: list[dict]) -> list[float]:
 
 @pytest.mark.timeout(420)
 def test_every_panel_query_returns_data_from_a_server_under_load(dashboard, scraped_load):
-    prometheus, start, end, stats = scraped_load
+    prometheus, start, end = scraped_load.prometheus, scraped_load.start, scraped_load.end
+    stats = scraped_load.stats()
     assert stats[("update", "push KEEP")]["requests"] >= 1, stats
     assert stats[("update", "push WAIT")]["requests"] >= 1, stats
     assert stats[("grpc", "SessionGenerate")]["requests"] >= 1, stats
@@ -145,7 +146,7 @@ def test_every_panel_query_returns_data_from_a_server_under_load(dashboard, scra
 
 def test_a_panel_on_a_metric_the_server_does_not_export_fails(scraped_load):
     """The check above is not vacuous: a renamed metric has no data."""
-    prometheus, start, end, _ = scraped_load
+    prometheus, start, end = scraped_load.prometheus, scraped_load.start, scraped_load.end
     renamed = 'sum(rate(rollout_generate_tokenz_total{instance=~"$instance"}[$__rate_interval]))'
     expr = as_grafana_sends(renamed, math.ceil(end - start))
     assert _values(prometheus.query_range(expr, start, end)) == []

@@ -131,6 +131,7 @@ def test_a_server_whose_gate_stamps_old_versions_fails_the_run(server, fault_fil
     assert "StaleTokens" in done.stderr, done.stderr[-3000:]
 
 
+@pytest.mark.timeout(300)
 def test_headless_run_mixes_generations_sessions_and_pushes_without_stale_tokens(watched_load):
     """conftest's `watched_load` (tests/support/watched_load.py): a headless
     run of generations, sessions over gRPC and over their OpenAI base URL,
