@@ -27,6 +27,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
@@ -35,6 +37,23 @@ T0 = time.monotonic()
 
 def log(msg: str) -> None:
     print(f"[drive {time.monotonic() - T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def ray_session(args: dict, **options: Any) -> Iterator[None]:
+    """Ray for one drive: the test run's cluster (args["ray"], its address:
+    tests/verl_env/ray_cluster.py) joined and left; a drive run alone starts
+    and stops a local one. `options`: ray.init's, for this drive's job."""
+    import ray
+
+    if args.get("ray"):
+        ray.init(address=args["ray"], log_to_driver=True, **options)
+    else:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True, **options)
+    try:
+        yield
+    finally:
+        ray.shutdown()
 
 
 def cpu_platform() -> None:
@@ -308,12 +327,10 @@ async def main(args: dict) -> dict:
     out: dict[str, Any] = {"registrations": registrations()}
     log("registrations resolved")
     cpu_platform()
-    import ray
     from verl.workers.rollout.llm_server import LLMServerManager
 
     config = trainer_config(args["target"], args["model"], args["response_length"])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
-    try:
+    with ray_session(args):
         manager = await LLMServerManager.create(config, worker_group=None)
         log("LLMServerManager up")
         client = manager.get_client()
@@ -331,8 +348,6 @@ async def main(args: dict) -> dict:
         out["server_version"] = list(await server.get_version.remote())
         log("generated after the push")
         out["refused"] = await behind_its_back(client, args)
-    finally:
-        ray.shutdown()
     return out
 
 

@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import random
-import sys
 import time
 from typing import Any
 
-from drive import cpu_platform, log, push, trainer_config
+from drive import cpu_platform, log, push, ray_session, run, trainer_config
 
 
 def _out(o: Any, t0: float) -> dict:
@@ -205,25 +203,18 @@ async def routing_phase(config: Any, manager: Any, args: dict) -> dict:
 
 
 async def main(args: dict) -> dict:
-    import ray
     from verl.workers.rollout.llm_server import LLMServerManager
 
     cpu_platform()
     targets = args["target"] if args["phase"] == "sync" else f"{args['target']},{args['second']}"
     config = trainer_config(targets, args["model"], args["response_length"])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
-    try:
+    with ray_session(args):
         manager = await LLMServerManager.create(config, worker_group=None)
         log("LLMServerManager up")
         if args["phase"] == "sync":
             return await sync_phase(config, manager, args)
         return await routing_phase(config, manager, args)
-    finally:
-        ray.shutdown()
 
 
 if __name__ == "__main__":
-    args = json.load(sys.stdin)
-    result = asyncio.run(main(args))
-    with open(args["out"], "w") as f:  # stdout carries verl's and Ray's prints
-        json.dump(result, f)
+    run(main)

@@ -28,7 +28,7 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from drive import cpu_platform, load_state, log, run, trainer_config
+from drive import cpu_platform, load_state, log, ray_session, run, trainer_config
 from drive_async import _call
 
 RANKS = 2
@@ -115,7 +115,6 @@ async def _greedy(c: Any, prompt: list[int]) -> list[float]:
 
 
 async def main(args: dict) -> dict:
-    import ray
     from verl.checkpoint_engine import CheckpointEngineManager
     from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
     from verl.utils.config import omega_conf_to_dataclass
@@ -133,13 +132,8 @@ async def main(args: dict) -> dict:
     except AssertionError as e:
         out["init"] = f"AssertionError: {e}"
         return out
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=True,
-        runtime_env={"env_vars": {"PYTHONPATH": HERE}},  # the ranks import drive.py
-    )
-    try:
+    # the ranks import drive.py
+    with ray_session(args, runtime_env={"env_vars": {"PYTHONPATH": HERE}}):
         # _setup's standalone part, as it is written there (its first half,
         # super()._setup(), builds the training worker groups: GPUs)
         manager = await LLMServerManager.create(config=config, start_rank=0)
@@ -190,8 +184,6 @@ async def main(args: dict) -> dict:
                 abs(a - b) for a, b in zip(synced, await _greedy(probe, prompt), strict=True)
             )
         log(f"second sync: {len(calls)} running, {len(late)} late calls")
-    finally:
-        ray.shutdown()
     return out
 
 

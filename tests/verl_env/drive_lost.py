@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from drive import cpu_platform, log, run, trainer_config
+from drive import cpu_platform, log, ray_session, run, trainer_config
 
 
 def _turn(o: Any) -> dict:
@@ -38,14 +38,12 @@ def _lose_first(args: dict) -> None:
 
 
 async def main(args: dict) -> dict:
-    import ray
     from verl.workers.rollout.llm_server import LLMServerManager
 
     cpu_platform()
     targets = f"{args['first']},{args['second']}"
     config = trainer_config(targets, args["model"], args["response_length"])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
-    try:
+    with ray_session(args):
         manager = await LLMServerManager.create(config, worker_group=None)
         server = manager.get_replicas()[0].server_handle
         client = manager.get_client()
@@ -62,8 +60,6 @@ async def main(args: dict) -> dict:
             stats.append(await server.stats.remote())
             ids = ids + list(o.token_ids) + [rng.randrange(10, 500) for _ in range(8)]  # a tool
         return {"turns": turns, "stats": stats}
-    finally:
-        ray.shutdown()
 
 
 if __name__ == "__main__":
