@@ -60,11 +60,14 @@ class LoggedServer:
     launch: Callable[..., Any] = staticmethod(subprocess.Popen)
     # Seconds between readiness checks; 0 for a check that itself waits.
     poll_seconds = 1.0
+    # The folder of the logs: the system's temporary folder, unless a test
+    # suite keeps them in its own.
+    log_dir: str | None = None
 
     def __init__(
         self, cmd: list[str], env: dict[str, str] | None = None, log_prefix: str = "server-"
     ) -> None:
-        self.log = Path(tempfile.mkstemp(prefix=log_prefix, suffix=".log")[1])
+        self.log = Path(tempfile.mkstemp(prefix=log_prefix, suffix=".log", dir=self.log_dir)[1])
         full_env = {**os.environ, **TEST_ENGINE_ENV, **(env or {})}
         self._log_file = open(self.log, "wb")
         self.proc = self.launch(cmd, stdout=self._log_file, stderr=subprocess.STDOUT, env=full_env)

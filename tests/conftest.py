@@ -16,6 +16,7 @@ another test module or this file (tests/repo/test_layout.py).
 from __future__ import annotations
 
 import atexit
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from harness.certs import make_certs, python_tls, server_tls_args
-from harness.serverproc import ServerProcess
+from harness.serverproc import LoggedServer, ServerProcess
 from rollout_client import RolloutClient
 from rollout_service.worker.weights_backend import FAULT_FILE_ENV
 from tests.support import (
@@ -61,7 +62,27 @@ ServerProcess.launch = staticmethod(serve_forks.launch)
 # The session's files (certificates, the fault file, the float32 checkpoint),
 # made before any fixture runs: the shared servers start at collection.
 _TMP = Path(tempfile.mkdtemp(prefix="rollout-tests-"))
-atexit.register(shutil.rmtree, _TMP, ignore_errors=True)
+# What the servers leave behind goes there too: their logs and vLLM's IPC
+# sockets, which a killed server (many tests kill one) leaves in /tmp
+# otherwise (a run left about 30 logs and 250 sockets there). Removed after
+# the run, unless it failed: then it keeps the logs (pytest_terminal_summary).
+LoggedServer.log_dir = str(_TMP)
+os.environ["VLLM_RPC_BASE_PATH"] = str(_TMP)
+_failed: list[int] = []
+
+
+@atexit.register
+def _remove_tmp() -> None:
+    if not _failed:
+        shutil.rmtree(_TMP, ignore_errors=True)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus):
+    if exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        _failed.append(exitstatus)
+        terminalreporter.write_line(f"the servers' logs of this run: {_TMP}")
+
+
 FAULT_FILE = _TMP / "fail-next-load"
 # A staging segment of a process that does not exist (tests/engine/serving/test_hardening.py).
 STALE_SEGMENT = Path("/dev/shm/rollout-staging-999999999-1")

@@ -1,7 +1,10 @@
-"""The C++ client's build for tests/clients/test_cpp_client.py: started in the
-background when the tests are collected, at the lowest CPU priority (it takes
-what the tests leave idle: an engine stopped, a call waiting), and waited for
-by the module's `trainer` fixture.
+"""The C++ client's build for tests/clients/test_cpp_client.py: done by
+`scripts/setup --dev` (`python -m tests.support.cpp_build`), as npm ci and the
+verl venv are, so that a fresh clone's test run does not compile (about 51
+CPU-s); when the tests are collected it runs again in the background at the
+lowest CPU priority (with nothing changed, make has nothing to do; after a
+change to client/cpp it takes what the tests leave idle), and the module's
+`trainer` fixture waits for it.
 
 The tests' build is a folder of its own (build/ is ignored), so that it never
 reuses or reconfigures a user's client/cpp/build (whose cache keeps the
@@ -87,3 +90,12 @@ def _build() -> None:
                 f"--- stdout\n{p.stdout[-4000:]}\n--- stderr\n{p.stderr[-4000:]}"
             )
             return
+
+
+if __name__ == "__main__":
+    if missing_tools():
+        raise SystemExit(f"the C++ client's build needs {', '.join(missing_tools())}")
+    _build()
+    if _outcome:
+        raise SystemExit(_outcome[0])
+    print(f"built {BINARY.relative_to(REPO)}")

@@ -29,9 +29,18 @@ import sys
 
 import pytest
 
-from tests.support import cpp_build, idle_ahead, serve_forks, server_starts, shared_servers
+from tests.support import (
+    cpp_build,
+    idle_ahead,
+    serve_forks,
+    server_starts,
+    shared_servers,
+    verl_drive,
+)
 
 _STARTS_SERVERS = ("ServerProcess", "running")
+# The module before whose tests the first verl drive's Ray and process start.
+_verl_ahead: list[str | None] = []
 
 
 def pytest_configure(config):
@@ -88,13 +97,19 @@ def pytest_collection_finish(session):
     idle_ahead.start_collected(session.items)
     if any(item.nodeid.startswith(cpp_build.MODULE) for item in session.items):
         cpp_build.start()
+    _verl_ahead[:] = [verl_drive.start_ahead_of(session.items)]
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     """Before a module's first test: its own servers, if not yet started,
-    and those of the next modules that have any."""
-    server_starts.start_for(item.nodeid.split("::")[0])
+    and those of the next modules that have any; before the module that
+    precedes the first verl drive, that drive's Ray and process."""
+    module = item.nodeid.split("::")[0]
+    server_starts.start_for(module)
+    if module in _verl_ahead:
+        _verl_ahead.clear()
+        verl_drive.start_ahead()
 
 
 def pytest_sessionfinish(session):
