@@ -243,3 +243,49 @@ def choose_engine_core_context(choose) -> bool:
     get_mp_context.chosen_from = original  # type: ignore[attr-defined]
     utils.get_mp_context = get_mp_context
     return True
+
+
+def unlink_cpu_shm_once_joined() -> bool:
+    """Makes each rank of vLLM's CPU tensor-parallel communicator unlink the
+    name of its shared memory segment once every rank has mapped it; whether
+    it could. Idempotent.
+
+    Each rank creates /dev/shm/<group>_<rank> (4 MiB for the embedded model)
+    and the other ranks map it; vLLM unlinks it only in a C++ static
+    destructor, which a worker never reaches (it ends with os._exit, as any
+    forked process does; a kill ends it too): every TP=2 server left two
+    segments behind, host memory until a reboot. Past the barrier that ends
+    the setup the name serves nothing: the mappings live on without it.
+
+    Read from vLLM 0.32.0: `_CPUSHMDistributed._init_cpu_shm`
+    (vllm/distributed/device_communicators/cpu_communicator.py) creates the
+    segment with `init_shm_manager(group_name, world_size, rank, ...)`, maps
+    the others' with `join_shm_manager` and ends with a barrier of the group;
+    csrc/cpu/shm.cpp names a rank's segment `<group_name>_<rank>`, maps all
+    of them in `join`, and ignores the unlink's result at its end.
+    """
+    try:
+        from vllm.distributed.device_communicators import cpu_communicator
+    except ImportError:
+        return False
+    shm = getattr(cpu_communicator, "_CPUSHMDistributed", None)
+    joined = getattr(shm, "_init_cpu_shm", None)
+    if shm is None or joined is None:
+        return False
+    if getattr(joined, "unlinks", False):
+        return True
+
+    def _init_cpu_shm(self):
+        # CPython's module behind multiprocessing.shared_memory (no stub)
+        from _posixshmem import shm_unlink  # type: ignore[import-not-found]
+
+        handle = joined(self)
+        try:
+            shm_unlink(f"/{self.group_name}_{self.communicator.rank}")
+        except FileNotFoundError:
+            pass
+        return handle
+
+    _init_cpu_shm.unlinks = True  # type: ignore[attr-defined]
+    shm._init_cpu_shm = _init_cpu_shm
+    return True

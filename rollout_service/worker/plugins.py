@@ -53,13 +53,14 @@ def register() -> None:
     this service (NOISE), and, in an engine process that was spawned, ends it
     when its parent dies, makes it fork its own children (worker_fork.py)
     and makes its exit skip the final collection (quick_exit.py)."""
-    from rollout_service.engine import parent_watch, quick_exit, worker_fork
+    from rollout_service.engine import parent_watch, quick_exit, vllm_compat, worker_fork
     from rollout_service.engine.tiny_models import install_pixtral_alias
     from rollout_service.worker.weights_backend import register as register_backend
 
     install_pixtral_alias()
     quiet_noise()
     register_backend()
+    vllm_compat.unlink_cpu_shm_once_joined()  # before the workers fork: they inherit it
     worker_fork.in_engine_process()  # first: its at-fork hook binds the CPUs
     parent_watch.start_in_spawned_child()
     quick_exit.in_spawned_child()

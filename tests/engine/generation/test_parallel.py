@@ -72,6 +72,18 @@ def test_a_tp2_replica_updates_and_returns_exactly_to_a_fresh_engines_output(tp2
     assert _workers_mapping_the_region(tp2) == (1 if tp2.broadcast else 2)
 
 
+def test_a_tp2_replica_leaves_no_shared_memory_behind(tp2):
+    """Each rank of vLLM's CPU communicator maps every rank's segment, and
+    none is left under a name in /dev/shm once they serve: a stop or a kill
+    leaves nothing there (each TP=2 server used to leave two 4 MiB segments,
+    host memory until a reboot)."""
+    for worker in _workers(tp2):
+        with open(f"/proc/{worker.pid}/maps") as f:
+            mapped = {line.split(maxsplit=5)[-1].rstrip() for line in f if "-cpushm_" in line}
+        assert len(mapped) == 2, mapped  # its own and the other rank's
+        assert all(path.endswith(" (deleted)") for path in mapped), mapped
+
+
 REFUSED_LAYOUTS = [
     (("--pipeline-parallel-size", "2"), "--pipeline-parallel-size"),
     (("--data-parallel-size", "2"), "Fleet"),
