@@ -1,21 +1,20 @@
 """Running a script in the verl venv (tests/verl_env/build.py) and reading
 what it saw: tests/engine/trainers/test_verl*.py drive verl's own code this
 way. Each drive runs in a process started ahead, its imports done while the
-drive before it ran (tests/verl_env/warm.py), and joins the Ray cluster the
-run's first drive started (tests/verl_env/ray_cluster.py), its files in a
-folder of ours and its token in the environment (nothing under ~/.ray or
-/tmp/ray), stopped and removed when the run ends."""
+drive before it ran (tests/verl_env/warm.py), the first one's while the
+module before it runs. Each starts a Ray of its own, its session files in a
+folder removed after the run and its token in the environment: nothing
+under ~/.ray or /tmp/ray. (One cluster that every drive joined saved 4 s a
+drive, but a drive on it hung once in nine runs, its calls never reaching
+the service: not kept.)"""
 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import json
 import os
 import secrets
-import select
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -41,10 +40,9 @@ def python() -> Path:
 
 _warm: list[subprocess.Popen[str]] = []  # the next drive's process, importing
 _taking = threading.Lock()
-# The run's Ray cluster: its process (holding it while its stdin is open),
-# its folder, its log, and the address it printed once up.
-_cluster: dict = {}
-# The cluster's token, in the environment of every process that joins it.
+# The folder of the drives' Ray files (a drive's session), removed at exit.
+_ray_files: list[Path] = []
+# Ray's token, in the environment of every drive: no file under ~/.ray.
 RAY_ENV = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
 
 
@@ -59,36 +57,10 @@ def _start(verl_python: Path) -> subprocess.Popen[str]:
     )
 
 
-def _start_cluster(verl_python: Path) -> None:
-    """The run's Ray cluster, started once (its start overlaps the first
-    drive's imports)."""
-    if "proc" in _cluster:
-        return
-    folder = Path(tempfile.mkdtemp(prefix="verl-ray-"))  # short: Ray's sockets live there
-    _cluster["folder"] = folder
-    _cluster["log"] = open(folder / "cluster.log", "wb")
-    _cluster["proc"] = subprocess.Popen(
-        [str(verl_python), str(build.HERE / "ray_cluster.py"), str(folder)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=_cluster["log"],
-        text=True,
-        env={**os.environ, **RAY_ENV},
-        start_new_session=True,  # Ray's processes in a group of their own: see _stop
-    )
-
-
-def _cluster_address(timeout: float = 120) -> str:
-    """The address the cluster printed once up; a failure with its log if
-    it exited or stayed silent."""
-    if "address" not in _cluster:
-        proc = _cluster["proc"]
-        if select.select([proc.stdout], [], [], timeout)[0]:
-            _cluster["address"] = proc.stdout.readline().strip()
-        if not _cluster.get("address"):
-            log = (_cluster["folder"] / "cluster.log").read_text(errors="replace")
-            pytest.fail(f"the verl drives' Ray cluster did not start:\n{log[-4000:]}")
-    return _cluster["address"]
+def _ray_folder() -> str:
+    if not _ray_files:  # short: Ray's sockets live there
+        _ray_files.append(Path(tempfile.mkdtemp(prefix="verl-ray-")))
+    return str(_ray_files[0])
 
 
 def _drives(item) -> bool:
@@ -107,12 +79,10 @@ def start_ahead_of(items) -> str | None:
 
 
 def start_ahead() -> None:
-    """The cluster and the first drive's process, started while the module
-    before the first drive runs (about 5 s of imports and 3 s of Ray's start
-    that the first drive would wait for)."""
+    """The first drive's process, started while the module before the
+    first drive runs (about 5 s of imports the drive would wait for)."""
     if build.ready():
         with _taking:
-            _start_cluster(build.python())
             if not _warm:
                 _warm.append(_start(build.python()))
 
@@ -121,7 +91,6 @@ def _take(verl_python: Path) -> subprocess.Popen[str]:
     """The process started ahead for this drive (or one started now), and
     the next drive's started."""
     with _taking:
-        _start_cluster(verl_python)
         ahead = _warm.pop() if _warm else None
         _warm.append(_start(verl_python))
     return ahead if ahead is not None and ahead.poll() is None else _start(verl_python)
@@ -132,26 +101,17 @@ def _stop() -> None:
     for proc in _warm:
         proc.kill()
         proc.wait()
-    proc = _cluster.get("proc")
-    if proc is not None:
-        proc.stdin.close()  # its cue to stop Ray
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(30)
-        # What outlived it (all of Ray's agents, had it been killed)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        _cluster["log"].close()
-        shutil.rmtree(_cluster["folder"], ignore_errors=True)
+    for folder in _ray_files:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def drive(verl_python: Path, script: str, args: dict, timeout: float) -> dict:
     """Runs tests/verl_env/`script` with `args` (JSON on its stdin, which
-    names the file it writes its answer to as "out", and "ray" the cluster
-    it joins); returns that answer."""
+    names the file it writes its answer to as "out", and "ray_files" the
+    folder of its Ray session); returns that answer."""
     started = time.monotonic()
     proc = _take(verl_python)
-    args = {**args, "ray": _cluster_address()}
+    args = {**args, "ray_files": _ray_folder()}
     try:
         _, err = proc.communicate(f"{build.HERE / script}\n{json.dumps(args)}", timeout=timeout)
     except subprocess.TimeoutExpired:  # what it was doing when it hung

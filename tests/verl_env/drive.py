@@ -41,15 +41,14 @@ def log(msg: str) -> None:
 
 @contextmanager
 def ray_session(args: dict, **options: Any) -> Iterator[None]:
-    """Ray for one drive: the test run's cluster (args["ray"], its address:
-    tests/verl_env/ray_cluster.py) joined and left; a drive run alone starts
-    and stops a local one. `options`: ray.init's, for this drive's job."""
+    """A local Ray for one drive, its session files in args["ray_files"]
+    when given (the test run's folder; Ray's /tmp/ray otherwise).
+    `options`: ray.init's."""
     import ray
 
-    if args.get("ray"):
-        ray.init(address=args["ray"], log_to_driver=True, **options)
-    else:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True, **options)
+    if args.get("ray_files"):
+        options["_temp_dir"] = args["ray_files"]
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True, **options)
     try:
         yield
     finally:
