@@ -250,6 +250,19 @@ async def agent_loop(config: Any, client: Any, model: str, chat: str) -> dict:
     }
 
 
+async def until_all_run(probe: Any, calls: list) -> None:
+    """Until the service (`probe`: a client of it) runs every one of `calls`
+    at once (polling another process: no event to wait on). Fails with what
+    the calls returned if they all ended first or 120 s pass: a drive that
+    waited forever held its test for its whole timeout and said nothing."""
+    deadline = time.monotonic() + 120
+    while (await probe.server_info()).engine_requests < len(calls):
+        if all(c.done() for c in calls) or time.monotonic() > deadline:
+            seen = [c.result() if c.done() else "still waiting" for c in calls]
+            raise RuntimeError(f"the service never ran the {len(calls)} calls at once: {seen}")
+        await asyncio.sleep(0.05)
+
+
 async def push(config: Any, checkpoint: str, step: int) -> dict:
     """verl's own hand-off function, the plugin's rollout under it."""
     import torch

@@ -27,7 +27,7 @@ import random
 import time
 from typing import Any
 
-from drive import cpu_platform, log, push, ray_session, run, trainer_config
+from drive import cpu_platform, log, push, ray_session, run, trainer_config, until_all_run
 
 
 def _out(o: Any, t0: float) -> dict:
@@ -64,9 +64,7 @@ async def sync_phase(config: Any, manager: Any, args: dict) -> dict:
     t0 = time.monotonic()
     calls = [asyncio.ensure_future(_call(client, f"run{i}", prompt, t0)) for i in range(4)]
     async with AsyncRolloutClient(args["target"], timeout=120) as probe:
-        # running there (polling another process: no event to wait on)
-        while (await probe.server_info()).engine_requests < len(calls):  # noqa: ASYNC110
-            await asyncio.sleep(0.05)
+        await until_all_run(probe, calls)
     pushing = asyncio.ensure_future(push(config, args["push"], 2))
     late = []
     while not pushing.done():  # calls leaving the plugin while the push runs

@@ -28,7 +28,15 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from drive import cpu_platform, load_state, log, ray_session, run, trainer_config
+from drive import (
+    cpu_platform,
+    load_state,
+    log,
+    ray_session,
+    run,
+    trainer_config,
+    until_all_run,
+)
 from drive_async import _call
 
 RANKS = 2
@@ -157,8 +165,7 @@ async def main(args: dict) -> dict:
         t0 = time.monotonic()
         calls = [asyncio.ensure_future(_call(client, f"run{i}", prompt, t0)) for i in range(4)]
         async with AsyncRolloutClient(args["target"], timeout=120) as probe:
-            while (await probe.server_info()).engine_requests < len(calls):  # noqa: ASYNC110
-                await asyncio.sleep(0.05)
+            await until_all_run(probe, calls)
             trainer.prev_step_profile = False
             trainer.timing_raw = {}
             trainer.global_steps = 2
