@@ -1,6 +1,6 @@
 """The C++ client's build for tests/clients/test_cpp_client.py: done by
 `scripts/setup --dev` (`python -m tests.support.cpp_build`), as npm ci and the
-verl venv are, so that a fresh clone's test run does not compile (about 51
+verl venv are, so that a fresh clone's test run does not compile (about 60
 CPU-s); when the tests are collected it runs again in the background at the
 lowest CPU priority (with nothing changed, make has nothing to do; after a
 change to client/cpp it takes what the tests leave idle), and the module's
@@ -93,8 +93,8 @@ def _build() -> None:
 
 
 if __name__ == "__main__":
-    if missing_tools():
-        raise SystemExit(f"the C++ client's build needs {', '.join(missing_tools())}")
+    if missing := missing_tools():
+        raise SystemExit(f"the C++ client's build needs {', '.join(missing)}")
     _build()
     if _outcome:
         raise SystemExit(_outcome[0])

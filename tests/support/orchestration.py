@@ -39,7 +39,7 @@ from tests.support import (
 )
 
 _STARTS_SERVERS = ("ServerProcess", "running")
-# The module before whose tests the first verl drive's Ray and process start.
+# The module before whose tests the first verl drive's process starts.
 _verl_ahead: list[str | None] = []
 
 
@@ -104,7 +104,7 @@ def pytest_collection_finish(session):
 def pytest_runtest_setup(item):
     """Before a module's first test: its own servers, if not yet started,
     and those of the next modules that have any; before the module that
-    precedes the first verl drive, that drive's Ray and process."""
+    precedes the first verl drive, that drive's process."""
     module = item.nodeid.split("::")[0]
     server_starts.start_for(module)
     if module in _verl_ahead:

@@ -39,8 +39,15 @@ def _workers(server) -> list[psutil.Process]:
     return workers
 
 
+def _mapped(worker: psutil.Process, marker: str) -> set[str]:
+    """The paths the worker maps whose name holds `marker` ("... (deleted)"
+    once unlinked)."""
+    with open(f"/proc/{worker.pid}/maps") as f:
+        return {line.split(maxsplit=5)[-1].rstrip() for line in f if marker in line}
+
+
 def _workers_mapping_the_region(server) -> int:
-    return sum("rollout-staging-" in open(f"/proc/{w.pid}/maps").read() for w in _workers(server))
+    return sum(bool(_mapped(w, "rollout-staging-")) for w in _workers(server))
 
 
 def test_a_tp2_replicas_workers_compute_on_cores_of_their_own(tp2):
@@ -78,8 +85,7 @@ def test_a_tp2_replica_leaves_no_shared_memory_behind(tp2):
     leaves nothing there (each TP=2 server used to leave two 4 MiB segments,
     host memory until a reboot)."""
     for worker in _workers(tp2):
-        with open(f"/proc/{worker.pid}/maps") as f:
-            mapped = {line.split(maxsplit=5)[-1].rstrip() for line in f if "-cpushm_" in line}
+        mapped = _mapped(worker, "-cpushm_")
         assert len(mapped) == 2, mapped  # its own and the other rank's
         assert all(path.endswith(" (deleted)") for path in mapped), mapped
 
